@@ -1,0 +1,15 @@
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set(TASKLET_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/tasklet")
+install(TARGETS tasklet tasklet_rules EXPORT taskletTargets
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  FILE_SET HEADERS DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(EXPORT taskletTargets NAMESPACE tasklet:: DESTINATION ${TASKLET_CMAKE_DIR})
+configure_package_config_file(cmake/taskletConfig.cmake.in
+  "${PROJECT_BINARY_DIR}/taskletConfig.cmake" INSTALL_DESTINATION ${TASKLET_CMAKE_DIR})
+write_basic_package_version_file("${PROJECT_BINARY_DIR}/taskletConfigVersion.cmake"
+  COMPATIBILITY SameMinorVersion)
+install(FILES "${PROJECT_BINARY_DIR}/taskletConfig.cmake" "${PROJECT_BINARY_DIR}/taskletConfigVersion.cmake"
+  DESTINATION ${TASKLET_CMAKE_DIR})

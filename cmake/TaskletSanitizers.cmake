@@ -1,0 +1,21 @@
+# Sanitizers are chosen by the explicit cache variable TASKLET_SANITIZER (set by the presets) and
+# applied to tasklet's own targets only, PRIVATE for compilation; the link flags must reach every
+# executable, so tasklet_sanitize() is called on each of our targets.
+set(_tasklet_san_compile "")
+set(_tasklet_san_link "")
+if(TASKLET_SANITIZER STREQUAL "address")
+  set(_tasklet_san_compile -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  set(_tasklet_san_link -fsanitize=address,undefined)
+elseif(TASKLET_SANITIZER STREQUAL "thread")
+  set(_tasklet_san_compile -fsanitize=thread -fno-omit-frame-pointer)
+  set(_tasklet_san_link -fsanitize=thread)
+elseif(NOT TASKLET_SANITIZER STREQUAL "")
+  message(FATAL_ERROR "TASKLET_SANITIZER must be '', address or thread (got '${TASKLET_SANITIZER}')")
+endif()
+
+function(tasklet_sanitize target)
+  if(_tasklet_san_compile)
+    target_compile_options(${target} PRIVATE ${_tasklet_san_compile})
+    target_link_options(${target} PRIVATE ${_tasklet_san_link})
+  endif()
+endfunction()

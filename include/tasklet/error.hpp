@@ -1,0 +1,76 @@
+// tasklet/error.hpp: the typed exceptions the library throws for misuse and bad input.
+//
+// Every error derives from tasklet::Error, itself a std::logic_error, and its message names the
+// rule, tasklet or job concerned. Failures inside user work are not wrapped: the user's own
+// exception is captured and rethrown (Scheduler::run, Job results).
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace tasklet {
+
+/// Base of every exception the library throws for misuse or bad input.
+class Error : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
+
+/// `async` was asked of a scheduler whose run() is not active.
+class SchedulerNotRunning : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A tasklet was scheduled while already scheduled, running, waiting for its rule or parked, or
+/// suspended by a thread that does not own it.
+class AlreadyScheduled : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A Rescheduler was resumed twice, or after its suspension had ended.
+class AlreadyResumed : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A tasklet's rule or name was changed while the tasklet was active.
+class TaskletActive : public Error {
+ public:
+  using Error::Error;
+};
+
+/// begin_rule was given a rule that the rule already held by the thread does not contain.
+class RuleNotContained : public Error {
+ public:
+  using Error::Error;
+};
+
+/// end_rule named a rule other than the most recent begin_rule on this thread.
+class RuleMismatch : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A rule breaks the laws every rule must keep (see SchedulingRule), or cannot be built from its
+/// input.
+class InvalidRule : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A path rule was given a path that cannot be normalised.
+class InvalidPath : public InvalidRule {
+ public:
+  using InvalidRule::InvalidRule;
+};
+
+/// A call was made in a context where it cannot work (for example run() re-entered from inside
+/// one of its own phases, which would wait for itself).
+class IllegalState : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace tasklet

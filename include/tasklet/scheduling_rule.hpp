@@ -1,0 +1,88 @@
+// tasklet/scheduling_rule.hpp: the rule interface every piece of the engine is built on.
+//
+// A SchedulingRule says which other rules it excludes (is_conflicting) and which it may nest
+// (contains). Tasklets, jobs and threads (begin_rule) hold rules; the rule table never lets two
+// holders of conflicting rules run at once and grants conflicting requests in request order.
+//
+// Laws every rule must keep (validate_rule checks the cheap ones):
+//  - is_conflicting is symmetric, and reflexive for exclusive rules (a shared read rule conflicts
+//    neither with itself nor with other reads);
+//  - contains is reflexive and transitive;
+//  - an exclusive rule that contains another also conflicts with it;
+//  - a rule neither conflicts with nor contains a rule it knows nothing about.
+//
+// The rule table calls a custom rule's is_conflicting while holding its internal lock: keep it
+// short, non-blocking and free of calls back into the library.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace tasklet {
+
+class SchedulingRule;
+
+/// Rules are shared and immutable; their identity (the object) matters to end_rule.
+using Rule = std::shared_ptr<const SchedulingRule>;
+
+/// What the rule table may use to index a rule instead of comparing it pairwise with every held
+/// and waiting rule. A rule that describes itself with a key promises that its is_conflicting and
+/// contains agree with the key's meaning towards every other keyed rule:
+///  - identity: conflicts with and contains exactly itself (the same object), nothing else;
+///  - path: a hierarchical path of normalised segments (the root has none). Exclusive paths
+///    conflict with every path at, above or below them; shared paths conflict only with exclusive
+///    ones at, above or below them;
+///  - multi: the union of its children (no child is itself multi);
+///  - custom (the default): no index; the table asks is_conflicting pairwise, always with the
+///    custom rule as the receiver, because built-in rules know nothing of it.
+struct RuleKey {
+  enum class Kind : std::uint8_t { custom, identity, path, multi };
+  Kind kind = Kind::custom;
+  bool shared = false;                    ///< path: a shared (read) rule
+  std::span<const std::string> segments;  ///< path: normalised segments, root = empty
+  std::span<const Rule> children;         ///< multi: flattened children, never empty
+};
+
+/// The interface of every scheduling rule, built-in or user-written.
+/// Implementations must be thread-safe for concurrent const calls (rules are immutable).
+class SchedulingRule {
+ public:
+  virtual ~SchedulingRule() = default;
+
+  /// True when a thread holding this rule may begin `other` inside it (nesting).
+  virtual bool contains(const SchedulingRule& other) const = 0;
+
+  /// True when holders of this rule and of `other` must never run at the same time.
+  virtual bool is_conflicting(const SchedulingRule& other) const = 0;
+
+  /// A readable description used in diagnostics and error messages (default: the address).
+  virtual std::string to_string() const {
+    char text[40];
+    std::snprintf(text, sizeof text, "rule@%p", static_cast<const void*>(this));
+    return text;
+  }
+
+  /// How the rule table may index this rule; custom rules keep the default (none).
+  /// The spans must stay valid for the rule's lifetime.
+  virtual RuleKey key() const noexcept { return {}; }
+
+ protected:
+  SchedulingRule() = default;
+  SchedulingRule(const SchedulingRule&) = default;
+  SchedulingRule& operator=(const SchedulingRule&) = default;
+};
+
+/// `rule->to_string()`, or "null" for an empty rule.
+std::string describe(const Rule& rule);
+std::string describe(const SchedulingRule* rule);
+
+/// Checks the laws that can be checked cheaply: the rule contains and conflicts with itself
+/// (shared rules are exempt from self-conflict), and neither conflicts with nor contains a private
+/// sentinel rule it cannot know. Multi rules are checked child by child. Null rules are valid.
+/// Throws InvalidRule naming the rule. Thread-safe.
+void validate_rule(const Rule& rule);
+
+}  // namespace tasklet
