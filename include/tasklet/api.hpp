@@ -1,0 +1,39 @@
+// tasklet/api.hpp: the per-thread API (the Java library's SchedulerAPI).
+//
+// Each thread has a current scheduler: inside a phase or run(), the scheduler running it;
+// otherwise the thread's implicit scheduler, made on first use, whose `sync` tasklets scheduled
+// from that thread run inline inside schedule(). ASYNC phases start with their spawning scheduler
+// as the current one. New schedulers take the thread's configured options, which ASYNC phases
+// inherit from their scheduler.
+#pragma once
+
+#include <memory>
+
+#include "tasklet/scheduler.hpp"
+
+namespace tasklet::api {
+
+/// A new scheduler with the calling thread's options (inside a phase: its scheduler's options).
+std::shared_ptr<Scheduler> new_scheduler();
+/// A new scheduler with explicit options; empty members inherit as in new_scheduler().
+std::shared_ptr<Scheduler> new_scheduler(SchedulerOptions options);
+
+/// The calling thread's current scheduler (see the header comment). Never throws.
+Scheduler& current();
+
+/// Runs tasklet->task() on the calling thread with `scheduler` as its current scheduler, then
+/// continues the tasklet on `scheduler` with the directive it returned. The tasklet must be idle
+/// (AlreadyScheduled); its rule is acquired first, blocking the caller while it conflicts.
+/// An exception from that phase ends the tasklet and is rethrown here.
+void with(Scheduler& scheduler, const std::shared_ptr<Tasklet>& tasklet);
+
+/// Sets the options new schedulers on this thread use (and the implicit scheduler, when it is
+/// next created).
+void configure(SchedulerOptions options);
+/// The calling thread's configured options.
+SchedulerOptions options();
+
+/// Drops the thread's implicit scheduler (see Scheduler's destructor) and its configuration.
+void reset();
+
+}  // namespace tasklet::api

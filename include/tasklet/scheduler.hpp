@@ -1,0 +1,123 @@
+// tasklet/scheduler.hpp: runs tasklets phase by phase according to their directives.
+//
+// A Scheduler has a synchronous thread (the thread inside run()) and worker threads (its
+// Workers). `sync` phases run only on the synchronous thread, `async` phases only on workers,
+// `wait` parks a tasklet until a Rescheduler resumes it, `done` drops it. run() returns once no
+// tasklet is queued, running, parked or waiting for its rule, and then rethrows the first
+// exception any phase threw. Tasklets with rules acquire them from the scheduler's JobManager
+// before their first phase and hold them until done.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tasklet/directive.hpp"
+#include "tasklet/tasklet_base.hpp"
+
+namespace tasklet {
+
+class JobManager;
+class Workers;
+class Scheduler;
+
+/// What a new scheduler uses. Empty members mean "inherit": the thread's configured options
+/// (api::configure), then the global JobManager.
+struct SchedulerOptions {
+  /// Owns the rules this scheduler's tasklets and threads hold; also supplies default workers.
+  std::shared_ptr<JobManager> manager;
+  /// Where ASYNC phases run; overrides `concurrency` and the manager's workers.
+  std::shared_ptr<Workers> workers;
+  /// When > 0 and `workers` is empty: a private pool with this many worker threads.
+  int concurrency = 0;
+};
+
+/// A phase's exception, with the name of the tasklet that threw it.
+struct Failure {
+  std::string tasklet;
+  std::exception_ptr error;
+};
+
+/// Puts a suspended tasklet back. Cheap to copy; every copy names the same suspension, which can
+/// be resumed once. Thread-safe: resume() may be called from any thread, even before the
+/// tasklet's phase has returned `wait` (the resume is then applied when it does).
+class Rescheduler {
+ public:
+  Rescheduler() = default;
+
+  /// Continues the tasklet with `directive`. Throws AlreadyResumed when this suspension was
+  /// resumed already or has ended (the tasklet returned something other than wait, or its
+  /// scheduler is gone), and SchedulerNotRunning for `async` while the scheduler's run() is not
+  /// active (the tasklet then stays parked). Does not block.
+  void resume(Directive directive) const;
+
+  /// False for a default-constructed Rescheduler.
+  explicit operator bool() const noexcept { return suspension_ != 0; }
+
+ private:
+  friend class Scheduler;
+  Rescheduler(std::weak_ptr<Scheduler> scheduler, std::weak_ptr<Tasklet> tasklet, std::uint32_t suspension)
+      : scheduler_(std::move(scheduler)), tasklet_(std::move(tasklet)), suspension_(suspension) {}
+  std::weak_ptr<Scheduler> scheduler_;
+  std::weak_ptr<Tasklet> tasklet_;
+  std::uint32_t suspension_ = 0;
+};
+
+class Scheduler : public std::enable_shared_from_this<Scheduler> {
+ public:
+  /// A new scheduler (api::new_scheduler() uses the thread's configured options).
+  static std::shared_ptr<Scheduler> create(SchedulerOptions options = {});
+
+  /// Drops what never started (queued and parked tasklets), waits for running phases to end.
+  /// Never throws. Must not be called from one of this scheduler's own phases.
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  /// Makes the calling thread the synchronous thread and runs until no tasklet is queued,
+  /// running, parked or waiting for its rule. Blocks; a second run() on another thread blocks
+  /// until this one returns. Rethrows the first exception a phase threw (see failures()).
+  /// Throws IllegalState when called from one of this scheduler's own phases.
+  void run();
+
+  /// Starts `tasklet` with `directive`. Throws AlreadyScheduled when the tasklet is active,
+  /// SchedulerNotRunning for `async` while run() is not active, and std::invalid_argument for a
+  /// null tasklet. On the implicit scheduler (api::current() of a thread with none) a `sync`
+  /// tasklet scheduled from its own thread runs inline before schedule() returns, and an exception
+  /// from those phases is rethrown here. Thread-safe; may block only to acquire the tasklet's rule
+  /// when it runs inline.
+  Scheduler& schedule(std::shared_ptr<Tasklet> tasklet, Directive directive);
+
+  /// Suspends `tasklet`: an idle tasklet becomes parked; a tasklet calling this from its own
+  /// phase parks when that phase returns `wait`; a parked tasklet gets a new Rescheduler.
+  /// Throws AlreadyScheduled when the tasklet is queued or running elsewhere, or already has an
+  /// outstanding Rescheduler, and IllegalState when it is not owned by a std::shared_ptr.
+  /// Thread-safe; does not block.
+  Rescheduler suspend(Tasklet& tasklet);
+
+  /// True while run() is active.
+  bool is_running() const noexcept;
+  /// Tasklets queued, running, parked or waiting for their rule.
+  std::size_t active_count() const noexcept;
+  /// Every phase exception of the last run() (or inline schedule()), first one first.
+  std::vector<Failure> failures() const;
+  /// The manager whose rule table this scheduler's tasklets use.
+  const std::shared_ptr<JobManager>& manager() const noexcept;
+
+  struct Impl;
+  Impl& impl() noexcept { return *impl_; }
+
+ private:
+  struct Key {};
+
+ public:
+  Scheduler(Key, SchedulerOptions options);  // use create()
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tasklet

@@ -1,0 +1,12 @@
+// tasklet/tasklet.hpp: the umbrella header. Include it, or the individual headers below.
+#pragma once
+
+#include "tasklet/api.hpp"
+#include "tasklet/directive.hpp"
+#include "tasklet/error.hpp"
+#include "tasklet/job_manager.hpp"
+#include "tasklet/rules/rules.hpp"
+#include "tasklet/scheduler.hpp"
+#include "tasklet/scheduling_rule.hpp"
+#include "tasklet/tasklet_base.hpp"
+#include "tasklet/workers.hpp"

@@ -1,0 +1,625 @@
+#include <cassert>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include <oneapi/tbb/task_arena.h>
+
+#include "context.hpp"
+#include "scheduler_impl.hpp"
+#include "tasklet/error.hpp"
+#include "tasklet_state.hpp"
+
+namespace tasklet {
+
+using detail::context;
+using detail::TaskletAccess;
+namespace st = detail::state;
+
+namespace detail {
+ThreadContext& context() noexcept {
+  thread_local ThreadContext ctx;
+  return ctx;
+}
+}  // namespace detail
+
+namespace {
+
+// Async phases started by the synchronous thread are handed to the workers this many at a time:
+// one arena submission per batch, then the worker spawns them locally (far cheaper than one
+// enqueue each).
+constexpr std::size_t async_batch_size = 256;
+
+// The thread's context while one phase runs on it.
+class PhaseScope {
+ public:
+  PhaseScope(Scheduler& scheduler, Scheduler::Impl& impl, Tasklet& tasklet) noexcept
+      : ctx_(context()), current_(ctx_.current), phase_of_(ctx_.phase_of), tasklet_(ctx_.tasklet) {
+    ctx_.current = &scheduler;
+    ctx_.phase_of = &impl;
+    ctx_.tasklet = &tasklet;
+  }
+  ~PhaseScope() {
+    ctx_.current = current_;
+    ctx_.phase_of = phase_of_;
+    ctx_.tasklet = tasklet_;
+  }
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+
+ private:
+  detail::ThreadContext& ctx_;
+  Scheduler* current_;
+  Scheduler::Impl* phase_of_;
+  Tasklet* tasklet_;
+};
+
+// The thread's context while it is the synchronous thread of a scheduler.
+class SyncThreadScope {
+ public:
+  SyncThreadScope(Scheduler& scheduler, Scheduler::Impl& impl) noexcept
+      : ctx_(context()), current_(ctx_.current), sync_of_(ctx_.sync_of) {
+    ctx_.current = &scheduler;
+    ctx_.sync_of = &impl;
+  }
+  ~SyncThreadScope() {
+    ctx_.current = current_;
+    ctx_.sync_of = sync_of_;
+  }
+  SyncThreadScope(const SyncThreadScope&) = delete;
+  SyncThreadScope& operator=(const SyncThreadScope&) = delete;
+
+ private:
+  detail::ThreadContext& ctx_;
+  Scheduler* current_;
+  Scheduler::Impl* sync_of_;
+};
+
+// The thread's context while it executes one of a scheduler's oneTBB tasks.
+class WorkerTaskScope {
+ public:
+  WorkerTaskScope(Workers::Impl& workers, Scheduler::Impl& impl) noexcept
+      : ctx_(context()), worker_of_(ctx_.worker_of), task_of_(ctx_.task_of) {
+    ctx_.worker_of = &workers;
+    ctx_.task_of = &impl;
+  }
+  ~WorkerTaskScope() {
+    ctx_.worker_of = worker_of_;
+    ctx_.task_of = task_of_;
+  }
+  WorkerTaskScope(const WorkerTaskScope&) = delete;
+  WorkerTaskScope& operator=(const WorkerTaskScope&) = delete;
+
+ private:
+  detail::ThreadContext& ctx_;
+  Workers::Impl* worker_of_;
+  Scheduler::Impl* task_of_;
+};
+
+struct PhaseResult {
+  Directive directive;
+  std::exception_ptr error;
+};
+
+PhaseResult run_phase(Scheduler& scheduler, Scheduler::Impl& impl, Tasklet& tasklet) noexcept {
+  PhaseScope scope(scheduler, impl, tasklet);
+  try {
+    return {tasklet.task(), nullptr};
+  } catch (...) {
+    return {Directive::done, std::current_exception()};
+  }
+}
+
+// The options a new scheduler inherits on this thread: inside a phase or run loop, those of the
+// scheduler running it; elsewhere the thread's configured ones.
+const SchedulerOptions& inherited_options() noexcept {
+  const auto& ctx = context();
+  if (ctx.phase_of) return ctx.phase_of->options_;
+  if (ctx.sync_of) return ctx.sync_of->options_;
+  return ctx.configured;
+}
+
+SchedulerOptions resolve(SchedulerOptions options) {
+  const SchedulerOptions& inherited = inherited_options();
+  if (!options.manager) options.manager = inherited.manager ? inherited.manager : JobManager::global();
+  if (!options.workers) {
+    if (options.concurrency > 0) {
+      options.workers = Workers::create(options.concurrency);
+    } else if (inherited.workers && (!inherited.manager || inherited.manager == options.manager)) {
+      options.workers = inherited.workers;
+    } else {
+      options.workers = options.manager->workers();
+    }
+  }
+  options.concurrency = options.workers->concurrency();
+  return options;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// oneTBB tasks
+
+struct Scheduler::Impl::PhaseTask {
+  Impl* impl;
+  mutable TaskletPtr tasklet;
+  void operator()() const {
+    WorkerTaskScope scope(impl->workers_, *impl);
+    impl->run_async_phase(std::move(tasklet));
+  }
+};
+
+struct Scheduler::Impl::BatchTask {
+  Impl* impl;
+  mutable std::vector<TaskletPtr> tasklets;
+  void operator()() const {
+    WorkerTaskScope scope(impl->workers_, *impl);
+    TaskletPtr last = std::move(tasklets.back());
+    tasklets.pop_back();
+    for (TaskletPtr& tasklet : tasklets) impl->group_.run(PhaseTask{impl, std::move(tasklet)});
+    std::vector<TaskletPtr>().swap(tasklets);
+    impl->run_async_phase(std::move(last));
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Life cycle
+
+Scheduler::Impl::Impl(Scheduler& self, SchedulerOptions options)
+    : self_(self), options_(resolve(std::move(options))), workers_(options_.workers->impl()) {}
+
+Scheduler::Impl::~Impl() {
+  drop_pending();
+  if (spawned_.load(std::memory_order_acquire)) {
+    // Wait for the tails of our oneTBB tasks (the phase that finished last may still be leaving).
+    // Isolated, so the waiting thread runs none of the arena's other work.
+    workers_.arena().execute([this] { oneapi::tbb::this_task_arena::isolate([this] { group_.wait(); }); });
+  }
+}
+
+void Scheduler::Impl::drop_pending() noexcept {
+  std::vector<TaskletPtr> dropped;
+  {
+    std::lock_guard lock(mutex_);
+    dropped.swap(sync_queue_);
+  }
+  for (TaskletPtr& tasklet : async_batch_) dropped.push_back(std::move(tasklet));
+  async_batch_.clear();
+  {
+    std::lock_guard lock(parked_mutex_);
+    for (auto& entry : parked_) dropped.push_back(std::move(entry.second));
+    parked_.clear();
+  }
+  for (TaskletPtr& tasklet : dropped) {
+    auto& state = TaskletAccess::state(*tasklet);
+    TaskletAccess::scheduler(*tasklet) = nullptr;
+    state.store(st::with_generation(st::idle, st::generation(state.load())), std::memory_order_release);
+    active_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+  dropped.clear();  // users' destructors run here, outside every lock
+}
+
+void Scheduler::Impl::make_implicit_for_this_thread() { implicit_owner_ = std::this_thread::get_id(); }
+
+// ---------------------------------------------------------------------------------------------
+// Entering and leaving the scheduler
+
+void Scheduler::Impl::claim(Tasklet& tasklet, const char* action) {
+  auto& state = TaskletAccess::state(tasklet);
+  std::uint64_t word = state.load(std::memory_order_acquire);
+  do {
+    if (st::phase(word) != st::idle) {
+      throw AlreadyScheduled(std::string(action) + ": " + tasklet.name() +
+                             " is already active (scheduled, running, parked or waiting for its rule)");
+    }
+  } while (!state.compare_exchange_weak(word, st::with_generation(st::active, st::generation(word)),
+                                        std::memory_order_acq_rel, std::memory_order_acquire));
+  TaskletAccess::scheduler(tasklet) = &self_;
+}
+
+void Scheduler::Impl::unclaim(Tasklet& tasklet) noexcept {
+  auto& state = TaskletAccess::state(tasklet);
+  TaskletAccess::scheduler(tasklet) = nullptr;
+  state.store(st::with_generation(st::idle, st::generation(state.load())), std::memory_order_release);
+}
+
+// Counts a new tasklet that will start with `async`, if run() is active. A caller that already has
+// a stake in active_ (the synchronous thread, a phase of this scheduler) keeps run() from
+// returning, so reading running_ suffices; anyone else decides under the lock run() exits under.
+bool Scheduler::Impl::run_is_active_for_caller() {
+  const auto& ctx = context();
+  if (ctx.sync_of == this || ctx.phase_of == this) {
+    if (!running_.load(std::memory_order_acquire)) return false;
+    active_.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+  std::lock_guard lock(mutex_);
+  if (!running_.load(std::memory_order_relaxed)) return false;
+  active_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void Scheduler::Impl::schedule(TaskletPtr tasklet, Directive directive) {
+  if (!tasklet) throw std::invalid_argument("schedule: null tasklet");
+  if (directive == Directive::done) {
+    if (tasklet->is_active()) throw AlreadyScheduled("schedule: " + tasklet->name() + " is already active");
+    return;
+  }
+  claim(*tasklet, "schedule");
+  if (directive == Directive::async) {
+    if (!run_is_active_for_caller()) {
+      unclaim(*tasklet);
+      throw SchedulerNotRunning("schedule(" + tasklet->name() +
+                                ", async): the scheduler's run() is not active, so no synchronous thread "
+                                "could take the tasklet back");
+    }
+  } else {
+    active_.fetch_add(1, std::memory_order_relaxed);
+  }
+  start(std::move(tasklet), directive);
+  if (directive == Directive::sync) drain_inline();
+}
+
+void Scheduler::Impl::start(TaskletPtr tasklet, Directive directive) { dispatch(std::move(tasklet), directive); }
+
+void Scheduler::Impl::finish(TaskletPtr tasklet, std::exception_ptr error) noexcept {
+  if (error) record_failure(*tasklet, std::move(error));
+  unclaim(*tasklet);
+  tasklet.reset();  // the scheduler's last reference: a finished tasklet may be destroyed here
+  if (active_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    std::lock_guard lock(mutex_);
+    if (sleeping_) wake_.notify_one();
+  }
+}
+
+void Scheduler::Impl::record_failure(const Tasklet& tasklet, std::exception_ptr error) noexcept {
+  try {
+    Failure failure{tasklet.name(), std::move(error)};
+    std::lock_guard lock(mutex_);
+    failures_.push_back(std::move(failure));
+  } catch (...) {
+    // Out of memory while recording: the failure is lost rather than the process.
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Directives
+
+void Scheduler::Impl::continue_after_phase(TaskletPtr tasklet, Directive directive,
+                                           std::exception_ptr error) noexcept {
+  if (error) {
+    finish(std::move(tasklet), std::move(error));
+    return;
+  }
+  auto& state = TaskletAccess::state(*tasklet);
+  std::uint64_t word = state.load(std::memory_order_acquire);
+  for (;;) {
+    if (!(word & st::armed)) break;  // not suspended: the directive stands
+    const std::uint64_t plain = st::with_generation(st::active, st::generation(word));
+    if (word & st::resumed) {
+      if (directive != Directive::wait) {
+        const Directive resumed_with = st::resume_directive(word);
+        state.compare_exchange_strong(word, plain, std::memory_order_acq_rel);
+        finish(std::move(tasklet),
+               std::make_exception_ptr(AlreadyResumed(
+                   tasklet->name() + " was resumed with " + std::string(to_string(resumed_with)) +
+                   " but its phase returned " + std::string(to_string(directive)) +
+                   " instead of wait; a suspended tasklet must return wait")));
+        return;
+      }
+      const Directive resumed_with = st::resume_directive(word);
+      if (state.compare_exchange_weak(word, plain, std::memory_order_acq_rel)) {
+        directive = resumed_with;
+        break;
+      }
+      continue;
+    }
+    if (directive == Directive::wait) {
+      std::lock_guard lock(parked_mutex_);
+      const std::uint64_t parked = st::with_generation(st::parked | st::armed, st::generation(word));
+      if (state.compare_exchange_strong(word, parked, std::memory_order_acq_rel)) {
+        Tasklet* key = tasklet.get();
+        parked_.emplace(key, std::move(tasklet));
+        return;
+      }
+      continue;  // a resume arrived meanwhile
+    }
+    // The phase chose another directive: the suspension ends unused.
+    if (state.compare_exchange_weak(word, plain, std::memory_order_acq_rel)) break;
+  }
+  dispatch(std::move(tasklet), directive);
+}
+
+void Scheduler::Impl::dispatch(TaskletPtr tasklet, Directive directive) noexcept {
+  switch (directive) {
+    case Directive::sync:
+      enqueue_sync(std::move(tasklet));
+      return;
+    case Directive::async:
+      if (!running_.load(std::memory_order_acquire)) {
+        const std::string name = tasklet->name();
+        finish(std::move(tasklet),
+               std::make_exception_ptr(SchedulerNotRunning(
+                   name + " returned async while its scheduler's run() is not active")));
+        return;
+      }
+      enqueue_async(std::move(tasklet));
+      return;
+    case Directive::wait: {
+      auto& state = TaskletAccess::state(*tasklet);
+      std::lock_guard lock(parked_mutex_);
+      state.store(st::with_generation(st::parked, st::generation(state.load())), std::memory_order_release);
+      Tasklet* key = tasklet.get();
+      parked_.emplace(key, std::move(tasklet));
+      return;
+    }
+    case Directive::done:
+      finish(std::move(tasklet), nullptr);
+      return;
+  }
+}
+
+void Scheduler::Impl::enqueue_sync(TaskletPtr tasklet) {
+  const bool from_sync_thread = context().sync_of == this;
+  std::lock_guard lock(mutex_);
+  sync_queue_.push_back(std::move(tasklet));
+  if (!from_sync_thread && sleeping_) wake_.notify_one();
+}
+
+void Scheduler::Impl::enqueue_async(TaskletPtr tasklet) {
+  const auto& ctx = context();
+  spawned_.store(true, std::memory_order_relaxed);
+  if (ctx.sync_of == this) {
+    async_batch_.push_back(std::move(tasklet));
+    if (async_batch_.size() >= async_batch_size) flush_async_batch();
+  } else if (ctx.worker_of == &workers_) {
+    group_.run(PhaseTask{this, std::move(tasklet)});
+  } else {
+    workers_.arena().enqueue(group_.defer(PhaseTask{this, std::move(tasklet)}));
+  }
+}
+
+void Scheduler::Impl::flush_async_batch() {
+  if (async_batch_.empty()) return;
+  std::vector<TaskletPtr> batch;
+  batch.reserve(async_batch_size);
+  batch.swap(async_batch_);
+  workers_.arena().enqueue(group_.defer(BatchTask{this, std::move(batch)}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running phases
+
+void Scheduler::Impl::run_async_phase(TaskletPtr tasklet) noexcept {
+  const PhaseResult result = run_phase(self_, *this, *tasklet);
+  continue_after_phase(std::move(tasklet), result.directive, result.error);
+}
+
+void Scheduler::Impl::run_sync_phase(TaskletPtr tasklet) noexcept {
+  const PhaseResult result = run_phase(self_, *this, *tasklet);
+  continue_after_phase(std::move(tasklet), result.directive, result.error);
+}
+
+// One turn of the run loop: submit the async phases the last turn started, then take every queued
+// sync tasklet (sleeping while there is none) and run them. False once nothing is left.
+bool Scheduler::Impl::drain_sync_queue_once() {
+  flush_async_batch();
+  {
+    std::unique_lock lock(mutex_);
+    while (sync_queue_.empty()) {
+      if (active_.load(std::memory_order_acquire) == 0) {
+        running_.store(false, std::memory_order_release);
+        return false;
+      }
+      sleeping_ = true;
+      wake_.wait(lock);
+      sleeping_ = false;
+    }
+    sync_batch_.swap(sync_queue_);
+  }
+  for (TaskletPtr& tasklet : sync_batch_) run_sync_phase(std::move(tasklet));
+  sync_batch_.clear();
+  return true;
+}
+
+void Scheduler::Impl::run() {
+  auto& ctx = context();
+  if (ctx.phase_of == this || ctx.sync_of == this) {
+    throw IllegalState("run() called from inside one of its own scheduler's phases would wait for itself");
+  }
+  std::unique_lock run_lock(run_mutex_);
+  SyncThreadScope scope(self_, *this);
+  {
+    std::lock_guard lock(mutex_);
+    failures_.clear();
+    running_.store(true, std::memory_order_release);
+  }
+  while (drain_sync_queue_once()) {
+  }
+  std::exception_ptr first;
+  {
+    std::lock_guard lock(mutex_);
+    if (!failures_.empty()) first = failures_.front().error;
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+// The implicit scheduler's inline behaviour: on its own thread, while run() is not active,
+// schedule() runs the sync tasklets it queued before returning.
+void Scheduler::Impl::drain_inline() {
+  auto& ctx = context();
+  if (implicit_owner_ != std::this_thread::get_id() || ctx.sync_of == this) return;
+  std::unique_lock run_lock(run_mutex_, std::try_to_lock);
+  if (!run_lock) return;  // run() is active on another thread; it takes the queue
+  SyncThreadScope scope(self_, *this);
+  {
+    std::lock_guard lock(mutex_);
+    failures_.clear();
+  }
+  for (;;) {
+    {
+      std::lock_guard lock(mutex_);
+      if (sync_queue_.empty()) break;
+      sync_batch_.swap(sync_queue_);
+    }
+    for (TaskletPtr& tasklet : sync_batch_) run_sync_phase(std::move(tasklet));
+    sync_batch_.clear();
+  }
+  std::exception_ptr first;
+  {
+    std::lock_guard lock(mutex_);
+    if (!failures_.empty()) first = failures_.front().error;
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+void Scheduler::Impl::with(const TaskletPtr& tasklet) {
+  if (!tasklet) throw std::invalid_argument("with: null tasklet");
+  claim(*tasklet, "with");
+  active_.fetch_add(1, std::memory_order_relaxed);
+  const PhaseResult result = run_phase(self_, *this, *tasklet);
+  if (result.error) {
+    finish(tasklet, nullptr);
+    std::rethrow_exception(result.error);
+  }
+  continue_after_phase(tasklet, result.directive, nullptr);
+  drain_inline();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Suspension
+
+Rescheduler Scheduler::Impl::suspend(Tasklet& tasklet) {
+  TaskletPtr owned = tasklet.weak_from_this().lock();
+  if (!owned) throw IllegalState("suspend: " + tasklet.name() + " is not owned by a std::shared_ptr");
+  auto& state = TaskletAccess::state(tasklet);
+  std::uint64_t word = state.load(std::memory_order_acquire);
+  for (;;) {
+    if (word & st::armed) {
+      throw AlreadyScheduled("suspend: " + tasklet.name() +
+                             " is already suspended; resume its outstanding Rescheduler");
+    }
+    const std::uint32_t generation = st::generation(word) + 1;
+    switch (st::phase(word)) {
+      case st::idle: {
+        std::lock_guard lock(parked_mutex_);
+        if (!state.compare_exchange_strong(word, st::with_generation(st::parked | st::armed, generation),
+                                           std::memory_order_acq_rel)) {
+          continue;
+        }
+        TaskletAccess::scheduler(tasklet) = &self_;
+        active_.fetch_add(1, std::memory_order_relaxed);
+        parked_.emplace(&tasklet, std::move(owned));
+        return Rescheduler(self_.weak_from_this(), tasklet.weak_from_this(), generation);
+      }
+      case st::active:
+        if (context().tasklet != &tasklet || TaskletAccess::scheduler(tasklet) != &self_) {
+          throw AlreadyScheduled("suspend: " + tasklet.name() +
+                                 " is queued or running elsewhere; only its own phase may suspend it");
+        }
+        break;
+      case st::parked:
+        if (TaskletAccess::scheduler(tasklet) != &self_) {
+          throw AlreadyScheduled("suspend: " + tasklet.name() + " is parked in another scheduler");
+        }
+        break;
+      default:
+        assert(false && "corrupt tasklet state");
+    }
+    if (state.compare_exchange_weak(word, st::with_generation(word | st::armed, generation),
+                                    std::memory_order_acq_rel)) {
+      return Rescheduler(self_.weak_from_this(), tasklet.weak_from_this(), generation);
+    }
+  }
+}
+
+void Scheduler::Impl::resume(const TaskletPtr& tasklet, std::uint32_t generation, Directive directive) {
+  auto& state = TaskletAccess::state(*tasklet);
+  std::uint64_t word = state.load(std::memory_order_acquire);
+  for (;;) {
+    if (!(word & st::armed) || st::generation(word) != generation ||
+        TaskletAccess::scheduler(*tasklet) != &self_) {
+      throw AlreadyResumed("resume(" + std::string(to_string(directive)) + "): the suspension of " +
+                           tasklet->name() + " was already resumed or has ended");
+    }
+    if (word & st::resumed) {
+      throw AlreadyResumed("resume(" + std::string(to_string(directive)) + "): " + tasklet->name() +
+                           " was already resumed with " + std::string(to_string(st::resume_directive(word))));
+    }
+    // The tasklet counts in active_, so run() cannot stop between this check and the dispatch.
+    if (directive == Directive::async && !running_.load(std::memory_order_acquire)) {
+      throw SchedulerNotRunning("resume(async) of " + tasklet->name() +
+                                ": the scheduler's run() is not active; the tasklet stays parked");
+    }
+    if (st::phase(word) == st::parked) {
+      TaskletPtr owned;
+      {
+        std::lock_guard lock(parked_mutex_);
+        if (!state.compare_exchange_strong(word, st::with_generation(st::active, generation),
+                                           std::memory_order_acq_rel)) {
+          continue;
+        }
+        auto entry = parked_.find(tasklet.get());
+        assert(entry != parked_.end());
+        owned = std::move(entry->second);
+        parked_.erase(entry);
+      }
+      dispatch(std::move(owned), directive);
+      if (directive == Directive::sync) drain_inline();
+      return;
+    }
+    // Its phase has not returned yet: leave the directive for continue_after_phase (sticky resume).
+    if (state.compare_exchange_weak(word, word | st::resumed_with(directive), std::memory_order_acq_rel)) return;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Public surface
+
+Scheduler::Scheduler(Key, SchedulerOptions options) : impl_(std::make_unique<Impl>(*this, std::move(options))) {}
+
+Scheduler::~Scheduler() {
+  if (context().task_of == impl_.get()) {
+    // Destroyed from inside one of its own oneTBB tasks, which the destructor would wait for:
+    // let a task outside the group finish the job once this one has returned.
+    auto& arena = impl_->workers_.arena();
+    arena.enqueue([impl = std::shared_ptr<Impl>(std::move(impl_))] { (void)impl; });
+  }
+}
+
+std::shared_ptr<Scheduler> Scheduler::create(SchedulerOptions options) {
+  return std::make_shared<Scheduler>(Key{}, std::move(options));
+}
+
+void Scheduler::run() { impl_->run(); }
+
+Scheduler& Scheduler::schedule(std::shared_ptr<Tasklet> tasklet, Directive directive) {
+  impl_->schedule(std::move(tasklet), directive);
+  return *this;
+}
+
+Rescheduler Scheduler::suspend(Tasklet& tasklet) { return impl_->suspend(tasklet); }
+
+bool Scheduler::is_running() const noexcept { return impl_->running_.load(std::memory_order_acquire); }
+
+std::size_t Scheduler::active_count() const noexcept { return impl_->active_.load(std::memory_order_acquire); }
+
+std::vector<Failure> Scheduler::failures() const {
+  std::lock_guard lock(impl_->mutex_);
+  return impl_->failures_;
+}
+
+const std::shared_ptr<JobManager>& Scheduler::manager() const noexcept { return impl_->options_.manager; }
+
+void Rescheduler::resume(Directive directive) const {
+  const std::shared_ptr<Scheduler> scheduler = scheduler_.lock();
+  const std::shared_ptr<Tasklet> tasklet = tasklet_.lock();
+  if (!scheduler || !tasklet) {
+    throw AlreadyResumed("resume(" + std::string(to_string(directive)) +
+                         "): the suspended tasklet or its scheduler no longer exists");
+  }
+  scheduler->impl().resume(tasklet, suspension_, directive);
+}
+
+}  // namespace tasklet

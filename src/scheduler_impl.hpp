@@ -1,0 +1,96 @@
+// Private: the scheduler's engine.
+//
+// Who counts what:
+//  - `active_` counts the tasklets this scheduler owns (queued for sync, in an async phase or on
+//    its way there, parked, waiting for a rule). run() returns when it is zero, and decides that
+//    under `mutex_`, the same lock that a thread without a stake in `active_` takes to check
+//    `running_` before it adds a tasklet; so no async phase starts after run() decided to return.
+//  - Every oneTBB task this scheduler creates belongs to `group_`; the destructor waits for the
+//    group, so no task touches a destroyed scheduler.
+// Threads never run user code while holding `mutex_` or `parked_mutex_`.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include <oneapi/tbb/task_group.h>
+
+#include "tasklet/job_manager.hpp"
+#include "tasklet/scheduler.hpp"
+#include "tasklet/workers.hpp"
+#include "workers_impl.hpp"
+
+namespace tasklet {
+
+struct Scheduler::Impl {
+  using TaskletPtr = std::shared_ptr<Tasklet>;
+
+  Impl(Scheduler& self, SchedulerOptions options);
+  ~Impl();
+
+  void run();
+  void schedule(TaskletPtr tasklet, Directive directive);
+  Rescheduler suspend(Tasklet& tasklet);
+  void resume(const TaskletPtr& tasklet, std::uint32_t generation, Directive directive);
+  void with(const TaskletPtr& tasklet);
+
+  /// The implicit scheduler of the calling thread runs its sync tasklets inline.
+  void make_implicit_for_this_thread();
+
+  Scheduler& self_;
+  SchedulerOptions options_;  // resolved: manager and workers are set
+  Workers::Impl& workers_;
+  oneapi::tbb::task_group group_;
+
+  std::atomic<std::size_t> active_{0};
+  std::atomic<bool> running_{false};
+
+  mutable std::mutex mutex_;  // guards the members below up to `parked_mutex_`
+  std::condition_variable wake_;
+  std::vector<TaskletPtr> sync_queue_;
+  bool sleeping_ = false;
+  std::vector<Failure> failures_;
+
+  std::mutex run_mutex_;  // held by run() and by inline drains: one synchronous thread at a time
+  std::thread::id implicit_owner_;
+
+  std::mutex parked_mutex_;
+  std::unordered_map<Tasklet*, TaskletPtr> parked_;
+
+  // Touched by the synchronous thread only: async phases it started, submitted in batches, and
+  // the sync tasklets taken from the queue for one turn of the loop.
+  std::vector<TaskletPtr> async_batch_;
+  std::vector<TaskletPtr> sync_batch_;
+
+  std::atomic<bool> spawned_{false};  // any oneTBB task was ever created (the destructor waits)
+
+ private:
+  struct PhaseTask;
+  struct BatchTask;
+
+  void claim(Tasklet& tasklet, const char* action);
+  void unclaim(Tasklet& tasklet) noexcept;
+  bool run_is_active_for_caller();
+  void start(TaskletPtr tasklet, Directive directive);
+  void continue_after_phase(TaskletPtr tasklet, Directive directive, std::exception_ptr error) noexcept;
+  void dispatch(TaskletPtr tasklet, Directive directive) noexcept;
+  void enqueue_sync(TaskletPtr tasklet);
+  void enqueue_async(TaskletPtr tasklet);
+  void flush_async_batch();
+  void park(TaskletPtr tasklet, std::uint64_t expected, std::uint64_t parked_word);
+  void finish(TaskletPtr tasklet, std::exception_ptr error) noexcept;
+  void record_failure(const Tasklet& tasklet, std::exception_ptr error) noexcept;
+  void run_async_phase(TaskletPtr tasklet) noexcept;
+  void run_sync_phase(TaskletPtr tasklet) noexcept;
+  bool drain_sync_queue_once();
+  void drain_inline();
+  void drop_pending() noexcept;
+};
+
+}  // namespace tasklet

@@ -1,0 +1,31 @@
+#include <cstdio>
+
+#include "tasklet/error.hpp"
+#include "tasklet/tasklet_base.hpp"
+
+namespace tasklet {
+
+Tasklet::~Tasklet() = default;
+
+void Tasklet::set_rule(Rule rule) {
+  if (is_active()) {
+    throw TaskletActive("cannot change the rule of " + name() + " to " + describe(rule) +
+                        " while it is active");
+  }
+  validate_rule(rule);
+  rule_ = std::move(rule);
+}
+
+void Tasklet::set_name(std::string name) {
+  if (is_active()) throw TaskletActive("cannot rename " + this->name() + " while it is active");
+  name_ = std::move(name);
+}
+
+std::string Tasklet::name() const {
+  if (!name_.empty()) return name_;
+  char text[48];
+  std::snprintf(text, sizeof text, "tasklet@%p", static_cast<const void*>(this));
+  return text;
+}
+
+}  // namespace tasklet

@@ -1,0 +1,52 @@
+// Private: the engine's view of a Tasklet.
+//
+// A tasklet's state word (Tasklet::state_) packs everything that several threads race on, so that
+// each transition is one compare-and-swap:
+//   bits 0-1  phase: idle (not scheduled), active (queued, running, waiting for its rule), parked
+//   bit  2    armed: a Rescheduler is outstanding for the current suspension
+//   bit  3    resumed: that Rescheduler was used before the phase returned wait (the sticky resume)
+//   bits 4-5  the directive given to resume
+//   bits 32+  suspension generation: tells stale Reschedulers from the current one
+// Only the thread that owns the tasklet's progress (the one running or dispatching it) moves it
+// between idle, active and parked; resume() only sets `resumed` or takes a parked tasklet back.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "tasklet/tasklet_base.hpp"
+
+namespace tasklet::detail {
+
+namespace state {
+inline constexpr std::uint64_t idle = 0;
+inline constexpr std::uint64_t active = 1;
+inline constexpr std::uint64_t parked = 2;
+inline constexpr std::uint64_t phase_mask = 3;
+inline constexpr std::uint64_t armed = 1u << 2;
+inline constexpr std::uint64_t resumed = 1u << 3;
+inline constexpr int resume_shift = 4;
+inline constexpr std::uint64_t resume_mask = 3u << resume_shift;
+inline constexpr int generation_shift = 32;
+
+constexpr std::uint64_t phase(std::uint64_t word) noexcept { return word & phase_mask; }
+constexpr std::uint32_t generation(std::uint64_t word) noexcept {
+  return static_cast<std::uint32_t>(word >> generation_shift);
+}
+constexpr std::uint64_t with_generation(std::uint64_t word, std::uint32_t generation) noexcept {
+  return (word & 0xffffffffu) | (std::uint64_t{generation} << generation_shift);
+}
+constexpr Directive resume_directive(std::uint64_t word) noexcept {
+  return static_cast<Directive>((word & resume_mask) >> resume_shift);
+}
+constexpr std::uint64_t resumed_with(Directive directive) noexcept {
+  return resumed | (std::uint64_t{static_cast<std::uint8_t>(directive)} << resume_shift);
+}
+}  // namespace state
+
+struct TaskletAccess {
+  static std::atomic<std::uint64_t>& state(Tasklet& tasklet) noexcept { return tasklet.state_; }
+  static Scheduler*& scheduler(Tasklet& tasklet) noexcept { return tasklet.scheduler_; }
+};
+
+}  // namespace tasklet::detail
