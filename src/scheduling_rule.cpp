@@ -36,8 +36,10 @@ void validate_one(const SchedulingRule& rule, const SchedulingRule& whole) {
     }
   }
   if (!rule.contains(rule)) fail("it does not contain itself");
-  const bool shared = key.kind == RuleKey::Kind::path && key.shared;
-  if (!shared && !rule.is_conflicting(rule)) fail("it does not conflict with itself");
+  // Shared rules need not conflict with themselves; a multi rule conflicts with itself exactly when
+  // an exclusive child does, and its children were checked above.
+  const bool exempt = (key.kind == RuleKey::Kind::path && key.shared) || key.kind == RuleKey::Kind::multi;
+  if (!exempt && !rule.is_conflicting(rule)) fail("it does not conflict with itself");
   if (rule.is_conflicting(sentinel())) fail("it conflicts with an unrelated rule");
   if (rule.contains(sentinel())) fail("it contains an unrelated rule");
 }

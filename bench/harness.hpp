@@ -1,0 +1,266 @@
+// bench/harness.hpp: a small harness for benchmarks that report every workload as a ratio against
+// a baseline measured in the same run.
+//
+// The machines we measure on are small and shared, so absolute times wander from run to run.
+// compare() therefore interleaves the baseline and our variant (alternating which goes first),
+// repeats each pair, and takes the median of each side and the median of the pairs' ratios; that
+// ratio is the figure the performance contract (DESIGN section 5) promises. Report collects the rows and
+// prints a fixed-width table for people and a markdown table for docs/performance.md.
+//
+// Command line (parse_options): --repeats=K (median of K, default 7), --quick (small sizes, one
+// repeat: a smoke test), --max-n=N (largest size of the sweeps), --only=WORD (only the workloads
+// whose name contains WORD).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace tasklet::bench {
+
+using Clock = std::chrono::steady_clock;
+
+/// Settings shared by every workload of one benchmark executable.
+struct Options {
+  int repeats = 7;
+  std::size_t max_n = 1'000'000;
+  bool quick = false;
+  std::string only;
+
+  /// True when the workload named `name` was selected with --only (or nothing was).
+  bool selected(std::string_view name) const {
+    return only.empty() || name.find(only) != std::string_view::npos;
+  }
+};
+
+/// Parses the options described at the top of this header. Exits with a usage message on bad input.
+inline Options parse_options(int argc, char** argv) {
+  Options options;
+  const auto usage = [&](const std::string& bad) {
+    std::cerr << "unknown or malformed argument: " << bad << "\n"
+              << "usage: " << argv[0] << " [--repeats=K] [--max-n=N] [--quick] [--only=WORD]\n";
+    std::exit(2);
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const auto value_of = [&](std::string_view prefix) -> std::optional<std::string> {
+      if (arg.rfind(prefix, 0) != 0) return std::nullopt;
+      return arg.substr(prefix.size());
+    };
+    try {
+      if (arg == "--quick") {
+        options.quick = true;
+        options.repeats = 1;
+        options.max_n = std::min<std::size_t>(options.max_n, 10'000);
+      } else if (auto repeats = value_of("--repeats=")) {
+        options.repeats = std::max(1, std::stoi(*repeats));
+      } else if (auto max_n = value_of("--max-n=")) {
+        options.max_n = std::max<std::size_t>(1, std::stoull(*max_n));
+      } else if (auto only = value_of("--only=")) {
+        options.only = *only;
+      } else {
+        usage(arg);
+      }
+    } catch (const std::exception&) {
+      usage(arg);
+    }
+  }
+  return options;
+}
+
+/// Seconds taken by one call of `fn`.
+template <class F>
+double time_once(F&& fn) {
+  const auto start = Clock::now();
+  fn();
+  const auto stop = Clock::now();
+  return std::chrono::duration<double>(stop - start).count();
+}
+
+/// The median of `values` (the mean of the middle two for an even count); 0 for none.
+inline double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const std::size_t mid = values.size() / 2;
+  return values.size() % 2 == 1 ? values[mid] : (values[mid - 1] + values[mid]) / 2.0;
+}
+
+/// One baseline/ours comparison: median times in nanoseconds per operation, and the median of
+/// the ratios of back-to-back pairs (steadier than the ratio of the medians when the load of the
+/// machine changes during the run).
+struct Comparison {
+  double baseline_ns = 0.0;
+  double ours_ns = 0.0;
+  double ratio = 0.0;
+};
+
+/// Runs `baseline()` and `ours()` once each to warm up, then `repeats` interleaved pairs (the
+/// first of each pair alternates), and returns the median time of each divided by `ops` and the
+/// median ratio of the pairs. Each callable performs `ops` operations per call.
+template <class Baseline, class Ours>
+Comparison compare(int repeats, std::size_t ops, Baseline&& baseline, Ours&& ours) {
+  baseline();
+  ours();
+  std::vector<double> base_times;
+  std::vector<double> our_times;
+  std::vector<double> ratios;
+  for (int r = 0; r < repeats; ++r) {
+    if (r % 2 == 0) {
+      base_times.push_back(time_once(baseline));
+      our_times.push_back(time_once(ours));
+    } else {
+      our_times.push_back(time_once(ours));
+      base_times.push_back(time_once(baseline));
+    }
+    if (base_times.back() > 0.0) ratios.push_back(our_times.back() / base_times.back());
+  }
+  const double scale = 1e9 / static_cast<double>(ops);
+  return {median(std::move(base_times)) * scale, median(std::move(our_times)) * scale,
+          median(std::move(ratios))};
+}
+
+/// One line of the report. A row without a baseline (a plain figure, e.g. bytes per tasklet)
+/// leaves `baseline` empty and puts its value in `ours`.
+struct Row {
+  std::string workload;
+  std::string n;
+  std::optional<double> baseline;
+  double ours = 0.0;
+  /// ours / baseline; comparison_row() sets it from Comparison::ratio.
+  std::optional<double> measured_ratio;
+  std::string unit = "ns/op";
+  /// The promised bound: a ratio when there is a baseline, else a bound on `ours`; none: info only.
+  std::optional<double> target;
+
+  std::optional<double> ratio() const {
+    if (measured_ratio) return measured_ratio;
+    if (!baseline || *baseline <= 0.0) return std::nullopt;
+    return ours / *baseline;
+  }
+  /// "ok", "OVER" or "" (no target).
+  std::string verdict() const {
+    if (!target) return "";
+    const double value = baseline ? ratio().value_or(0.0) : ours;
+    return value <= *target ? "ok" : "OVER";
+  }
+};
+
+/// A row comparing ours with its baseline; `target` bounds the ratio (none: information only).
+inline Row comparison_row(std::string workload, std::string n, const Comparison& result,
+                          std::optional<double> target = std::nullopt) {
+  Row row;
+  row.workload = std::move(workload);
+  row.n = std::move(n);
+  row.baseline = result.baseline_ns;
+  row.ours = result.ours_ns;
+  row.measured_ratio = result.ratio;
+  row.target = target;
+  return row;
+}
+
+/// A row with a plain figure and no baseline; `target` bounds the figure itself.
+inline Row figure_row(std::string workload, std::string n, double value, std::string unit,
+                      std::optional<double> target = std::nullopt) {
+  Row row;
+  row.workload = std::move(workload);
+  row.n = std::move(n);
+  row.ours = value;
+  row.unit = std::move(unit);
+  row.target = target;
+  return row;
+}
+
+/// "10^6" for powers of ten, else the number itself.
+inline std::string size_label(std::size_t n) {
+  int exponent = 0;
+  std::size_t rest = n;
+  while (rest >= 10 && rest % 10 == 0) {
+    rest /= 10;
+    ++exponent;
+  }
+  if (rest == 1 && exponent > 0) return "10^" + std::to_string(exponent);
+  return std::to_string(n);
+}
+
+/// Collects rows and prints them.
+class Report {
+ public:
+  explicit Report(std::string title) : title_(std::move(title)) {}
+
+  void add(Row row) {
+    print_row(std::cout, row);  // progress while the rest is measured
+    std::cout.flush();
+    rows_.push_back(std::move(row));
+  }
+
+  /// The fixed-width table, for people.
+  void print_table(std::ostream& out) const {
+    out << "\n" << title_ << "\n";
+    print_header(out);
+    for (const Row& row : rows_) print_row(out, row);
+  }
+
+  /// The same figures as a markdown table, to paste into docs/performance.md.
+  void print_markdown(std::ostream& out) const {
+    out << "\n| workload | N | baseline | ours | unit | ratio | target | verdict |\n"
+        << "|---|---|---|---|---|---|---|---|\n";
+    for (const Row& row : rows_) {
+      out << "| " << row.workload << " | " << row.n << " | " << fixed(row.baseline) << " | "
+          << fixed(row.ours) << " | " << row.unit << " | " << ratio_text(row) << " | " << target_text(row)
+          << " | " << row.verdict() << " |\n";
+    }
+  }
+
+  static void print_header(std::ostream& out) {
+    char line[200];
+    std::snprintf(line, sizeof line, "%-40s %8s %12s %12s %-7s %8s %8s %s\n", "workload", "N", "baseline",
+                  "ours", "unit", "ratio", "target", "verdict");
+    out << line << std::string(110, '-') << "\n";
+  }
+
+ private:
+  static std::string fixed(std::optional<double> value) {
+    if (!value) return "-";
+    std::ostringstream text;
+    text.setf(std::ios::fixed);
+    text.precision(*value >= 100.0 ? 0 : 1);
+    text << *value;
+    return text.str();
+  }
+  static std::string ratio_text(const Row& row) {
+    const auto ratio = row.ratio();
+    if (!ratio) return "-";
+    std::ostringstream text;
+    text.setf(std::ios::fixed);
+    text.precision(2);
+    text << *ratio << "x";
+    return text.str();
+  }
+  static std::string target_text(const Row& row) {
+    if (!row.target) return "-";
+    std::ostringstream text;
+    text << "<= " << *row.target << (row.baseline ? "x" : "");
+    return text.str();
+  }
+  static void print_row(std::ostream& out, const Row& row) {
+    char line[300];
+    std::snprintf(line, sizeof line, "%-40s %8s %12s %12s %-7s %8s %8s %s\n", row.workload.c_str(),
+                  row.n.c_str(), fixed(row.baseline).c_str(), fixed(row.ours).c_str(), row.unit.c_str(),
+                  ratio_text(row).c_str(), target_text(row).c_str(), row.verdict().c_str());
+    out << line;
+  }
+
+  std::string title_;
+  std::vector<Row> rows_;
+};
+
+}  // namespace tasklet::bench

@@ -1,0 +1,32 @@
+#include "tasklet/rules/mutex_rule.hpp"
+
+#include <array>
+#include <cstdio>
+
+#include "key_relations.hpp"
+
+namespace tasklet {
+
+bool MutexRule::contains(const SchedulingRule& other) const { return &other == this; }
+
+bool MutexRule::is_conflicting(const SchedulingRule& other) const {
+  if (&other == this) return true;
+  const RuleKey theirs = other.key();
+  if (theirs.kind != RuleKey::Kind::multi) return false;
+  const RuleKey mine = key();
+  for (const Rule& child : theirs.children) {
+    if (rules::detail::atoms_conflict(*this, mine, *child, child->key())) return true;
+  }
+  return false;
+}
+
+std::string MutexRule::to_string() const {
+  if (!name_.empty()) return "mutex(" + name_ + ")";
+  std::array<char, 48> text{};
+  std::snprintf(text.data(), text.size(), "mutex@%p", static_cast<const void*>(this));
+  return text.data();
+}
+
+RuleKey MutexRule::key() const noexcept { return {RuleKey::Kind::identity, false, {}, {}}; }
+
+}  // namespace tasklet

@@ -1,0 +1,179 @@
+// Private: the rule table, the one place where every rule is granted and released.
+//
+// Tasklets, jobs, threads in begin_rule and serial executors all enter RuleRequests here. A request
+// is granted only when it conflicts with no held rule and no earlier waiting request (strict FIFO
+// among conflicting requests); non-conflicting requests never wait for each other.
+//
+// Built-in rules are indexed, so a decision costs O(path depth), not O(requests):
+//  - a request is a set of (node, mode) entries, as in multi-granularity locking: an exclusive path
+//    rule takes X on its node and IX on every ancestor, a shared one S and IS, a mutex rule X on
+//    its identity node, a multi rule the union of its children (merged per node: IX + S = SIX);
+//  - two requests conflict exactly when some node holds incompatible modes of them;
+//  - each node counts granted modes and queues waiting entries per mode in ticket order. A waiting
+//    entry is "clear" at its node when it is compatible with the granted modes and with every
+//    earlier waiting entry there; clear entries form a prefix of each mode queue, so each node keeps
+//    a frontier per mode and only walks forward from it. A request is granted when it is clear at
+//    all its nodes.
+// Custom rules have no index: a request with a custom part is checked pairwise against every held
+// and earlier waiting request (the custom rule asked, as receiver); other requests are checked
+// pairwise only against requests with custom parts. Those calls run under the table's lock.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include <boost/container/flat_map.hpp>
+#include <boost/container/small_vector.hpp>
+#include <boost/intrusive/list.hpp>
+
+#include "tasklet/scheduling_rule.hpp"
+
+namespace tasklet::detail {
+
+class RuleTable;
+struct RuleNode;
+
+/// Multi-granularity lock modes.
+enum class LockMode : std::uint8_t { is, ix, s, six, x };
+inline constexpr int lock_mode_count = 5;
+
+using IntrusiveHook = boost::intrusive::list_base_hook<boost::intrusive::link_mode<boost::intrusive::normal_link>>;
+
+class RuleRequest;
+
+/// One (node, mode) pair of a request; queued at its node while the request waits.
+struct RuleEntry : IntrusiveHook {
+  RuleRequest* request = nullptr;
+  RuleNode* node = nullptr;
+  LockMode mode = LockMode::x;
+  bool clear = false;
+};
+
+using EntryQueue = boost::intrusive::list<RuleEntry, boost::intrusive::constant_time_size<false>>;
+
+/// A holder or would-be holder of a rule. Subclasses learn of a grant that had to wait through
+/// granted(), and of a cancellation by the table's owner through cancelled(); both are called once,
+/// outside the table's lock, and the table does not touch the request afterwards.
+class RuleRequest {
+ public:
+  RuleRequest() = default;
+  RuleRequest(const RuleRequest&) = delete;
+  RuleRequest& operator=(const RuleRequest&) = delete;
+
+  const Rule& rule() const noexcept { return rule_; }
+  void set_rule(Rule rule) noexcept { rule_ = std::move(rule); }
+  bool is_held() const noexcept { return held_; }
+
+  virtual ~RuleRequest() = default;
+  virtual void granted() noexcept = 0;
+  virtual void cancelled() noexcept = 0;
+
+ private:
+  friend class RuleTable;
+  struct LiveHook : IntrusiveHook {};
+  struct CustomHook : IntrusiveHook {};
+  struct BlockedHook : IntrusiveHook {};
+
+  Rule rule_;
+  std::uint64_t ticket_ = 0;
+  std::uint32_t unclear_ = 0;   // nodes where the request is not clear yet
+  bool held_ = false;
+  bool in_table_ = false;
+  bool custom_blocked_ = false;  // a pairwise check against a custom rule says wait
+  boost::container::small_vector<RuleEntry, 4> entries_;
+  boost::container::small_vector<const SchedulingRule*, 2> atoms_;   // the rule, or a multi's children
+  boost::container::small_vector<const SchedulingRule*, 1> customs_; // atoms without an index
+  LiveHook live_hook_;
+  CustomHook custom_hook_;
+  BlockedHook blocked_hook_;
+};
+
+struct RuleNode {
+  std::array<std::uint32_t, lock_mode_count> granted{};
+  std::array<EntryQueue, lock_mode_count> waiting;
+  std::array<RuleEntry*, lock_mode_count> frontier{};  // first entry not clear yet, per mode
+  // Path trie links (identity nodes have none; they remember their rule instead).
+  const SchedulingRule* identity = nullptr;
+  RuleNode* parent = nullptr;
+  std::string segment;
+  boost::container::flat_map<std::string, std::unique_ptr<RuleNode>, std::less<>> children;
+
+  bool is_unused() const noexcept;
+};
+
+/// Requests newly granted by a release or cancellation, to notify outside the lock.
+using Grants = boost::container::small_vector<RuleRequest*, 4>;
+
+class RuleTable {
+ public:
+  RuleTable();
+  ~RuleTable();
+  RuleTable(const RuleTable&) = delete;
+  RuleTable& operator=(const RuleTable&) = delete;
+
+  /// Enters a request for request.rule() (not null). True when granted at once; otherwise it waits
+  /// and its granted() is called when its turn comes. Calls custom rules' checks under the lock.
+  bool acquire(RuleRequest& request);
+
+  /// Releases a held request and notifies the requests that this lets through (outside the lock).
+  void release(RuleRequest& request);
+  /// As release(), but hands the newly granted requests to the caller to notify.
+  void release(RuleRequest& request, Grants& grants);
+
+  /// Withdraws a waiting request; false when it was granted meanwhile (its granted() runs or ran).
+  bool withdraw(RuleRequest& request);
+
+  /// Cancels every waiting request (their cancelled() is called). For the owner's shutdown.
+  void cancel_all_waiting();
+
+  /// True when no rule is held and no request waits. Thread-safe.
+  bool is_idle() const;
+  /// Held and waiting request counts. Thread-safe.
+  std::size_t held_count() const;
+  std::size_t waiting_count() const;
+
+  static void notify(const Grants& grants) noexcept;
+
+ private:
+  using LiveList = boost::intrusive::list<
+      RuleRequest, boost::intrusive::member_hook<RuleRequest, RuleRequest::LiveHook, &RuleRequest::live_hook_>,
+      boost::intrusive::constant_time_size<true>>;
+  using CustomList = boost::intrusive::list<
+      RuleRequest,
+      boost::intrusive::member_hook<RuleRequest, RuleRequest::CustomHook, &RuleRequest::custom_hook_>,
+      boost::intrusive::constant_time_size<false>>;
+  using BlockedList = boost::intrusive::list<
+      RuleRequest,
+      boost::intrusive::member_hook<RuleRequest, RuleRequest::BlockedHook, &RuleRequest::blocked_hook_>,
+      boost::intrusive::constant_time_size<false>>;
+
+  void add_atom(RuleRequest& request, const SchedulingRule& atom);
+  void add_entry(RuleRequest& request, RuleNode& node, LockMode mode);
+  RuleNode& path_node(RuleNode& from, std::string_view segment);
+  RuleNode& identity_node(const SchedulingRule& rule);
+  static bool conflicts_pairwise(const RuleRequest& a, const RuleRequest& b) noexcept;
+  static bool clear_at(const RuleNode& node, const RuleEntry& entry) noexcept;
+  bool blocked_by_custom(const RuleRequest& request) const noexcept;
+  void grant(RuleRequest& request, Grants& grants);
+  void walk(RuleNode& node, Grants& grants);
+  void recheck_custom_blocked(Grants& grants);
+  void unlink_waiting(RuleRequest& request) noexcept;
+  void leave(RuleRequest& request, Grants& grants);
+  void prune(RuleNode& node);
+
+  mutable std::mutex mutex_;
+  std::uint64_t next_ticket_ = 0;
+  std::size_t held_ = 0;
+  RuleNode root_;
+  std::unordered_map<const SchedulingRule*, std::unique_ptr<RuleNode>> identities_;
+  LiveList live_;          // every held or waiting request, in ticket order
+  CustomList customs_;     // the live requests with custom parts, in ticket order
+  BlockedList blocked_;    // waiting requests held back by a custom check, in ticket order
+};
+
+}  // namespace tasklet::detail

@@ -1,0 +1,127 @@
+// validate_rule against built-in and custom rules: built-ins keep the laws; bad custom rules are
+// rejected with InvalidRule naming them.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tasklet/error.hpp"
+#include "tasklet/rules/rules.hpp"
+#include "tasklet/scheduling_rule.hpp"
+
+namespace tasklet {
+namespace {
+
+// A custom rule whose answers are given as functions, to build rules that break one law each.
+class ScriptedRule final : public SchedulingRule {
+ public:
+  using Answer = std::function<bool(const ScriptedRule& self, const SchedulingRule& other)>;
+  ScriptedRule(std::string name, Answer conflicts, Answer contains)
+      : name_(std::move(name)), conflicts_(std::move(conflicts)), contains_(std::move(contains)) {}
+  [[nodiscard]] bool contains(const SchedulingRule& other) const override { return contains_(*this, other); }
+  [[nodiscard]] bool is_conflicting(const SchedulingRule& other) const override {
+    return conflicts_(*this, other);
+  }
+  [[nodiscard]] std::string to_string() const override { return name_; }
+
+ private:
+  std::string name_;
+  Answer conflicts_;
+  Answer contains_;
+};
+
+bool identity(const ScriptedRule& self, const SchedulingRule& other) { return &other == &self; }
+bool always(const ScriptedRule&, const SchedulingRule&) { return true; }
+bool never(const ScriptedRule&, const SchedulingRule&) { return false; }
+
+Rule scripted(std::string name, ScriptedRule::Answer conflicts, ScriptedRule::Answer contains) {
+  return std::make_shared<const ScriptedRule>(std::move(name), std::move(conflicts), std::move(contains));
+}
+
+// Expects validate_rule to throw InvalidRule whose message holds every one of `fragments`.
+void expect_invalid(const Rule& rule, const std::vector<std::string>& fragments) {
+  try {
+    validate_rule(rule);
+    ADD_FAILURE() << "validate_rule accepted " << rule->to_string();
+  } catch (const InvalidRule& error) {
+    const std::string what = error.what();
+    for (const std::string& fragment : fragments) {
+      EXPECT_NE(what.find(fragment), std::string::npos) << "missing \"" << fragment << "\" in: " << what;
+    }
+  }
+}
+
+TEST(ValidationTest, BuiltInRulesPass) {
+  const std::vector<Rule> built_in = {
+      rules::mutex(),
+      rules::mutex("named"),
+      rules::path("/"),
+      rules::path("/a/b"),
+      rules::write_path("/a"),
+      rules::read_path("/"),
+      rules::read_path("/a/b"),
+      rules::combine(rules::path("/a"), rules::mutex("m")),
+      rules::combine(rules::read_path("/a"), rules::path("/b")),
+      rules::combine({rules::path("/a"), rules::path("/b"), rules::mutex(), rules::read_path("/c")}),
+      rules::combine(rules::combine(rules::path("/x"), rules::mutex()),
+                     rules::combine(rules::path("/y"), rules::mutex())),
+  };
+  for (const Rule& rule : built_in) EXPECT_NO_THROW(validate_rule(rule)) << rule->to_string();
+  EXPECT_NO_THROW(validate_rule(nullptr));
+}
+
+TEST(ValidationTest, RuleConflictingWithEverythingIsRejected) {
+  expect_invalid(scripted("greedy-conflicts", always, identity), {"greedy-conflicts", "conflicts"});
+}
+
+TEST(ValidationTest, RuleContainingEverythingIsRejected) {
+  expect_invalid(scripted("greedy-contains", identity, always), {"greedy-contains", "contains"});
+}
+
+TEST(ValidationTest, RuleNotContainingItselfIsRejected) {
+  expect_invalid(scripted("not-reflexive", identity, never), {"not-reflexive", "contain itself"});
+}
+
+TEST(ValidationTest, RuleNotConflictingWithItselfIsRejected) {
+  expect_invalid(scripted("no-self-conflict", never, identity), {"no-self-conflict", "conflict with itself"});
+}
+
+TEST(ValidationTest, MultiRuleWithABadCustomChildNamesTheChild) {
+  const Rule bad = scripted("bad-child", always, identity);
+  const Rule multi = rules::combine(rules::path("/a"), bad);
+  ASSERT_EQ(multi->key().kind, RuleKey::Kind::multi);
+  expect_invalid(multi, {"bad-child", "multi["});
+}
+
+TEST(ValidationTest, WellBehavedCustomRulePasses) {
+  EXPECT_NO_THROW(validate_rule(scripted("identity", identity, identity)));
+  EXPECT_NO_THROW(validate_rule(rules::combine(scripted("identity", identity, identity), rules::path("/a"))));
+}
+
+TEST(ValidationTest, InvalidPathNamesTheInput) {
+  for (const std::string input : {"", "relative/path", "/../up", "/a/../../b"}) {
+    try {
+      (void)rules::path(input);
+      ADD_FAILURE() << "accepted " << input;
+    } catch (const InvalidRule& error) {  // InvalidPath is an InvalidRule
+      EXPECT_NE(dynamic_cast<const InvalidPath*>(&error), nullptr);
+      EXPECT_NE(std::string(error.what()).find("\"" + input + "\""), std::string::npos) << error.what();
+    }
+  }
+}
+
+// A multi rule of read rules conflicts with nothing it holds, itself included (readers share),
+// so it must be exempt from the self-conflict law like its read children; validate_rule checks
+// its children one by one instead.
+TEST(ValidationTest, MultiRuleOfReadRulesPasses) {
+  const Rule readers = rules::combine(rules::read_path("/a"), rules::read_path("/b"));
+  ASSERT_EQ(readers->key().kind, RuleKey::Kind::multi);
+  ASSERT_FALSE(readers->is_conflicting(*readers));
+  EXPECT_NO_THROW(validate_rule(readers));
+  EXPECT_NO_THROW(validate_rule(rules::combine(rules::read_path("/a"), rules::mutex("m"))));
+}
+
+}  // namespace
+}  // namespace tasklet
