@@ -1,12 +1,25 @@
 // Private: what the engine remembers about the calling thread.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 
+#include <boost/container/small_vector.hpp>
+
+#include "tasklet/job_manager.hpp"
 #include "tasklet/scheduler.hpp"
 #include "tasklet/workers.hpp"
 
 namespace tasklet::detail {
+
+class ThreadHold;
+
+/// One begin_rule on this thread. `hold` is set on the outermost frame that acquired the rule.
+struct RuleFrame {
+  Rule rule;
+  JobManager::Impl* manager = nullptr;
+  ThreadHold* hold = nullptr;
+};
 
 struct ThreadContext {
   /// api::current() while set (run loop, phases, api::with); else the implicit scheduler.
@@ -16,10 +29,18 @@ struct ThreadContext {
   /// The scheduler and tasklet whose phase is running on this thread.
   Scheduler::Impl* phase_of = nullptr;
   Tasklet* tasklet = nullptr;
-  /// The workers whose arena task this thread is executing (spawns there stay local).
+  /// The workers whose arena task this thread is executing (spawns there stay local, and waits
+  /// for rules suspend the task instead of blocking the worker).
   Workers::Impl* worker_of = nullptr;
   /// The scheduler whose oneTBB task this thread is executing (its destructor must not wait here).
   Scheduler::Impl* task_of = nullptr;
+
+  /// begin_rule frames, innermost last. Frames from `phase_base` on belong to the running phase.
+  boost::container::small_vector<RuleFrame, 4> rule_stack;
+  std::size_t phase_base = 0;
+  /// The running phase's tasklet rule (held for the whole phase) and its manager.
+  const Rule* phase_rule = nullptr;
+  JobManager::Impl* phase_manager = nullptr;
 
   std::shared_ptr<Scheduler> implicit;
   SchedulerOptions configured;

@@ -1,11 +1,165 @@
+#include <string>
+#include <utility>
+
+#include "context.hpp"
 #include "job_manager_impl.hpp"
+#include "scheduler_impl.hpp"
+#include "tasklet/error.hpp"
 
 namespace tasklet {
 
-JobManager::Impl::Impl(Options options)
-    : workers(options.workers ? std::move(options.workers) : Workers::create(options.concurrency)) {}
+namespace detail {
 
-JobManager::JobManager(Key, Options options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+bool ThreadHold::wait() {
+  if (context().worker_of != nullptr) {
+    // Suspend the task, not the thread: the worker runs other work meanwhile, and resumes us on
+    // whichever worker is free once the rule is granted.
+    oneapi::tbb::task::suspend([this](oneapi::tbb::task::suspend_point point) {
+      std::unique_lock lock(mutex_);
+      if (done_) {
+        lock.unlock();
+        oneapi::tbb::task::resume(point);
+      } else {
+        suspended_ = point;
+      }
+    });
+  } else {
+    std::unique_lock lock(mutex_);
+    woken_.wait(lock, [this] { return done_; });
+  }
+  std::lock_guard lock(mutex_);
+  return granted_;
+}
+
+void ThreadHold::wake(bool granted) noexcept {
+  std::unique_lock lock(mutex_);
+  done_ = true;
+  granted_ = granted;
+  if (oneapi::tbb::task::suspend_point point = suspended_) {
+    lock.unlock();
+    oneapi::tbb::task::resume(point);  // the waiter may be gone once this returns: touch nothing
+  } else {
+    woken_.notify_one();
+  }
+}
+
+// Ends the frames a phase left open, innermost first; returns their names for the report.
+std::string end_frames_above(ThreadContext& ctx, std::size_t base) noexcept {
+  std::string names;
+  while (ctx.rule_stack.size() > base) {
+    RuleFrame frame = std::move(ctx.rule_stack.back());
+    ctx.rule_stack.pop_back();
+    if (!names.empty()) names += ", ";
+    names += describe(frame.rule);
+    if (frame.hold != nullptr) {
+      frame.manager->table_.release(*frame.hold);
+      delete frame.hold;
+    }
+  }
+  return names;
+}
+
+}  // namespace detail
+
+using detail::context;
+
+JobManager::Impl::Impl(JobManager& self, Options options)
+    : self_(self), workers_(options.workers ? std::move(options.workers) : Workers::create(options.concurrency)) {}
+
+JobManager::Impl::~Impl() {
+  // Waiting requests are cancelled (their tasklets end unrun, their threads are told); running
+  // background work is waited for by the background scheduler's destructor.
+  table_.cancel_all_waiting();
+  background_.reset();
+}
+
+Scheduler& JobManager::Impl::background() {
+  std::call_once(background_once_, [this] {
+    // The manager owns its background scheduler, so the scheduler must not own the manager back:
+    // an aliasing pointer that shares no ownership.
+    std::shared_ptr<JobManager> unowned(std::shared_ptr<JobManager>{}, &self_);
+    background_ = Scheduler::create(SchedulerOptions{std::move(unowned), workers_, 0});
+    background_->impl().make_background();
+  });
+  return *background_;
+}
+
+void JobManager::Impl::begin_rule(const Rule& rule) {
+  auto& ctx = context();
+  ctx.rule_stack.push_back(detail::RuleFrame{rule, this, nullptr});
+  if (!rule) return;
+
+  // The outermost rule in force: the running phase's tasklet rule, else the first non-null frame.
+  const Rule* outer = nullptr;
+  JobManager::Impl* outer_manager = nullptr;
+  if (ctx.phase_rule != nullptr && *ctx.phase_rule) {
+    outer = ctx.phase_rule;
+    outer_manager = ctx.phase_manager;
+  } else {
+    for (std::size_t i = 0; i + 1 < ctx.rule_stack.size(); ++i) {
+      if (ctx.rule_stack[i].rule) {
+        outer = &ctx.rule_stack[i].rule;
+        outer_manager = ctx.rule_stack[i].manager;
+        break;
+      }
+    }
+  }
+  if (outer != nullptr) {
+    if (outer_manager != this) {
+      throw IllegalState("begin_rule(" + describe(rule) + "): this thread holds " + describe(*outer) +
+                         " from another job manager; rules nest only within one manager");
+    }
+    if (!(*outer)->contains(*rule)) {
+      throw RuleNotContained("begin_rule(" + describe(rule) + ") does not match the outer scope rule " +
+                             describe(*outer) + " held by this thread: a nested rule must be contained by it");
+    }
+    return;
+  }
+  validate_rule(rule);
+  auto* hold = new detail::ThreadHold(rule);
+  ctx.rule_stack.back().hold = hold;
+  if (!table_.acquire(*hold) && !hold->wait()) {
+    ctx.rule_stack.back().hold = nullptr;
+    delete hold;
+    throw IllegalState("begin_rule(" + describe(rule) + "): the job manager shut down while waiting");
+  }
+}
+
+void JobManager::Impl::end_rule(const Rule& rule) {
+  auto& ctx = context();
+  if (ctx.rule_stack.size() <= ctx.phase_base) {
+    throw RuleMismatch("end_rule(" + describe(rule) + ") without a matching begin_rule on this thread" +
+                       (ctx.phase_of != nullptr ? " in this phase" : ""));
+  }
+  detail::RuleFrame& top = ctx.rule_stack.back();
+  if (top.rule.get() != rule.get() || top.manager != this) {
+    throw RuleMismatch("end_rule(" + describe(rule) + ") does not match the most recent begin_rule(" +
+                       describe(top.rule) + ") on this thread");
+  }
+  detail::ThreadHold* hold = top.hold;
+  ctx.rule_stack.pop_back();
+  if (hold != nullptr) {
+    table_.release(*hold);
+    delete hold;
+  }
+}
+
+Rule JobManager::Impl::current_rule() const {
+  const auto& ctx = context();
+  const auto innermost_from = [&](std::size_t begin, std::size_t end) -> Rule {
+    for (std::size_t i = end; i > begin; --i) {
+      const detail::RuleFrame& frame = ctx.rule_stack[i - 1];
+      if (frame.rule && frame.manager == this) return frame.rule;
+    }
+    return nullptr;
+  };
+  const std::size_t base = std::min(ctx.phase_base, ctx.rule_stack.size());
+  if (Rule rule = innermost_from(base, ctx.rule_stack.size())) return rule;
+  if (ctx.phase_rule != nullptr && *ctx.phase_rule && ctx.phase_manager == this) return *ctx.phase_rule;
+  return innermost_from(0, base);
+}
+
+JobManager::JobManager(Key, Options options) : impl_(std::make_unique<Impl>(*this, std::move(options))) {}
 
 JobManager::~JobManager() = default;
 
@@ -19,6 +173,31 @@ const std::shared_ptr<JobManager>& JobManager::global() {
   return *manager;
 }
 
-const std::shared_ptr<Workers>& JobManager::workers() const noexcept { return impl_->workers; }
+void JobManager::begin_rule(const Rule& rule) { impl_->begin_rule(rule); }
+void JobManager::end_rule(const Rule& rule) { impl_->end_rule(rule); }
+Rule JobManager::current_rule() const { return impl_->current_rule(); }
+
+JobManager::RuleStats JobManager::rule_stats() const {
+  return RuleStats{impl_->table_.held_count(), impl_->table_.waiting_count()};
+}
+
+const std::shared_ptr<Workers>& JobManager::workers() const noexcept { return impl_->workers_; }
+
+RuleScope::RuleScope(JobManager& manager, Rule rule) : manager_(manager), rule_(std::move(rule)) {
+  try {
+    manager_.begin_rule(rule_);
+  } catch (...) {
+    manager_.end_rule(rule_);
+    throw;
+  }
+}
+
+RuleScope::~RuleScope() {
+  try {
+    manager_.end_rule(rule_);
+  } catch (...) {
+    // Only a scope ended out of order by hand can get here; destructors never throw.
+  }
+}
 
 }  // namespace tasklet

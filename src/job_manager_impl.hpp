@@ -1,17 +1,67 @@
-// Private: what a JobManager owns.
+// Private: what a JobManager owns, and the threads' side of the rule table (begin_rule/end_rule).
 #pragma once
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <string>
 
+#include <oneapi/tbb/task.h>
+
+#include "context.hpp"
+#include "rule_table.hpp"
 #include "tasklet/job_manager.hpp"
+#include "tasklet/scheduler.hpp"
 #include "tasklet/workers.hpp"
 
 namespace tasklet {
 
-struct JobManager::Impl {
-  explicit Impl(Options options);
+namespace detail {
 
-  std::shared_ptr<Workers> workers;
+/// A thread's request in begin_rule. wait() blocks an ordinary thread; on a worker it suspends the
+/// oneTBB task, so the worker goes on with other work (waiting callers never starve the pool).
+class ThreadHold final : public RuleRequest {
+ public:
+  explicit ThreadHold(Rule rule) { set_rule(std::move(rule)); }
+  /// Returns once granted; false when the table cancelled the request instead.
+  bool wait();
+  void granted() noexcept override { wake(true); }
+  void cancelled() noexcept override { wake(false); }
+
+ private:
+  void wake(bool granted) noexcept;
+  std::mutex mutex_;
+  std::condition_variable woken_;
+  bool done_ = false;
+  bool granted_ = false;
+  oneapi::tbb::task::suspend_point suspended_ = nullptr;
+};
+
+/// Ends the begin_rule frames above `base` (a phase's leftovers), innermost first, releasing
+/// what they hold; returns their names for the report, empty when there were none.
+std::string end_frames_above(ThreadContext& ctx, std::size_t base) noexcept;
+
+}  // namespace detail
+
+struct JobManager::Impl {
+  Impl(JobManager& self, Options options);
+  ~Impl();
+
+  void begin_rule(const Rule& rule);
+  void end_rule(const Rule& rule);
+  Rule current_rule() const;
+
+  /// The manager's own scheduler for work with no synchronous thread (serial executors, jobs):
+  /// async phases only, always running. Made on first use.
+  Scheduler& background();
+
+  JobManager& self_;
+  std::shared_ptr<Workers> workers_;
+  detail::RuleTable table_;
+
+ private:
+  std::once_flag background_once_;
+  std::shared_ptr<Scheduler> background_;
 };
 
 }  // namespace tasklet

@@ -67,6 +67,9 @@ class RuleRequest {
 
   const Rule& rule() const noexcept { return rule_; }
   void set_rule(Rule rule) noexcept { rule_ = std::move(rule); }
+  /// Who asked (a tasklet, for instance), so that its request can be found and withdrawn.
+  const void* owner() const noexcept { return owner_; }
+  void set_owner(const void* owner) noexcept { owner_ = owner; }
   bool is_held() const noexcept { return held_; }
 
   virtual ~RuleRequest() = default;
@@ -80,6 +83,7 @@ class RuleRequest {
   struct BlockedHook : IntrusiveHook {};
 
   Rule rule_;
+  const void* owner_ = nullptr;
   std::uint64_t ticket_ = 0;
   std::uint32_t unclear_ = 0;   // nodes where the request is not clear yet
   bool held_ = false;
@@ -128,6 +132,11 @@ class RuleTable {
   /// Withdraws a waiting request; false when it was granted meanwhile (its granted() runs or ran).
   bool withdraw(RuleRequest& request);
 
+  /// Withdraws the waiting requests for exactly `rule` (the same object) that `matches` accepts,
+  /// calls their cancelled() outside the lock, and returns how many. `matches` runs under the lock.
+  template <class Predicate>
+  std::size_t withdraw_waiting(const SchedulingRule& rule, Predicate&& matches);
+
   /// Cancels every waiting request (their cancelled() is called). For the owner's shutdown.
   void cancel_all_waiting();
 
@@ -175,5 +184,38 @@ class RuleTable {
   CustomList customs_;     // the live requests with custom parts, in ticket order
   BlockedList blocked_;    // waiting requests held back by a custom check, in ticket order
 };
+
+template <class Predicate>
+std::size_t RuleTable::withdraw_waiting(const SchedulingRule& rule, Predicate&& matches) {
+  boost::container::small_vector<RuleRequest*, 8> withdrawn;
+  Grants grants;
+  {
+    std::lock_guard lock(mutex_);
+    const auto consider = [&](RuleRequest& request) {
+      if (!request.held_ && request.rule_.get() == &rule && matches(static_cast<const RuleRequest&>(request))) {
+        withdrawn.push_back(&request);
+      }
+    };
+    auto identity = identities_.end();
+    if (rule.key().kind == RuleKey::Kind::identity) identity = identities_.find(&rule);
+    if (identity != identities_.end()) {
+      for (EntryQueue& queue : identity->second->waiting) {
+        for (RuleEntry& entry : queue) consider(*entry.request);
+      }
+    } else {
+      for (RuleRequest& request : live_) consider(request);
+    }
+    auto kept = withdrawn.begin();
+    for (RuleRequest* request : withdrawn) {
+      if (request->held_) continue;  // let through by an earlier withdrawal: it runs after all
+      leave(*request, grants);
+      *kept++ = request;
+    }
+    withdrawn.erase(kept, withdrawn.end());
+  }
+  notify(grants);
+  for (RuleRequest* request : withdrawn) request->cancelled();
+  return withdrawn.size();
+}
 
 }  // namespace tasklet::detail

@@ -7,6 +7,7 @@
 #include <oneapi/tbb/task_arena.h>
 
 #include "context.hpp"
+#include "job_manager_impl.hpp"
 #include "scheduler_impl.hpp"
 #include "tasklet/error.hpp"
 #include "tasklet_state.hpp"
@@ -31,28 +32,47 @@ namespace {
 // enqueue each).
 constexpr std::size_t async_batch_size = 256;
 
-// The thread's context while one phase runs on it.
+// The thread's context while one phase runs on it: its scheduler is current, its tasklet's rule is
+// the outermost rule in force, and begin_rule frames from here on belong to the phase.
 class PhaseScope {
  public:
   PhaseScope(Scheduler& scheduler, Scheduler::Impl& impl, Tasklet& tasklet) noexcept
-      : ctx_(context()), current_(ctx_.current), phase_of_(ctx_.phase_of), tasklet_(ctx_.tasklet) {
+      : ctx_(context()),
+        current_(ctx_.current),
+        phase_of_(ctx_.phase_of),
+        tasklet_(ctx_.tasklet),
+        phase_rule_(ctx_.phase_rule),
+        phase_manager_(ctx_.phase_manager),
+        phase_base_(ctx_.phase_base) {
     ctx_.current = &scheduler;
     ctx_.phase_of = &impl;
     ctx_.tasklet = &tasklet;
+    ctx_.phase_rule = tasklet.rule() ? &tasklet.rule() : nullptr;
+    ctx_.phase_manager = &impl.manager_;
+    ctx_.phase_base = ctx_.rule_stack.size();
   }
   ~PhaseScope() {
     ctx_.current = current_;
     ctx_.phase_of = phase_of_;
     ctx_.tasklet = tasklet_;
+    ctx_.phase_rule = phase_rule_;
+    ctx_.phase_manager = phase_manager_;
+    ctx_.phase_base = phase_base_;
   }
   PhaseScope(const PhaseScope&) = delete;
   PhaseScope& operator=(const PhaseScope&) = delete;
+
+  /// Ends the rules the phase began and left open; their names, or empty when there were none.
+  std::string end_open_rules() noexcept { return detail::end_frames_above(ctx_, ctx_.phase_base); }
 
  private:
   detail::ThreadContext& ctx_;
   Scheduler* current_;
   Scheduler::Impl* phase_of_;
   Tasklet* tasklet_;
+  const Rule* phase_rule_;
+  JobManager::Impl* phase_manager_;
+  std::size_t phase_base_;
 };
 
 // The thread's context while it is the synchronous thread of a scheduler.
@@ -104,11 +124,20 @@ struct PhaseResult {
 
 PhaseResult run_phase(Scheduler& scheduler, Scheduler::Impl& impl, Tasklet& tasklet) noexcept {
   PhaseScope scope(scheduler, impl, tasklet);
+  PhaseResult result{Directive::done, nullptr};
   try {
-    return {tasklet.task(), nullptr};
+    result.directive = tasklet.task();
   } catch (...) {
-    return {Directive::done, std::current_exception()};
+    result.error = std::current_exception();
   }
+  const std::string open_rules = scope.end_open_rules();
+  if (!open_rules.empty() && !result.error) {
+    result.directive = Directive::done;
+    result.error = std::make_exception_ptr(RuleMismatch(
+        "a phase of " + tasklet.name() + " began " + open_rules + " and did not end it; rules begun in a phase "
+        "must be ended in that phase (they have been released)"));
+  }
+  return result;
 }
 
 // The options a new scheduler inherits on this thread: inside a phase or run loop, those of the
@@ -163,11 +192,41 @@ struct Scheduler::Impl::BatchTask {
   }
 };
 
+// A tasklet's request for its rule. While it waits it owns the tasklet (and keeps the scheduler
+// alive); once granted it continues the tasklet with the directive it was started with.
+struct Scheduler::Impl::TaskletHold final : detail::RuleRequest {
+  TaskletHold(Impl& scheduler, TaskletPtr waiting, Directive first)
+      : impl(scheduler), tasklet(std::move(waiting)), pending(first) {
+    set_rule(tasklet->rule());
+    set_owner(tasklet.get());
+  }
+  void granted() noexcept override {
+    const std::shared_ptr<Scheduler> alive = std::move(keep_alive);
+    impl.dispatch(std::move(tasklet), pending);
+  }
+  void cancelled() noexcept override {
+    const std::shared_ptr<Scheduler> alive = std::move(keep_alive);
+    TaskletPtr ended = std::move(tasklet);
+    TaskletAccess::hold(*ended) = nullptr;  // it never held the rule: nothing to release
+    Impl& scheduler = impl;
+    delete this;
+    scheduler.finish(std::move(ended), nullptr);
+  }
+
+  Impl& impl;
+  TaskletPtr tasklet;
+  Directive pending;
+  std::shared_ptr<Scheduler> keep_alive;
+};
+
 // ---------------------------------------------------------------------------------------------
 // Life cycle
 
 Scheduler::Impl::Impl(Scheduler& self, SchedulerOptions options)
-    : self_(self), options_(resolve(std::move(options))), workers_(options_.workers->impl()) {}
+    : self_(self),
+      options_(resolve(std::move(options))),
+      manager_(options_.manager->impl()),
+      workers_(options_.workers->impl()) {}
 
 Scheduler::Impl::~Impl() {
   drop_pending();
@@ -201,6 +260,11 @@ void Scheduler::Impl::drop_pending() noexcept {
 }
 
 void Scheduler::Impl::make_implicit_for_this_thread() { implicit_owner_ = std::this_thread::get_id(); }
+
+void Scheduler::Impl::make_background() {
+  background_ = true;
+  running_.store(true, std::memory_order_release);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Entering and leaving the scheduler
@@ -261,10 +325,43 @@ void Scheduler::Impl::schedule(TaskletPtr tasklet, Directive directive) {
   if (directive == Directive::sync) drain_inline();
 }
 
-void Scheduler::Impl::start(TaskletPtr tasklet, Directive directive) { dispatch(std::move(tasklet), directive); }
+// A tasklet with a rule takes it before its first phase: at once when it is free, else it waits in
+// the rule table (holding no thread) and the grant continues it.
+void Scheduler::Impl::start(TaskletPtr tasklet, Directive directive) {
+  if (!tasklet->rule()) {
+    dispatch(std::move(tasklet), directive);
+    return;
+  }
+  Tasklet& raw = *tasklet;
+  auto* hold = new TaskletHold(*this, std::move(tasklet), directive);
+  TaskletAccess::hold(raw) = hold;
+  hold->keep_alive = self_.shared_from_this();
+  if (!manager_.table_.acquire(*hold)) return;  // granted() continues it; it may already have
+  hold->keep_alive.reset();
+  dispatch(std::move(hold->tasklet), directive);
+}
+
+void Scheduler::Impl::release_rule(Tasklet& tasklet) noexcept {
+  detail::RuleRequest* hold = TaskletAccess::hold(tasklet);
+  if (hold == nullptr) return;
+  TaskletAccess::hold(tasklet) = nullptr;
+  detail::Grants grants;
+  manager_.table_.release(*hold, grants);
+  delete hold;
+  detail::RuleTable::notify(grants);
+}
+
+bool Scheduler::Impl::withdraw(Tasklet& tasklet) {
+  const Rule& rule = tasklet.rule();
+  if (!rule) return false;
+  return manager_.table_.withdraw_waiting(*rule, [&](const detail::RuleRequest& request) {
+           return request.owner() == &tasklet;
+         }) != 0;
+}
 
 void Scheduler::Impl::finish(TaskletPtr tasklet, std::exception_ptr error) noexcept {
   if (error) record_failure(*tasklet, std::move(error));
+  release_rule(*tasklet);
   unclaim(*tasklet);
   tasklet.reset();  // the scheduler's last reference: a finished tasklet may be destroyed here
   if (active_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
@@ -334,6 +431,13 @@ void Scheduler::Impl::continue_after_phase(TaskletPtr tasklet, Directive directi
 void Scheduler::Impl::dispatch(TaskletPtr tasklet, Directive directive) noexcept {
   switch (directive) {
     case Directive::sync:
+      if (background_) {
+        const std::string name = tasklet->name();
+        finish(std::move(tasklet), std::make_exception_ptr(IllegalState(
+                                       name + " returned sync on a background scheduler, which has no "
+                                              "synchronous thread")));
+        return;
+      }
       enqueue_sync(std::move(tasklet));
       return;
     case Directive::async:
@@ -428,6 +532,7 @@ void Scheduler::Impl::run() {
   if (ctx.phase_of == this || ctx.sync_of == this) {
     throw IllegalState("run() called from inside one of its own scheduler's phases would wait for itself");
   }
+  if (background_) throw IllegalState("run() on a background scheduler: it has no synchronous thread");
   std::unique_lock run_lock(run_mutex_);
   SyncThreadScope scope(self_, *this);
   {
@@ -478,6 +583,17 @@ void Scheduler::Impl::with(const TaskletPtr& tasklet) {
   if (!tasklet) throw std::invalid_argument("with: null tasklet");
   claim(*tasklet, "with");
   active_.fetch_add(1, std::memory_order_relaxed);
+  if (const Rule& rule = tasklet->rule()) {
+    // The phase runs here and now, so the caller waits for the rule like a thread in begin_rule.
+    auto* hold = new detail::ThreadHold(rule);
+    if (!manager_.table_.acquire(*hold) && !hold->wait()) {
+      delete hold;
+      finish(tasklet, nullptr);
+      throw IllegalState("with(" + tasklet->name() + "): the job manager shut down while it waited for " +
+                         describe(rule));
+    }
+    TaskletAccess::hold(*tasklet) = hold;
+  }
   const PhaseResult result = run_phase(self_, *this, *tasklet);
   if (result.error) {
     finish(tasklet, nullptr);

@@ -23,6 +23,7 @@
 
 #include "tasklet/job_manager.hpp"
 #include "tasklet/scheduler.hpp"
+#include "job_manager_impl.hpp"
 #include "tasklet/workers.hpp"
 #include "workers_impl.hpp"
 
@@ -42,14 +43,20 @@ struct Scheduler::Impl {
 
   /// The implicit scheduler of the calling thread runs its sync tasklets inline.
   void make_implicit_for_this_thread();
+  /// A manager's background scheduler: no synchronous thread, async phases always allowed.
+  void make_background();
+  /// Withdraws a tasklet still waiting for its rule and ends it unrun; false when it has started.
+  bool withdraw(Tasklet& tasklet);
 
   Scheduler& self_;
   SchedulerOptions options_;  // resolved: manager and workers are set
+  JobManager::Impl& manager_;
   Workers::Impl& workers_;
   oneapi::tbb::task_group group_;
 
   std::atomic<std::size_t> active_{0};
   std::atomic<bool> running_{false};
+  bool background_ = false;
 
   mutable std::mutex mutex_;  // guards the members below up to `parked_mutex_`
   std::condition_variable wake_;
@@ -73,6 +80,7 @@ struct Scheduler::Impl {
  private:
   struct PhaseTask;
   struct BatchTask;
+  struct TaskletHold;
 
   void claim(Tasklet& tasklet, const char* action);
   void unclaim(Tasklet& tasklet) noexcept;
@@ -85,6 +93,7 @@ struct Scheduler::Impl {
   void flush_async_batch();
   void park(TaskletPtr tasklet, std::uint64_t expected, std::uint64_t parked_word);
   void finish(TaskletPtr tasklet, std::exception_ptr error) noexcept;
+  void release_rule(Tasklet& tasklet) noexcept;
   void record_failure(const Tasklet& tasklet, std::exception_ptr error) noexcept;
   void run_async_phase(TaskletPtr tasklet) noexcept;
   void run_sync_phase(TaskletPtr tasklet) noexcept;

@@ -47,6 +47,7 @@ constexpr std::uint64_t resumed_with(Directive directive) noexcept {
 struct TaskletAccess {
   static std::atomic<std::uint64_t>& state(Tasklet& tasklet) noexcept { return tasklet.state_; }
   static Scheduler*& scheduler(Tasklet& tasklet) noexcept { return tasklet.scheduler_; }
+  static RuleRequest*& hold(Tasklet& tasklet) noexcept { return tasklet.hold_; }
 };
 
 }  // namespace tasklet::detail

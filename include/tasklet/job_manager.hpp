@@ -2,10 +2,14 @@
 //
 // A process-wide default (global()) plus instances of your own. Every scheduler belongs to one
 // manager; its tasklets' rules and its threads' begin_rule calls go through that manager's rule
-// table.
+// table, so a path locked by a thread excludes a tasklet on the same path. Conflicting requests
+// are granted in request order (FIFO); requests that do not conflict never wait for each other.
 #pragma once
 
+#include <cstddef>
 #include <memory>
+
+#include "tasklet/scheduling_rule.hpp"
 
 namespace tasklet {
 
@@ -26,9 +30,37 @@ class JobManager {
   /// The process-wide manager, made on first use and never destroyed. Thread-safe.
   static const std::shared_ptr<JobManager>& global();
 
+  /// Cancels what has not started (serial tasks, tasklets and threads waiting for rules), waits
+  /// for what runs on its background scheduler. Never throws.
   ~JobManager();
   JobManager(const JobManager&) = delete;
   JobManager& operator=(const JobManager&) = delete;
+
+  /// Two-phase locking for the calling thread. If the thread already holds a rule (an earlier
+  /// begin_rule, or the rule of the tasklet whose phase it runs), `rule` must be contained by the
+  /// outermost one and is pushed without waiting; otherwise RuleNotContained. A thread holding
+  /// nothing waits, in FIFO order with tasklets and other threads, until `rule` is free: on one of
+  /// the library's worker threads the waiting task is suspended and the worker runs other work.
+  /// A null rule pushes a no-op scope. The push happens before any check, so every begin_rule,
+  /// even one that throws (RuleNotContained, InvalidRule, IllegalState for nesting across
+  /// managers), must be balanced by end_rule; prefer RuleScope. Rules begun in a tasklet phase
+  /// must be ended in that phase.
+  void begin_rule(const Rule& rule);
+
+  /// Ends the most recent begin_rule on this thread, which must name the same rule object (else
+  /// RuleMismatch, and nothing changes). Ending the outermost rule releases it. Never blocks.
+  void end_rule(const Rule& rule);
+
+  /// The innermost rule in force on this thread for this manager: its latest non-null begin_rule,
+  /// else the rule of the tasklet whose phase it runs; null when none.
+  Rule current_rule() const;
+
+  /// Held and waiting rule requests, for diagnostics and tests. Thread-safe.
+  struct RuleStats {
+    std::size_t held = 0;
+    std::size_t waiting = 0;
+  };
+  RuleStats rule_stats() const;
 
   /// The workers ASYNC phases of this manager's schedulers use by default.
   const std::shared_ptr<Workers>& workers() const noexcept;
@@ -44,6 +76,22 @@ class JobManager {
 
  private:
   std::unique_ptr<Impl> impl_;
+};
+
+/// Begins a rule on construction and ends it on destruction (also when begin_rule threw, which is
+/// then rethrown from the constructor). Not copyable or movable: it belongs to its thread's scope.
+class RuleScope {
+ public:
+  RuleScope(JobManager& manager, Rule rule);
+  ~RuleScope();
+  RuleScope(const RuleScope&) = delete;
+  RuleScope& operator=(const RuleScope&) = delete;
+
+  const Rule& rule() const noexcept { return rule_; }
+
+ private:
+  JobManager& manager_;
+  Rule rule_;
 };
 
 }  // namespace tasklet

@@ -22,7 +22,8 @@ namespace tasklet {
 class Scheduler;
 namespace detail {
 struct TaskletAccess;
-}
+class RuleRequest;
+}  // namespace detail
 
 /// Subclass it and implement task(), or wrap a callable with make_tasklet().
 class Tasklet : public std::enable_shared_from_this<Tasklet> {
@@ -56,6 +57,7 @@ class Tasklet : public std::enable_shared_from_this<Tasklet> {
   friend struct detail::TaskletAccess;
   std::atomic<std::uint64_t> state_{0};  // see src/tasklet_state.hpp
   Scheduler* scheduler_ = nullptr;       // the scheduler it is active in
+  detail::RuleRequest* hold_ = nullptr;  // its rule's request while active
   Rule rule_;
   std::string name_;
 };
