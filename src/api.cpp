@@ -13,7 +13,7 @@ std::shared_ptr<Scheduler> new_scheduler(SchedulerOptions options) { return Sche
 
 Scheduler& current() {
   auto& ctx = detail::context();
-  if (ctx.current) return *ctx.current;
+  if (Scheduler* current = detail::state().current) return *current;
   if (!ctx.implicit) {
     ctx.implicit = Scheduler::create(ctx.configured);
     ctx.implicit->impl().make_implicit_for_this_thread();

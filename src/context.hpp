@@ -21,18 +21,21 @@ struct RuleFrame {
   ThreadHold* hold = nullptr;
 };
 
-struct ThreadContext {
+/// What the engine knows about the code running now. One per thread, plus one per oneTBB task of
+/// ours: a task suspended in begin_rule may resume on another thread, so what it knows travels with
+/// it (see ThreadHold::wait) instead of living in the thread.
+struct TaskState {
   /// api::current() while set (run loop, phases, api::with); else the implicit scheduler.
   Scheduler* current = nullptr;
   /// The scheduler whose synchronous thread this is (inside run() or an inline drain).
   Scheduler::Impl* sync_of = nullptr;
-  /// The scheduler and tasklet whose phase is running on this thread.
+  /// The scheduler and tasklet whose phase is running here.
   Scheduler::Impl* phase_of = nullptr;
   Tasklet* tasklet = nullptr;
-  /// The workers whose arena task this thread is executing (spawns there stay local, and waits
-  /// for rules suspend the task instead of blocking the worker).
+  /// The workers whose arena task this is (spawns there stay local, and waits for rules suspend
+  /// the task instead of blocking the worker).
   Workers::Impl* worker_of = nullptr;
-  /// The scheduler whose oneTBB task this thread is executing (its destructor must not wait here).
+  /// The scheduler whose oneTBB task this is (its destructor must not wait for it here).
   Scheduler::Impl* task_of = nullptr;
 
   /// begin_rule frames, innermost last. Frames from `phase_base` on belong to the running phase.
@@ -42,10 +45,20 @@ struct ThreadContext {
   const Rule* phase_rule = nullptr;
   JobManager::Impl* phase_manager = nullptr;
 
+  /// The thread's state to go back to when this task leaves the thread.
+  TaskState* outer = nullptr;
+};
+
+struct ThreadContext {
+  TaskState own;
+  TaskState* state = &own;  // the running task's state, or the thread's own
   std::shared_ptr<Scheduler> implicit;
   SchedulerOptions configured;
 };
 
 ThreadContext& context() noexcept;
+
+/// The state of the code running now on this thread.
+inline TaskState& state() noexcept { return *context().state; }
 
 }  // namespace tasklet::detail

@@ -11,9 +11,11 @@ namespace tasklet {
 namespace detail {
 
 bool ThreadHold::wait() {
-  if (context().worker_of != nullptr) {
+  if (TaskState* mine = context().state; mine->worker_of != nullptr) {
     // Suspend the task, not the thread: the worker runs other work meanwhile, and resumes us on
-    // whichever worker is free once the rule is granted.
+    // whichever worker is free once the rule is granted. What this task knows leaves the thread
+    // with it and comes back on the thread that resumes it.
+    context().state = mine->outer;
     oneapi::tbb::task::suspend([this](oneapi::tbb::task::suspend_point point) {
       std::unique_lock lock(mutex_);
       if (done_) {
@@ -23,6 +25,9 @@ bool ThreadHold::wait() {
         suspended_ = point;
       }
     });
+    auto& resumed_on = context();
+    mine->outer = resumed_on.state;
+    resumed_on.state = mine;
   } else {
     std::unique_lock lock(mutex_);
     woken_.wait(lock, [this] { return done_; });
@@ -44,7 +49,7 @@ void ThreadHold::wake(bool granted) noexcept {
 }
 
 // Ends the frames a phase left open, innermost first; returns their names for the report.
-std::string end_frames_above(ThreadContext& ctx, std::size_t base) noexcept {
+std::string end_frames_above(TaskState& ctx, std::size_t base) noexcept {
   std::string names;
   while (ctx.rule_stack.size() > base) {
     RuleFrame frame = std::move(ctx.rule_stack.back());
@@ -85,7 +90,7 @@ Scheduler& JobManager::Impl::background() {
 }
 
 void JobManager::Impl::begin_rule(const Rule& rule) {
-  auto& ctx = context();
+  auto& ctx = detail::state();
   ctx.rule_stack.push_back(detail::RuleFrame{rule, this, nullptr});
   if (!rule) return;
 
@@ -126,7 +131,7 @@ void JobManager::Impl::begin_rule(const Rule& rule) {
 }
 
 void JobManager::Impl::end_rule(const Rule& rule) {
-  auto& ctx = context();
+  auto& ctx = detail::state();
   if (ctx.rule_stack.size() <= ctx.phase_base) {
     throw RuleMismatch("end_rule(" + describe(rule) + ") without a matching begin_rule on this thread" +
                        (ctx.phase_of != nullptr ? " in this phase" : ""));
@@ -145,7 +150,7 @@ void JobManager::Impl::end_rule(const Rule& rule) {
 }
 
 Rule JobManager::Impl::current_rule() const {
-  const auto& ctx = context();
+  const auto& ctx = detail::state();
   const auto innermost_from = [&](std::size_t begin, std::size_t end) -> Rule {
     for (std::size_t i = end; i > begin; --i) {
       const detail::RuleFrame& frame = ctx.rule_stack[i - 1];

@@ -39,7 +39,7 @@ class ThreadHold final : public RuleRequest {
 
 /// Ends the begin_rule frames above `base` (a phase's leftovers), innermost first, releasing
 /// what they hold; returns their names for the report, empty when there were none.
-std::string end_frames_above(ThreadContext& ctx, std::size_t base) noexcept;
+std::string end_frames_above(TaskState& ctx, std::size_t base) noexcept;
 
 }  // namespace detail
 

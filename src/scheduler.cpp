@@ -16,7 +16,7 @@ namespace tasklet {
 
 using detail::context;
 using detail::TaskletAccess;
-namespace st = detail::state;
+namespace st = detail::word;
 
 namespace detail {
 ThreadContext& context() noexcept {
@@ -37,7 +37,7 @@ constexpr std::size_t async_batch_size = 256;
 class PhaseScope {
  public:
   PhaseScope(Scheduler& scheduler, Scheduler::Impl& impl, Tasklet& tasklet) noexcept
-      : ctx_(context()),
+      : ctx_(detail::state()),
         current_(ctx_.current),
         phase_of_(ctx_.phase_of),
         tasklet_(ctx_.tasklet),
@@ -66,7 +66,7 @@ class PhaseScope {
   std::string end_open_rules() noexcept { return detail::end_frames_above(ctx_, ctx_.phase_base); }
 
  private:
-  detail::ThreadContext& ctx_;
+  detail::TaskState& ctx_;
   Scheduler* current_;
   Scheduler::Impl* phase_of_;
   Tasklet* tasklet_;
@@ -79,7 +79,7 @@ class PhaseScope {
 class SyncThreadScope {
  public:
   SyncThreadScope(Scheduler& scheduler, Scheduler::Impl& impl) noexcept
-      : ctx_(context()), current_(ctx_.current), sync_of_(ctx_.sync_of) {
+      : ctx_(detail::state()), current_(ctx_.current), sync_of_(ctx_.sync_of) {
     ctx_.current = &scheduler;
     ctx_.sync_of = &impl;
   }
@@ -91,30 +91,28 @@ class SyncThreadScope {
   SyncThreadScope& operator=(const SyncThreadScope&) = delete;
 
  private:
-  detail::ThreadContext& ctx_;
+  detail::TaskState& ctx_;
   Scheduler* current_;
   Scheduler::Impl* sync_of_;
 };
 
-// The thread's context while it executes one of a scheduler's oneTBB tasks.
+// A fresh state for one of a scheduler's oneTBB tasks, installed on the thread while it runs there.
 class WorkerTaskScope {
  public:
-  WorkerTaskScope(Workers::Impl& workers, Scheduler::Impl& impl) noexcept
-      : ctx_(context()), worker_of_(ctx_.worker_of), task_of_(ctx_.task_of) {
-    ctx_.worker_of = &workers;
-    ctx_.task_of = &impl;
+  WorkerTaskScope(Workers::Impl& workers, Scheduler::Impl& impl) noexcept {
+    auto& ctx = context();
+    mine_.outer = ctx.state;
+    mine_.worker_of = &workers;
+    mine_.task_of = &impl;
+    ctx.state = &mine_;
   }
-  ~WorkerTaskScope() {
-    ctx_.worker_of = worker_of_;
-    ctx_.task_of = task_of_;
-  }
+  // The task may have moved to another thread while suspended: go back to that thread's state.
+  ~WorkerTaskScope() { context().state = mine_.outer; }
   WorkerTaskScope(const WorkerTaskScope&) = delete;
   WorkerTaskScope& operator=(const WorkerTaskScope&) = delete;
 
  private:
-  detail::ThreadContext& ctx_;
-  Workers::Impl* worker_of_;
-  Scheduler::Impl* task_of_;
+  detail::TaskState mine_;
 };
 
 struct PhaseResult {
@@ -143,10 +141,10 @@ PhaseResult run_phase(Scheduler& scheduler, Scheduler::Impl& impl, Tasklet& task
 // The options a new scheduler inherits on this thread: inside a phase or run loop, those of the
 // scheduler running it; elsewhere the thread's configured ones.
 const SchedulerOptions& inherited_options() noexcept {
-  const auto& ctx = context();
-  if (ctx.phase_of) return ctx.phase_of->options_;
-  if (ctx.sync_of) return ctx.sync_of->options_;
-  return ctx.configured;
+  const auto& now = detail::state();
+  if (now.phase_of) return now.phase_of->options_;
+  if (now.sync_of) return now.sync_of->options_;
+  return context().configured;
 }
 
 SchedulerOptions resolve(SchedulerOptions options) {
@@ -292,7 +290,7 @@ void Scheduler::Impl::unclaim(Tasklet& tasklet) noexcept {
 // a stake in active_ (the synchronous thread, a phase of this scheduler) keeps run() from
 // returning, so reading running_ suffices; anyone else decides under the lock run() exits under.
 bool Scheduler::Impl::run_is_active_for_caller() {
-  const auto& ctx = context();
+  const auto& ctx = detail::state();
   if (ctx.sync_of == this || ctx.phase_of == this) {
     if (!running_.load(std::memory_order_acquire)) return false;
     active_.fetch_add(1, std::memory_order_relaxed);
@@ -465,14 +463,14 @@ void Scheduler::Impl::dispatch(TaskletPtr tasklet, Directive directive) noexcept
 }
 
 void Scheduler::Impl::enqueue_sync(TaskletPtr tasklet) {
-  const bool from_sync_thread = context().sync_of == this;
+  const bool from_sync_thread = detail::state().sync_of == this;
   std::lock_guard lock(mutex_);
   sync_queue_.push_back(std::move(tasklet));
   if (!from_sync_thread && sleeping_) wake_.notify_one();
 }
 
 void Scheduler::Impl::enqueue_async(TaskletPtr tasklet) {
-  const auto& ctx = context();
+  const auto& ctx = detail::state();
   spawned_.store(true, std::memory_order_relaxed);
   if (ctx.sync_of == this) {
     async_batch_.push_back(std::move(tasklet));
@@ -528,7 +526,7 @@ bool Scheduler::Impl::drain_sync_queue_once() {
 }
 
 void Scheduler::Impl::run() {
-  auto& ctx = context();
+  const auto& ctx = detail::state();
   if (ctx.phase_of == this || ctx.sync_of == this) {
     throw IllegalState("run() called from inside one of its own scheduler's phases would wait for itself");
   }
@@ -553,7 +551,7 @@ void Scheduler::Impl::run() {
 // The implicit scheduler's inline behaviour: on its own thread, while run() is not active,
 // schedule() runs the sync tasklets it queued before returning.
 void Scheduler::Impl::drain_inline() {
-  auto& ctx = context();
+  const auto& ctx = detail::state();
   if (implicit_owner_ != std::this_thread::get_id() || ctx.sync_of == this) return;
   std::unique_lock run_lock(run_mutex_, std::try_to_lock);
   if (!run_lock) return;  // run() is active on another thread; it takes the queue
@@ -630,7 +628,7 @@ Rescheduler Scheduler::Impl::suspend(Tasklet& tasklet) {
         return Rescheduler(self_.weak_from_this(), tasklet.weak_from_this(), generation);
       }
       case st::active:
-        if (context().tasklet != &tasklet || TaskletAccess::scheduler(tasklet) != &self_) {
+        if (detail::state().tasklet != &tasklet || TaskletAccess::scheduler(tasklet) != &self_) {
           throw AlreadyScheduled("suspend: " + tasklet.name() +
                                  " is queued or running elsewhere; only its own phase may suspend it");
         }
@@ -696,7 +694,7 @@ void Scheduler::Impl::resume(const TaskletPtr& tasklet, std::uint32_t generation
 Scheduler::Scheduler(Key, SchedulerOptions options) : impl_(std::make_unique<Impl>(*this, std::move(options))) {}
 
 Scheduler::~Scheduler() {
-  if (context().task_of == impl_.get()) {
+  if (detail::state().task_of == impl_.get()) {
     // Destroyed from inside one of its own oneTBB tasks, which the destructor would wait for:
     // let a task outside the group finish the job once this one has returned.
     auto& arena = impl_->workers_.arena();

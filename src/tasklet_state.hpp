@@ -18,7 +18,7 @@
 
 namespace tasklet::detail {
 
-namespace state {
+namespace word {
 inline constexpr std::uint64_t idle = 0;
 inline constexpr std::uint64_t active = 1;
 inline constexpr std::uint64_t parked = 2;
@@ -42,7 +42,7 @@ constexpr Directive resume_directive(std::uint64_t word) noexcept {
 constexpr std::uint64_t resumed_with(Directive directive) noexcept {
   return resumed | (std::uint64_t{static_cast<std::uint8_t>(directive)} << resume_shift);
 }
-}  // namespace state
+}  // namespace word
 
 struct TaskletAccess {
   static std::atomic<std::uint64_t>& state(Tasklet& tasklet) noexcept { return tasklet.state_; }

@@ -1,0 +1,301 @@
+// begin_rule / end_rule: two-phase locking on threads and inside tasklet phases (Eclipse's
+// BeginEndRuleTest cases, written anew).
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <latch>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "support/test_support.hpp"
+#include "tasklet/tasklet.hpp"
+
+namespace tasklet {
+namespace {
+
+using namespace std::chrono_literals;
+
+class BeginEndRuleTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    const auto stats = manager_->rule_stats();
+    EXPECT_EQ(stats.held, 0u);
+    EXPECT_EQ(stats.waiting, 0u);
+    EXPECT_EQ(manager_->current_rule(), nullptr);
+  }
+  std::shared_ptr<JobManager> manager_ = JobManager::create(JobManager::Options{2, nullptr});
+  JobManager& manager() { return *manager_; }
+};
+
+void wait_until_waiting(JobManager& manager, std::size_t count) {
+  while (manager.rule_stats().waiting < count) std::this_thread::yield();
+}
+
+TEST_F(BeginEndRuleTest, SimpleRuleIsHeldUntilEnded) {
+  const Rule a = rules::path("/a");
+  manager().begin_rule(a);
+  EXPECT_EQ(manager().current_rule(), a);
+  EXPECT_EQ(manager().rule_stats().held, 1u);
+  manager().end_rule(a);
+  EXPECT_EQ(manager().rule_stats().held, 0u);
+}
+
+TEST_F(BeginEndRuleTest, NestedContainedRulesArePushedWithoutWaiting) {
+  const Rule a = rules::path("/a"), ab = rules::path("/a/b"), abc = rules::read_path("/a/b/c");
+  manager().begin_rule(a);
+  manager().begin_rule(ab);
+  manager().begin_rule(abc);
+  EXPECT_EQ(manager().current_rule(), abc) << "the innermost rule";
+  EXPECT_EQ(manager().rule_stats().held, 1u) << "only the outermost rule is acquired";
+  manager().end_rule(abc);
+  EXPECT_EQ(manager().current_rule(), ab);
+  manager().end_rule(ab);
+  manager().end_rule(a);
+}
+
+TEST_F(BeginEndRuleTest, NestedRuleNotContainedThrowsAndStillBalances) {
+  const Rule a = rules::path("/a"), b = rules::path("/b");
+  manager().begin_rule(a);
+  try {
+    manager().begin_rule(b);
+    FAIL();
+  } catch (const RuleNotContained& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("path(/b)"), std::string::npos) << message;
+    EXPECT_NE(message.find("path(/a)"), std::string::npos) << message;
+  }
+  manager().end_rule(b);  // the failed begin was pushed: end it like Eclipse's try/finally
+  manager().end_rule(a);
+}
+
+TEST_F(BeginEndRuleTest, ReadRuleDoesNotUpgradeByNesting) {
+  const Rule read = rules::read_path("/data"), write = rules::path("/data/x");
+  manager().begin_rule(read);
+  EXPECT_THROW(manager().begin_rule(write), RuleNotContained);
+  manager().end_rule(write);
+  manager().end_rule(read);
+}
+
+TEST_F(BeginEndRuleTest, MismatchedEndThrowsAndChangesNothing) {
+  const Rule a = rules::path("/a"), b = rules::path("/a");  // equal paths, different objects
+  manager().begin_rule(a);
+  EXPECT_THROW(manager().end_rule(b), RuleMismatch);
+  EXPECT_EQ(manager().current_rule(), a);
+  manager().end_rule(a);
+  EXPECT_THROW(manager().end_rule(a), RuleMismatch) << "nothing left to end";
+}
+
+TEST_F(BeginEndRuleTest, EndOnAnotherThreadFails) {
+  const Rule a = rules::path("/a");
+  manager().begin_rule(a);
+  std::thread other([&] { EXPECT_THROW(manager().end_rule(a), RuleMismatch); });
+  other.join();
+  manager().end_rule(a);
+}
+
+TEST_F(BeginEndRuleTest, NullRulesPushNoOpScopes) {
+  const Rule a = rules::path("/a");
+  manager().begin_rule(nullptr);
+  EXPECT_EQ(manager().current_rule(), nullptr);
+  manager().begin_rule(a);
+  manager().begin_rule(nullptr);
+  EXPECT_EQ(manager().current_rule(), a);
+  manager().end_rule(nullptr);
+  manager().end_rule(a);
+  manager().end_rule(nullptr);
+  EXPECT_EQ(manager().rule_stats().held, 0u);
+}
+
+TEST_F(BeginEndRuleTest, InvalidRuleIsRejectedAndBalanced) {
+  struct NoSelf final : SchedulingRule {
+    bool contains(const SchedulingRule&) const override { return false; }
+    bool is_conflicting(const SchedulingRule&) const override { return false; }
+    std::string to_string() const override { return "no-self"; }
+  };
+  const Rule bad = std::make_shared<NoSelf>();
+  EXPECT_THROW(manager().begin_rule(bad), InvalidRule);
+  manager().end_rule(bad);
+}
+
+TEST_F(BeginEndRuleTest, RuleScopeEndsEvenWhenBeginThrows) {
+  const Rule a = rules::path("/a"), b = rules::path("/b");
+  RuleScope outer(manager(), a);
+  EXPECT_THROW(RuleScope inner(manager(), b), RuleNotContained);
+  EXPECT_EQ(manager().current_rule(), a) << "the failed scope was ended";
+}
+
+TEST_F(BeginEndRuleTest, SecondThreadWaitsForAConflictingRule) {
+  const Rule a = rules::path("/a");
+  std::vector<std::string> events;
+  std::mutex events_mutex;
+  const auto note = [&](std::string event) {
+    std::lock_guard lock(events_mutex);
+    events.push_back(std::move(event));
+  };
+  manager().begin_rule(a);
+  std::thread other([&] {
+    RuleScope scope(manager(), rules::path("/a/b"));
+    note("other acquired");
+  });
+  wait_until_waiting(manager(), 1);
+  note("main ends");
+  manager().end_rule(a);
+  other.join();
+  EXPECT_EQ(events, (std::vector<std::string>{"main ends", "other acquired"}));
+}
+
+TEST_F(BeginEndRuleTest, ThreadsAndTaskletsShareOneFifo) {
+  // main holds m; a thread asks next; a tasklet asks after it: the thread goes first.
+  const Rule m = rules::mutex("m");
+  std::vector<std::string> order;
+  std::mutex order_mutex;
+  const auto note = [&](std::string event) {
+    std::lock_guard lock(order_mutex);
+    order.push_back(std::move(event));
+  };
+  auto scheduler = Scheduler::create(SchedulerOptions{manager_, nullptr, 0});
+  manager().begin_rule(m);
+  std::thread thread([&] {
+    RuleScope scope(manager(), m);
+    note("thread");
+  });
+  wait_until_waiting(manager(), 1);
+  scheduler->schedule(make_tasklet(
+                          [&] {
+                            note("tasklet");
+                            return Directive::done;
+                          },
+                          m),
+                      Directive::sync);
+  wait_until_waiting(manager(), 2);
+  manager().end_rule(m);
+  thread.join();
+  scheduler->run();
+  EXPECT_EQ(order, (std::vector<std::string>{"thread", "tasklet"}));
+}
+
+TEST_F(BeginEndRuleTest, RulesInsideATaskletWithARule) {
+  auto scheduler = Scheduler::create(SchedulerOptions{manager_, nullptr, 0});
+  const Rule job_rule = rules::path("/job");
+  Rule seen_current;
+  bool nested_ok = false, unrelated_refused = false;
+  scheduler->schedule(make_tasklet(
+                          [&, phase = 0]() mutable {
+                            if (phase++ == 0) return Directive::async;
+                            seen_current = manager().current_rule();
+                            const Rule inner = rules::path("/job/part");
+                            manager().begin_rule(inner);
+                            nested_ok = manager().current_rule() == inner && manager().rule_stats().held == 1;
+                            manager().end_rule(inner);
+                            const Rule unrelated = rules::path("/elsewhere");
+                            try {
+                              manager().begin_rule(unrelated);
+                            } catch (const RuleNotContained& error) {
+                              unrelated_refused =
+                                  std::string(error.what()).find("does not match the outer scope rule") !=
+                                  std::string::npos;
+                            }
+                            manager().end_rule(unrelated);
+                            return Directive::done;
+                          },
+                          job_rule),
+                      Directive::sync);
+  scheduler->run();
+  EXPECT_EQ(seen_current, job_rule);
+  EXPECT_TRUE(nested_ok);
+  EXPECT_TRUE(unrelated_refused);
+}
+
+TEST_F(BeginEndRuleTest, RuleLeftOpenInAPhaseFailsTheTaskletAndIsReleased) {
+  auto scheduler = Scheduler::create(SchedulerOptions{manager_, nullptr, 0});
+  const Rule leaked = rules::path("/leaked");
+  auto careless = make_tasklet([&] {
+    manager().begin_rule(leaked);
+    return Directive::done;
+  });
+  careless->set_name("careless");
+  scheduler->schedule(careless, Directive::sync);
+  try {
+    scheduler->run();
+    FAIL();
+  } catch (const RuleMismatch& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("careless"), std::string::npos) << message;
+    EXPECT_NE(message.find("path(/leaked)"), std::string::npos) << message;
+  }
+  EXPECT_EQ(manager().rule_stats().held, 0u) << "released";
+  RuleScope again(manager(), leaked);  // and free for others
+}
+
+TEST_F(BeginEndRuleTest, EndingARuleBegunOutsideThePhaseIsRefusedInside) {
+  auto scheduler = Scheduler::create(SchedulerOptions{manager_, nullptr, 0});
+  const Rule outer = rules::path("/outer");
+  manager().begin_rule(outer);
+  scheduler->schedule(make_tasklet([&] {
+                        EXPECT_THROW(manager().end_rule(outer), RuleMismatch);
+                        return Directive::done;
+                      }),
+                      Directive::sync);
+  scheduler->run();
+  manager().end_rule(outer);
+}
+
+TEST_F(BeginEndRuleTest, BlockedCallersOnWorkersDoNotStarveThePool) {
+  // One worker, 64 async phases blocked in begin_rule on a rule held by another thread. Only if
+  // blocked phases give their worker back can the probe below see all 64 waiting and run the
+  // rule-less tasklet that lets the holder go.
+  auto one_worker = JobManager::create(JobManager::Options{1, nullptr});
+  auto scheduler = Scheduler::create(SchedulerOptions{one_worker, nullptr, 0});
+  const Rule contended = rules::mutex("contended");
+  const int blocked = 64;
+  std::mutex mutex;
+  std::condition_variable released_cv;
+  bool may_release = false;
+  bool timed_out = false;
+  std::latch holding(1);
+  std::thread holder([&] {
+    one_worker->begin_rule(contended);
+    holding.count_down();
+    std::unique_lock lock(mutex);
+    timed_out = !released_cv.wait_for(lock, 60s, [&] { return may_release; });
+    lock.unlock();
+    one_worker->end_rule(contended);
+  });
+  holding.wait();
+  std::atomic<int> finished{0};
+  for (int i = 0; i < blocked; ++i) {
+    scheduler->schedule(make_tasklet([&, phase = 0]() mutable {
+                          if (phase++ == 0) return Directive::async;
+                          RuleScope scope(*one_worker, contended);
+                          finished.fetch_add(1);
+                          return Directive::done;
+                        }),
+                        Directive::sync);
+  }
+  scheduler->schedule(make_tasklet([&, phase = 0]() mutable {
+                        if (phase == 0) {  // sync probe: wait, politely, for every caller to block
+                          if (one_worker->rule_stats().waiting < static_cast<std::size_t>(blocked)) {
+                            return Directive::sync;
+                          }
+                          phase = 1;
+                          return Directive::async;  // needs a free worker
+                        }
+                        std::lock_guard lock(mutex);
+                        may_release = true;
+                        released_cv.notify_all();
+                        return Directive::done;
+                      }),
+                      Directive::sync);
+  scheduler->run();
+  holder.join();
+  EXPECT_FALSE(timed_out) << "the worker was starved by blocked begin_rule callers";
+  EXPECT_EQ(finished.load(), blocked);
+  EXPECT_EQ(one_worker->rule_stats().held, 0u);
+}
+
+}  // namespace
+}  // namespace tasklet
