@@ -290,6 +290,10 @@ void Scheduler::Impl::unclaim(Tasklet& tasklet) noexcept {
 // a stake in active_ (the synchronous thread, a phase of this scheduler) keeps run() from
 // returning, so reading running_ suffices; anyone else decides under the lock run() exits under.
 bool Scheduler::Impl::run_is_active_for_caller() {
+  if (background_) {  // always running
+    active_.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
   const auto& ctx = detail::state();
   if (ctx.sync_of == this || ctx.phase_of == this) {
     if (!running_.load(std::memory_order_acquire)) return false;

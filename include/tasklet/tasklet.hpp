@@ -8,5 +8,6 @@
 #include "tasklet/rules/rules.hpp"
 #include "tasklet/scheduler.hpp"
 #include "tasklet/scheduling_rule.hpp"
+#include "tasklet/serial_executor.hpp"
 #include "tasklet/tasklet_base.hpp"
 #include "tasklet/workers.hpp"

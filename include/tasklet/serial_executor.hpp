@@ -1,0 +1,89 @@
+// tasklet/serial_executor.hpp: a strand. Tasks run one at a time, in the order they were posted, on
+// a JobManager's workers.
+//
+// It is not a second mechanism: every task is a tasklet holding the executor's mutex rule, so the
+// rule table orders them (FIFO among conflicting requests) and a job or tasklet that takes rule()
+// joins the same serial order. A waiting task holds no thread.
+#pragma once
+
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "tasklet/scheduling_rule.hpp"
+
+namespace tasklet {
+
+class JobManager;
+class Tasklet;
+
+class SerialExecutor {
+ public:
+  /// Identifies a posted task, for cancel(). Cheap to copy; does not keep the task alive.
+  class Handle {
+   public:
+    Handle() = default;
+
+   private:
+    friend class SerialExecutor;
+    explicit Handle(std::weak_ptr<Tasklet> task) : task_(std::move(task)) {}
+    std::weak_ptr<Tasklet> task_;
+  };
+
+  /// A strand on `manager`'s workers (the global manager when null); `name` names its mutex rule.
+  explicit SerialExecutor(std::shared_ptr<JobManager> manager = nullptr, std::string name = {});
+  /// Cancels the pending tasks and waits for the running one. Never throws.
+  ~SerialExecutor();
+  SerialExecutor(const SerialExecutor&) = delete;
+  SerialExecutor& operator=(const SerialExecutor&) = delete;
+
+  /// Runs `task()` after every task posted before it has finished, never beside another of this
+  /// executor's tasks (nor beside a holder of rule()). Thread-safe; does not block. An exception
+  /// from the task is kept and rethrown by wait().
+  template <class F>
+    requires std::is_invocable_v<std::decay_t<F>&>
+  Handle post(F&& task) {
+    return post_erased(std::make_unique<Body<std::decay_t<F>>>(std::forward<F>(task)));
+  }
+
+  /// Removes a task that has not started; it will never run. False when it has started, finished
+  /// or was cancelled already. Thread-safe.
+  bool cancel(const Handle& handle);
+  /// Removes every task that has not started; returns how many. Thread-safe.
+  std::size_t cancel_all();
+
+  /// Blocks until every task posted so far has finished or been cancelled, then rethrows the first
+  /// exception a task threw since the last wait(). Must not be called from one of its own tasks.
+  void wait();
+
+  /// Tasks posted and not yet finished or cancelled (the running one included).
+  std::size_t outstanding() const noexcept;
+
+  /// The mutex rule every task holds.
+  const Rule& rule() const noexcept { return rule_; }
+
+  struct Body_ {
+    virtual ~Body_() = default;
+    virtual void run() = 0;
+  };
+  struct State;
+
+ private:
+  template <class F>
+  struct Body final : Body_ {
+    explicit Body(F fn) : fn_(std::move(fn)) {}
+    void run() override { fn_(); }
+    F fn_;
+  };
+
+  Handle post_erased(std::unique_ptr<Body_> body);
+
+  std::shared_ptr<JobManager> manager_;
+  Rule rule_;
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace tasklet

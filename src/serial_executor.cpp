@@ -1,0 +1,104 @@
+#include "tasklet/serial_executor.hpp"
+
+#include <condition_variable>
+#include <mutex>
+
+#include "job_manager_impl.hpp"
+#include "scheduler_impl.hpp"
+#include "tasklet/directive.hpp"
+#include "tasklet/error.hpp"
+#include "tasklet/rules/rules.hpp"
+#include "tasklet/tasklet_base.hpp"
+
+namespace tasklet {
+
+struct SerialExecutor::State {
+  mutable std::mutex mutex;
+  std::condition_variable idle;
+  std::size_t outstanding = 0;
+  std::exception_ptr first_error;
+};
+
+namespace {
+
+// One posted task: an async phase under the executor's rule. Its destruction, whether it ran or
+// was cancelled, is what counts it out.
+class SerialTask final : public Tasklet {
+ public:
+  SerialTask(std::shared_ptr<SerialExecutor::State> state, std::unique_ptr<SerialExecutor::Body_> body)
+      : state_(std::move(state)), body_(std::move(body)) {}
+  ~SerialTask() override {
+    std::lock_guard lock(state_->mutex);
+    if (--state_->outstanding == 0) state_->idle.notify_all();
+  }
+  Directive task() override {
+    try {
+      body_->run();
+    } catch (...) {
+      std::lock_guard lock(state_->mutex);
+      if (!state_->first_error) state_->first_error = std::current_exception();
+    }
+    body_.reset();
+    return Directive::done;
+  }
+  const SerialExecutor::State* state() const noexcept { return state_.get(); }
+
+ private:
+  std::shared_ptr<SerialExecutor::State> state_;
+  std::unique_ptr<SerialExecutor::Body_> body_;
+};
+
+}  // namespace
+
+SerialExecutor::SerialExecutor(std::shared_ptr<JobManager> manager, std::string name)
+    : manager_(manager ? std::move(manager) : JobManager::global()),
+      rule_(rules::mutex(name.empty() ? "serial executor" : std::move(name))),
+      state_(std::make_shared<State>()) {}
+
+SerialExecutor::~SerialExecutor() {
+  cancel_all();
+  std::unique_lock lock(state_->mutex);
+  state_->idle.wait(lock, [this] { return state_->outstanding == 0; });
+}
+
+SerialExecutor::Handle SerialExecutor::post_erased(std::unique_ptr<Body_> body) {
+  auto task = std::make_shared<SerialTask>(state_, std::move(body));
+  task->set_rule(rule_);
+  {
+    std::lock_guard lock(state_->mutex);
+    ++state_->outstanding;
+  }
+  Handle handle{task};
+  manager_->impl().background().schedule(std::move(task), Directive::async);
+  return handle;
+}
+
+bool SerialExecutor::cancel(const Handle& handle) {
+  const std::shared_ptr<Tasklet> task = handle.task_.lock();
+  return task && manager_->impl().background().impl().withdraw(*task);
+}
+
+std::size_t SerialExecutor::cancel_all() {
+  const State* mine = state_.get();
+  return manager_->impl().table_.withdraw_waiting(*rule_, [mine](const detail::RuleRequest& request) {
+    const auto* task = dynamic_cast<const SerialTask*>(static_cast<const Tasklet*>(request.owner()));
+    return task != nullptr && task->state() == mine;
+  });
+}
+
+void SerialExecutor::wait() {
+  std::exception_ptr error;
+  {
+    std::unique_lock lock(state_->mutex);
+    state_->idle.wait(lock, [this] { return state_->outstanding == 0; });
+    error = std::exchange(state_->first_error, nullptr);
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+std::size_t SerialExecutor::outstanding() const noexcept {
+  std::lock_guard lock(state_->mutex);
+  return state_->outstanding;
+}
+
+}  // namespace tasklet

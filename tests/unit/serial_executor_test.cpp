@@ -1,0 +1,188 @@
+// The serial executor: a strand built on a mutex rule.
+#include <atomic>
+#include <latch>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "support/test_support.hpp"
+#include "tasklet/tasklet.hpp"
+
+namespace tasklet {
+namespace {
+
+class SerialExecutorTest : public ::testing::TestWithParam<int> {
+ protected:
+  void TearDown() override {
+    EXPECT_EQ(manager_->rule_stats().held, 0u);
+    EXPECT_EQ(manager_->rule_stats().waiting, 0u);
+  }
+  std::shared_ptr<JobManager> manager_ = JobManager::create(JobManager::Options{GetParam(), nullptr});
+};
+TASKLET_WORKER_COUNTS(SerialExecutorTest);
+
+TEST_P(SerialExecutorTest, RunsTasksOneAtATimeInPostOrder) {
+  SerialExecutor strand(manager_, "strand");
+  std::vector<int> order;  // touched only by the strand's tasks
+  std::atomic<int> inside{0};
+  std::atomic<bool> overlapped{false};
+  const int count = 5000;
+  for (int i = 0; i < count; ++i) {
+    strand.post([&, i] {
+      if (inside.fetch_add(1) != 0) overlapped = true;
+      order.push_back(i);
+      inside.fetch_sub(1);
+    });
+  }
+  strand.wait();
+  ASSERT_EQ(order.size(), static_cast<std::size_t>(count));
+  for (int i = 0; i < count; ++i) ASSERT_EQ(order[static_cast<std::size_t>(i)], i);
+  EXPECT_FALSE(overlapped.load());
+  EXPECT_EQ(strand.outstanding(), 0u);
+}
+
+TEST_P(SerialExecutorTest, PostsFromManyThreadsNeverOverlap) {
+  SerialExecutor strand(manager_);
+  std::atomic<int> inside{0}, ran{0};
+  std::atomic<bool> overlapped{false};
+  std::vector<std::thread> posters;
+  for (int t = 0; t < 4; ++t) {
+    posters.emplace_back([&] {
+      for (int i = 0; i < 1000; ++i) {
+        strand.post([&] {
+          if (inside.fetch_add(1) != 0) overlapped = true;
+          ran.fetch_add(1);
+          inside.fetch_sub(1);
+        });
+      }
+    });
+  }
+  for (auto& poster : posters) poster.join();
+  strand.wait();
+  EXPECT_EQ(ran.load(), 4000);
+  EXPECT_FALSE(overlapped.load());
+}
+
+TEST_P(SerialExecutorTest, CancelRemovesOnePendingTask) {
+  SerialExecutor strand(manager_);
+  std::latch started(1), release(1);
+  std::vector<int> ran;
+  strand.post([&] {
+    started.count_down();
+    release.wait();
+    ran.push_back(0);
+  });
+  auto second = strand.post([&] { ran.push_back(1); });
+  strand.post([&] { ran.push_back(2); });
+  started.wait();
+  EXPECT_TRUE(strand.cancel(second));
+  EXPECT_FALSE(strand.cancel(second)) << "cancelled already";
+  release.count_down();
+  strand.wait();
+  EXPECT_EQ(ran, (std::vector<int>{0, 2}));
+  EXPECT_FALSE(strand.cancel(second));
+}
+
+TEST_P(SerialExecutorTest, CancelAllRemovesEveryPendingTask) {
+  SerialExecutor strand(manager_);
+  std::latch started(1), release(1);
+  std::atomic<int> ran{0};
+  strand.post([&] {
+    started.count_down();
+    release.wait();
+    ran.fetch_add(1);
+  });
+  for (int i = 0; i < 100; ++i) strand.post([&] { ran.fetch_add(1); });
+  started.wait();
+  EXPECT_EQ(strand.cancel_all(), 100u);
+  release.count_down();
+  strand.wait();
+  EXPECT_EQ(ran.load(), 1) << "only the task that had started";
+  strand.post([&] { ran.fetch_add(1); });
+  strand.wait();
+  EXPECT_EQ(ran.load(), 2) << "usable after cancel_all";
+}
+
+TEST_P(SerialExecutorTest, CancelAllLeavesOtherExecutorsAlone) {
+  SerialExecutor a(manager_), b(manager_);
+  std::latch started(1), release(1);
+  std::atomic<int> b_ran{0};
+  a.post([&] {
+    started.count_down();
+    release.wait();
+  });
+  b.post([&] { b_ran.fetch_add(1); });
+  started.wait();
+  EXPECT_EQ(a.cancel_all(), 0u);
+  release.count_down();
+  a.wait();
+  b.wait();
+  EXPECT_EQ(b_ran.load(), 1);
+}
+
+TEST_P(SerialExecutorTest, WaitRethrowsTheFirstExceptionAndTheStrandGoesOn) {
+  SerialExecutor strand(manager_);
+  std::atomic<int> ran{0};
+  strand.post([] { throw std::runtime_error("first"); });
+  strand.post([&] { ran.fetch_add(1); });
+  strand.post([] { throw std::runtime_error("second"); });
+  try {
+    strand.wait();
+    FAIL();
+  } catch (const std::runtime_error& error) {
+    EXPECT_STREQ(error.what(), "first");
+  }
+  EXPECT_EQ(ran.load(), 1);
+  strand.wait();  // reported once
+}
+
+TEST_P(SerialExecutorTest, DestructionCancelsPendingAndWaitsForTheRunningTask) {
+  std::latch started(1), release(1);
+  std::atomic<int> ran{0};
+  std::atomic<bool> finished{false};
+  std::thread releaser;
+  {
+    SerialExecutor strand(manager_);
+    strand.post([&] {
+      started.count_down();
+      release.wait();
+      finished = true;
+    });
+    for (int i = 0; i < 10; ++i) strand.post([&] { ran.fetch_add(1); });
+    started.wait();
+    releaser = std::thread([&] { release.count_down(); });
+  }
+  releaser.join();
+  EXPECT_TRUE(finished.load()) << "the destructor waited for the running task";
+  EXPECT_EQ(ran.load(), 0) << "pending tasks were cancelled";
+}
+
+TEST_P(SerialExecutorTest, TaskletsTakingTheExecutorsRuleJoinItsOrder) {
+  SerialExecutor strand(manager_);
+  auto scheduler = Scheduler::create(SchedulerOptions{manager_, nullptr, 0});
+  std::vector<std::string> order;
+  std::latch started(1), release(1);
+  strand.post([&] {
+    started.count_down();
+    release.wait();
+    order.push_back("task 1");
+  });
+  started.wait();
+  scheduler->schedule(make_tasklet(
+                          [&] {
+                            order.push_back("tasklet");
+                            return Directive::done;
+                          },
+                          strand.rule()),
+                      Directive::sync);
+  strand.post([&] { order.push_back("task 2"); });
+  release.count_down();
+  scheduler->run();
+  strand.wait();
+  EXPECT_EQ(order, (std::vector<std::string>{"task 1", "tasklet", "task 2"}));
+}
+
+}  // namespace
+}  // namespace tasklet
