@@ -367,8 +367,14 @@ void Scheduler::Impl::finish(TaskletPtr tasklet, std::exception_ptr error) noexc
   unclaim(*tasklet);
   tasklet.reset();  // the scheduler's last reference: a finished tasklet may be destroyed here
   if (active_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    std::lock_guard lock(mutex_);
-    if (sleeping_) wake_.notify_one();
+    bool sleeping = false;
+    {
+      std::lock_guard lock(mutex_);
+      sleeping = sleeping_;
+    }
+    // Outside the lock, so the woken thread does not block on it. The scheduler outlives this
+    // call: its destructor waits for our oneTBB tasks, and other callers hold a reference.
+    if (sleeping) wake_.notify_all();
   }
 }
 
@@ -468,9 +474,13 @@ void Scheduler::Impl::dispatch(TaskletPtr tasklet, Directive directive) noexcept
 
 void Scheduler::Impl::enqueue_sync(TaskletPtr tasklet) {
   const bool from_sync_thread = detail::state().sync_of == this;
-  std::lock_guard lock(mutex_);
-  sync_queue_.push_back(std::move(tasklet));
-  if (!from_sync_thread && sleeping_) wake_.notify_one();
+  bool wake = false;
+  {
+    std::lock_guard lock(mutex_);
+    sync_queue_.push_back(std::move(tasklet));
+    wake = !from_sync_thread && sleeping_;
+  }
+  if (wake) wake_.notify_all();
 }
 
 void Scheduler::Impl::enqueue_async(TaskletPtr tasklet) {
