@@ -121,7 +121,7 @@ void JobManager::Impl::begin_rule(const Rule& rule) {
     return;
   }
   validate_rule(rule);
-  auto* hold = new detail::ThreadHold(rule);
+  auto* hold = new detail::ThreadHold(rule.get());
   ctx.rule_stack.back().hold = hold;
   if (!table_.acquire(*hold) && !hold->wait()) {
     ctx.rule_stack.back().hold = nullptr;

@@ -22,7 +22,8 @@ namespace detail {
 /// oneTBB task, so the worker goes on with other work (waiting callers never starve the pool).
 class ThreadHold final : public RuleRequest {
  public:
-  explicit ThreadHold(Rule rule) { set_rule(std::move(rule)); }
+  /// `rule` must outlive the request (the begin_rule frame or the tasklet keeps it).
+  explicit ThreadHold(const SchedulingRule* rule) { set_rule(rule); }
   /// Returns once granted; false when the table cancelled the request instead.
   bool wait();
   void granted() noexcept override { wake(true); }

@@ -35,18 +35,13 @@ RuleEntry* next_in_queue(EntryQueue& queue, RuleEntry& entry) noexcept {
   return it == queue.end() ? nullptr : &*it;
 }
 
-// Whether a custom part of `a` says it conflicts with some atom of `b`. A throwing check counts as
-// a conflict: waiting is safe, running together might not be.
-bool custom_says_conflict(const boost::container::small_vector<const SchedulingRule*, 1>& customs,
-                          const boost::container::small_vector<const SchedulingRule*, 2>& atoms) noexcept {
-  for (const SchedulingRule* custom : customs) {
-    for (const SchedulingRule* atom : atoms) {
-      try {
-        if (custom->is_conflicting(*atom)) return true;
-      } catch (...) {
-        return true;
-      }
-    }
+// Calls fn on each atom of a rule: the children of a multi rule, else the rule itself.
+template <class F>
+bool any_atom(const SchedulingRule& rule, F&& fn) {
+  const RuleKey key = rule.key();
+  if (key.kind != RuleKey::Kind::multi) return fn(rule);
+  for (const Rule& child : key.children) {
+    if (child && any_atom(*child, fn)) return true;
   }
   return false;
 }
@@ -115,11 +110,9 @@ void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom) {
   const RuleKey key = atom.key();
   switch (key.kind) {
     case RuleKey::Kind::identity:
-      request.atoms_.push_back(&atom);
       add_entry(request, identity_node(atom), LockMode::x);
       return;
     case RuleKey::Kind::path: {
-      request.atoms_.push_back(&atom);
       RuleNode* node = &root_;
       const LockMode intent = key.shared ? LockMode::is : LockMode::ix;
       for (const std::string& segment : key.segments) {
@@ -135,14 +128,29 @@ void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom) {
       }
       return;
     case RuleKey::Kind::custom:
-      request.atoms_.push_back(&atom);
-      request.customs_.push_back(&atom);
+      request.has_custom_ = true;
       return;
   }
 }
 
+// Whether a custom atom of `custom` says it conflicts with some atom of `other`. The custom rule is
+// always the one asked: built-in rules know nothing of it. A throwing check counts as a conflict:
+// waiting is safe, running together might not be.
+bool RuleTable::customs_say_conflict(const RuleRequest& custom, const RuleRequest& other) noexcept {
+  return any_atom(*custom.rule_, [&](const SchedulingRule& mine) {
+    if (mine.key().kind != RuleKey::Kind::custom) return false;
+    return any_atom(*other.rule_, [&](const SchedulingRule& theirs) {
+      try {
+        return mine.is_conflicting(theirs);
+      } catch (...) {
+        return true;
+      }
+    });
+  });
+}
+
 bool RuleTable::conflicts_pairwise(const RuleRequest& a, const RuleRequest& b) noexcept {
-  return custom_says_conflict(a.customs_, b.atoms_) || custom_says_conflict(b.customs_, a.atoms_);
+  return (a.has_custom_ && customs_say_conflict(a, b)) || (b.has_custom_ && customs_say_conflict(b, a));
 }
 
 // Whether a pairwise check against a custom rule holds `request` back: against every held request
@@ -153,7 +161,7 @@ bool RuleTable::blocked_by_custom(const RuleRequest& request) const noexcept {
     if (!other.held_ && other.ticket_ > request.ticket_) return false;
     return conflicts_pairwise(request, other);
   };
-  if (!request.customs_.empty()) {
+  if (request.has_custom_) {
     for (const RuleRequest& other : live_) {
       if (blocks(other)) return true;
     }
@@ -177,13 +185,12 @@ bool RuleTable::clear_at(const RuleNode& node, const RuleEntry& entry) noexcept 
 }
 
 bool RuleTable::acquire(RuleRequest& request) {
-  assert(request.rule_ && !request.in_table_);
+  assert(request.rule_ != nullptr && !request.in_table_);
   std::lock_guard lock(mutex_);
   request.ticket_ = ++next_ticket_;
   request.entries_.clear();
-  request.atoms_.clear();
-  request.customs_.clear();
   request.held_ = false;
+  request.has_custom_ = false;
   add_atom(request, *request.rule_);
 
   const bool custom_blocked = blocked_by_custom(request);
@@ -194,7 +201,7 @@ bool RuleTable::acquire(RuleRequest& request) {
   }
   request.in_table_ = true;
   live_.push_back(request);
-  if (!request.customs_.empty()) customs_.push_back(request);
+  if (request.has_custom_) customs_.push_back(request);
 
   if (unclear == 0 && !custom_blocked) {
     for (RuleEntry& entry : request.entries_) ++entry.node->granted[static_cast<std::size_t>(index_of(entry.mode))];
@@ -293,7 +300,7 @@ void RuleTable::leave(RuleRequest& request, Grants& grants) {
     unlink_waiting(request);
   }
   live_.erase(LiveList::s_iterator_to(request));
-  if (!request.customs_.empty()) customs_.erase(CustomList::s_iterator_to(request));
+  if (request.has_custom_) customs_.erase(CustomList::s_iterator_to(request));
   request.in_table_ = false;
   request.held_ = false;
   request.custom_blocked_ = false;
@@ -339,7 +346,7 @@ void RuleTable::cancel_all_waiting() {
     for (RuleRequest* request : cancelled) {
       unlink_waiting(*request);
       live_.erase(LiveList::s_iterator_to(*request));
-      if (!request->customs_.empty()) customs_.erase(CustomList::s_iterator_to(*request));
+      if (request->has_custom_) customs_.erase(CustomList::s_iterator_to(*request));
       request->in_table_ = false;
       request->custom_blocked_ = false;
       for (auto entry = request->entries_.rbegin(); entry != request->entries_.rend(); ++entry) {

@@ -65,16 +65,16 @@ class RuleRequest {
   RuleRequest(const RuleRequest&) = delete;
   RuleRequest& operator=(const RuleRequest&) = delete;
 
-  const Rule& rule() const noexcept { return rule_; }
-  void set_rule(Rule rule) noexcept { rule_ = std::move(rule); }
-  /// Who asked (a tasklet, for instance), so that its request can be found and withdrawn.
-  const void* owner() const noexcept { return owner_; }
-  void set_owner(const void* owner) noexcept { owner_ = owner; }
+  /// The rule requested; whoever owns the request keeps it alive while the request is in the table.
+  const SchedulingRule* rule() const noexcept { return rule_; }
+  void set_rule(const SchedulingRule* rule) noexcept { rule_ = rule; }
   bool is_held() const noexcept { return held_; }
 
   virtual ~RuleRequest() = default;
   virtual void granted() noexcept = 0;
   virtual void cancelled() noexcept = 0;
+  /// Who asked (a tasklet, for instance), so that its request can be found and withdrawn.
+  virtual const void* owner() const noexcept { return nullptr; }
 
  private:
   friend class RuleTable;
@@ -82,16 +82,15 @@ class RuleRequest {
   struct CustomHook : IntrusiveHook {};
   struct BlockedHook : IntrusiveHook {};
 
-  Rule rule_;
-  const void* owner_ = nullptr;
+  // Kept small: one of these waits in the table for every queued tasklet with a rule.
+  const SchedulingRule* rule_ = nullptr;
   std::uint64_t ticket_ = 0;
-  std::uint32_t unclear_ = 0;   // nodes where the request is not clear yet
+  std::uint32_t unclear_ = 0;     // nodes where the request is not clear yet
   bool held_ = false;
   bool in_table_ = false;
-  bool custom_blocked_ = false;  // a pairwise check against a custom rule says wait
-  boost::container::small_vector<RuleEntry, 4> entries_;
-  boost::container::small_vector<const SchedulingRule*, 2> atoms_;   // the rule, or a multi's children
-  boost::container::small_vector<const SchedulingRule*, 1> customs_; // atoms without an index
+  bool has_custom_ = false;       // some atom has no index: pairwise checks
+  bool custom_blocked_ = false;   // a pairwise check against a custom rule says wait
+  boost::container::small_vector<RuleEntry, 1> entries_;
   LiveHook live_hook_;
   CustomHook custom_hook_;
   BlockedHook blocked_hook_;
@@ -166,6 +165,7 @@ class RuleTable {
   RuleNode& path_node(RuleNode& from, std::string_view segment);
   RuleNode& identity_node(const SchedulingRule& rule);
   static bool conflicts_pairwise(const RuleRequest& a, const RuleRequest& b) noexcept;
+  static bool customs_say_conflict(const RuleRequest& custom, const RuleRequest& other) noexcept;
   static bool clear_at(const RuleNode& node, const RuleEntry& entry) noexcept;
   bool blocked_by_custom(const RuleRequest& request) const noexcept;
   void grant(RuleRequest& request, Grants& grants);
@@ -192,7 +192,7 @@ std::size_t RuleTable::withdraw_waiting(const SchedulingRule& rule, Predicate&& 
   {
     std::lock_guard lock(mutex_);
     const auto consider = [&](RuleRequest& request) {
-      if (!request.held_ && request.rule_.get() == &rule && matches(static_cast<const RuleRequest&>(request))) {
+      if (!request.held_ && request.rule_ == &rule && matches(static_cast<const RuleRequest&>(request))) {
         withdrawn.push_back(&request);
       }
     };

@@ -195,9 +195,9 @@ struct Scheduler::Impl::BatchTask {
 struct Scheduler::Impl::TaskletHold final : detail::RuleRequest {
   TaskletHold(Impl& scheduler, TaskletPtr waiting, Directive first)
       : impl(scheduler), tasklet(std::move(waiting)), pending(first) {
-    set_rule(tasklet->rule());
-    set_owner(tasklet.get());
+    set_rule(tasklet->rule().get());  // the tasklet's rule cannot change while it is active
   }
+  const void* owner() const noexcept override { return tasklet.get(); }
   void granted() noexcept override {
     const std::shared_ptr<Scheduler> alive = std::move(keep_alive);
     impl.dispatch(std::move(tasklet), pending);
@@ -313,7 +313,12 @@ void Scheduler::Impl::schedule(TaskletPtr tasklet, Directive directive) {
     return;
   }
   claim(*tasklet, "schedule");
-  if (directive == Directive::async) {
+  if (directive == Directive::async && !tasklet->rule() && detail::state().sync_of == this &&
+      running_.load(std::memory_order_relaxed)) {
+    // The synchronous thread inside run(): the tasklet goes into the async batch, and is counted
+    // when the batch is submitted (one atomic add per batch instead of one per tasklet).
+    ++uncounted_in_batch_;
+  } else if (directive == Directive::async) {
     if (!run_is_active_for_caller()) {
       unclaim(*tasklet);
       throw SchedulerNotRunning("schedule(" + tasklet->name() +
@@ -498,6 +503,10 @@ void Scheduler::Impl::enqueue_async(TaskletPtr tasklet) {
 
 void Scheduler::Impl::flush_async_batch() {
   if (async_batch_.empty()) return;
+  if (uncounted_in_batch_ != 0) {
+    active_.fetch_add(uncounted_in_batch_, std::memory_order_relaxed);
+    uncounted_in_batch_ = 0;
+  }
   std::vector<TaskletPtr> batch;
   batch.reserve(async_batch_size);
   batch.swap(async_batch_);
@@ -597,7 +606,7 @@ void Scheduler::Impl::with(const TaskletPtr& tasklet) {
   active_.fetch_add(1, std::memory_order_relaxed);
   if (const Rule& rule = tasklet->rule()) {
     // The phase runs here and now, so the caller waits for the rule like a thread in begin_rule.
-    auto* hold = new detail::ThreadHold(rule);
+    auto* hold = new detail::ThreadHold(rule.get());
     if (!manager_.table_.acquire(*hold) && !hold->wait()) {
       delete hold;
       finish(tasklet, nullptr);

@@ -2,7 +2,8 @@
 //
 // Who counts what:
 //  - `active_` counts the tasklets this scheduler owns (queued for sync, in an async phase or on
-//    its way there, parked, waiting for a rule). run() returns when it is zero, and decides that
+//    its way there, parked, waiting for a rule); new tasklets the synchronous thread puts in its
+//    async batch are added when the batch is submitted, before run() can look at the count. run() returns when it is zero, and decides that
 //    under `mutex_`, the same lock that a thread without a stake in `active_` takes to check
 //    `running_` before it adds a tasklet; so no async phase starts after run() decided to return.
 //  - Every oneTBB task this scheduler creates belongs to `group_`; the destructor waits for the
@@ -73,6 +74,7 @@ struct Scheduler::Impl {
   // Touched by the synchronous thread only: async phases it started, submitted in batches, and
   // the sync tasklets taken from the queue for one turn of the loop.
   std::vector<TaskletPtr> async_batch_;
+  std::size_t uncounted_in_batch_ = 0;  // new tasklets in async_batch_ not yet in active_
   std::vector<TaskletPtr> sync_batch_;
 
   std::atomic<bool> spawned_{false};  // any oneTBB task was ever created (the destructor waits)

@@ -18,11 +18,11 @@ void Tasklet::set_rule(Rule rule) {
 
 void Tasklet::set_name(std::string name) {
   if (is_active()) throw TaskletActive("cannot rename " + this->name() + " while it is active");
-  name_ = std::move(name);
+  name_ = name.empty() ? nullptr : std::make_unique<std::string>(std::move(name));
 }
 
 std::string Tasklet::name() const {
-  if (!name_.empty()) return name_;
+  if (name_) return *name_;
   char text[48];
   std::snprintf(text, sizeof text, "tasklet@%p", static_cast<const void*>(this));
   return text;

@@ -59,7 +59,7 @@ class Tasklet : public std::enable_shared_from_this<Tasklet> {
   Scheduler* scheduler_ = nullptr;       // the scheduler it is active in
   detail::RuleRequest* hold_ = nullptr;  // its rule's request while active
   Rule rule_;
-  std::string name_;
+  std::unique_ptr<std::string> name_;  // usually unnamed: a pointer keeps the tasklet small
 };
 
 /// A Tasklet whose task() calls a stored callable. The callable returns a Directive and takes

@@ -17,7 +17,9 @@ namespace tasklet::detail {
 namespace {
 
 struct Probe final : RuleRequest {
-  explicit Probe(Rule rule) { set_rule(std::move(rule)); }
+  explicit Probe(Rule rule) : kept(std::move(rule)) { set_rule(kept.get()); }
+  const Rule& rule() const noexcept { return kept; }
+  Rule kept;
   void granted() noexcept override { ++grants; }
   void cancelled() noexcept override { ++cancels; }
   int grants = 0;
