@@ -250,7 +250,7 @@ void Scheduler::Impl::drop_pending() noexcept {
   }
   for (TaskletPtr& tasklet : dropped) {
     auto& state = TaskletAccess::state(*tasklet);
-    TaskletAccess::scheduler(*tasklet) = nullptr;
+    TaskletAccess::set_scheduler(*tasklet, nullptr);
     state.store(st::with_generation(st::idle, st::generation(state.load())), std::memory_order_release);
     active_.fetch_sub(1, std::memory_order_acq_rel);
   }
@@ -277,12 +277,12 @@ void Scheduler::Impl::claim(Tasklet& tasklet, const char* action) {
     }
   } while (!state.compare_exchange_weak(word, st::with_generation(st::active, st::generation(word)),
                                         std::memory_order_acq_rel, std::memory_order_acquire));
-  TaskletAccess::scheduler(tasklet) = &self_;
+  TaskletAccess::set_scheduler(tasklet, &self_);
 }
 
 void Scheduler::Impl::unclaim(Tasklet& tasklet) noexcept {
   auto& state = TaskletAccess::state(tasklet);
-  TaskletAccess::scheduler(tasklet) = nullptr;
+  TaskletAccess::set_scheduler(tasklet, nullptr);
   state.store(st::with_generation(st::idle, st::generation(state.load())), std::memory_order_release);
 }
 
@@ -645,7 +645,7 @@ Rescheduler Scheduler::Impl::suspend(Tasklet& tasklet) {
                                            std::memory_order_acq_rel)) {
           continue;
         }
-        TaskletAccess::scheduler(tasklet) = &self_;
+        TaskletAccess::set_scheduler(tasklet, &self_);
         active_.fetch_add(1, std::memory_order_relaxed);
         parked_.emplace(&tasklet, std::move(owned));
         return Rescheduler(self_.weak_from_this(), tasklet.weak_from_this(), generation);

@@ -46,7 +46,12 @@ constexpr std::uint64_t resumed_with(Directive directive) noexcept {
 
 struct TaskletAccess {
   static std::atomic<std::uint64_t>& state(Tasklet& tasklet) noexcept { return tasklet.state_; }
-  static Scheduler*& scheduler(Tasklet& tasklet) noexcept { return tasklet.scheduler_; }
+  static Scheduler* scheduler(const Tasklet& tasklet) noexcept {
+    return tasklet.scheduler_.load(std::memory_order_relaxed);
+  }
+  static void set_scheduler(Tasklet& tasklet, Scheduler* scheduler) noexcept {
+    tasklet.scheduler_.store(scheduler, std::memory_order_relaxed);
+  }
   static RuleRequest*& hold(Tasklet& tasklet) noexcept { return tasklet.hold_; }
 };
 

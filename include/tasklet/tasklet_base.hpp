@@ -56,7 +56,7 @@ class Tasklet : public std::enable_shared_from_this<Tasklet> {
  private:
   friend struct detail::TaskletAccess;
   std::atomic<std::uint64_t> state_{0};  // see src/tasklet_state.hpp
-  Scheduler* scheduler_ = nullptr;       // the scheduler it is active in
+  std::atomic<Scheduler*> scheduler_{nullptr};  // the scheduler it is active in
   detail::RuleRequest* hold_ = nullptr;  // its rule's request while active
   Rule rule_;
   std::unique_ptr<std::string> name_;  // usually unnamed: a pointer keeps the tasklet small
