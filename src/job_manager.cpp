@@ -10,6 +10,27 @@ namespace tasklet {
 
 namespace detail {
 
+namespace {
+thread_local std::unique_ptr<ThreadHold> spare_hold;
+}  // namespace
+
+ThreadHold* ThreadHold::make(const SchedulingRule* rule) {
+  ThreadHold* hold = spare_hold ? spare_hold.release() : new ThreadHold;
+  hold->set_rule(rule);
+  hold->done_ = false;
+  hold->granted_ = false;
+  hold->suspended_ = nullptr;
+  return hold;
+}
+
+void ThreadHold::recycle(ThreadHold* hold) noexcept {
+  if (spare_hold) {
+    delete hold;
+  } else {
+    spare_hold.reset(hold);
+  }
+}
+
 bool ThreadHold::wait() {
   if (TaskState* mine = context().state; mine->worker_of != nullptr) {
     // Suspend the task, not the thread: the worker runs other work meanwhile, and resumes us on
@@ -58,7 +79,7 @@ std::string end_frames_above(TaskState& ctx, std::size_t base) noexcept {
     names += describe(frame.rule);
     if (frame.hold != nullptr) {
       frame.manager->table_.release(*frame.hold);
-      delete frame.hold;
+      ThreadHold::recycle(frame.hold);
     }
   }
   return names;
@@ -121,11 +142,11 @@ void JobManager::Impl::begin_rule(const Rule& rule) {
     return;
   }
   validate_rule(rule);
-  auto* hold = new detail::ThreadHold(rule.get());
+  detail::ThreadHold* hold = detail::ThreadHold::make(rule.get());
   ctx.rule_stack.back().hold = hold;
   if (!table_.acquire(*hold) && !hold->wait()) {
     ctx.rule_stack.back().hold = nullptr;
-    delete hold;
+    detail::ThreadHold::recycle(hold);
     throw IllegalState("begin_rule(" + describe(rule) + "): the job manager shut down while waiting");
   }
 }
@@ -145,7 +166,7 @@ void JobManager::Impl::end_rule(const Rule& rule) {
   ctx.rule_stack.pop_back();
   if (hold != nullptr) {
     table_.release(*hold);
-    delete hold;
+    detail::ThreadHold::recycle(hold);
   }
 }
 

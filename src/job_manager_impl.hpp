@@ -22,8 +22,10 @@ namespace detail {
 /// oneTBB task, so the worker goes on with other work (waiting callers never starve the pool).
 class ThreadHold final : public RuleRequest {
  public:
-  /// `rule` must outlive the request (the begin_rule frame or the tasklet keeps it).
-  explicit ThreadHold(const SchedulingRule* rule) { set_rule(rule); }
+  /// A request for `rule`, which must outlive it (the begin_rule frame or the tasklet keeps it).
+  /// Recycled per thread: uncontended begin_rule/end_rule allocate nothing.
+  static ThreadHold* make(const SchedulingRule* rule);
+  static void recycle(ThreadHold* hold) noexcept;
   /// Returns once granted; false when the table cancelled the request instead.
   bool wait();
   void granted() noexcept override { wake(true); }

@@ -81,6 +81,7 @@ RuleNode& RuleTable::path_node(RuleNode& from, std::string_view segment) {
   node->segment = std::string(segment);
   RuleNode& made = *node;
   from.children.emplace(made.segment, std::move(node));
+  ++path_nodes_;
   return made;
 }
 
@@ -272,13 +273,20 @@ void RuleTable::recheck_custom_blocked(Grants& grants) {
 // ---------------------------------------------------------------------------------------------
 // Leaving
 
+// Unused nodes are kept while there are few of them, so that taking and releasing the same rules
+// over and over allocates nothing; past the limits, a node is freed when its last user leaves. A
+// kept identity node may outlive its rule: it is unused, so a new rule at the same address simply
+// takes it over.
 void RuleTable::prune(RuleNode& node) {
+  constexpr std::size_t kept_identity_nodes = 1024;
+  constexpr std::size_t kept_path_nodes = 4096;
   if (&node == &root_ || !node.is_unused()) return;
   if (node.identity != nullptr) {
-    identities_.erase(node.identity);
-  } else {
+    if (identities_.size() > kept_identity_nodes) identities_.erase(node.identity);
+  } else if (path_nodes_ > kept_path_nodes) {
     RuleNode& parent = *node.parent;
     parent.children.erase(parent.children.find(std::string_view(node.segment)));
+    --path_nodes_;
   }
 }
 

@@ -179,6 +179,7 @@ class RuleTable {
   std::uint64_t next_ticket_ = 0;
   std::size_t held_ = 0;
   RuleNode root_;
+  std::size_t path_nodes_ = 0;  // trie nodes below the root
   std::unordered_map<const SchedulingRule*, std::unique_ptr<RuleNode>> identities_;
   LiveList live_;          // every held or waiting request, in ticket order
   CustomList customs_;     // the live requests with custom parts, in ticket order

@@ -606,9 +606,9 @@ void Scheduler::Impl::with(const TaskletPtr& tasklet) {
   active_.fetch_add(1, std::memory_order_relaxed);
   if (const Rule& rule = tasklet->rule()) {
     // The phase runs here and now, so the caller waits for the rule like a thread in begin_rule.
-    auto* hold = new detail::ThreadHold(rule.get());
+    detail::ThreadHold* hold = detail::ThreadHold::make(rule.get());
     if (!manager_.table_.acquire(*hold) && !hold->wait()) {
-      delete hold;
+      detail::ThreadHold::recycle(hold);
       finish(tasklet, nullptr);
       throw IllegalState("with(" + tasklet->name() + "): the job manager shut down while it waited for " +
                          describe(rule));
