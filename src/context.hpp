@@ -6,6 +6,7 @@
 
 #include <boost/container/small_vector.hpp>
 
+#include "tasklet/job.hpp"
 #include "tasklet/job_manager.hpp"
 #include "tasklet/scheduler.hpp"
 #include "tasklet/workers.hpp"
@@ -44,6 +45,9 @@ struct TaskState {
   /// The running phase's tasklet rule (held for the whole phase) and its manager.
   const Rule* phase_rule = nullptr;
   JobManager::Impl* phase_manager = nullptr;
+
+  /// The job whose run() this is (JobManager::current_job).
+  Job* job = nullptr;
 
   /// The thread's state to go back to when this task leaves the thread.
   TaskState* outer = nullptr;

@@ -3,6 +3,7 @@
 
 #include "context.hpp"
 #include "job_manager_impl.hpp"
+#include "jobs.hpp"
 #include "scheduler_impl.hpp"
 #include "tasklet/error.hpp"
 
@@ -93,21 +94,42 @@ JobManager::Impl::Impl(JobManager& self, Options options)
     : self_(self), workers_(options.workers ? std::move(options.workers) : Workers::create(options.concurrency)) {}
 
 JobManager::Impl::~Impl() {
-  // Waiting requests are cancelled (their tasklets end unrun, their threads are told); running
-  // background work is waited for by the background scheduler's destructor.
+  // Jobs that have not started are canceled and running ones waited for; then every other waiting
+  // request is cancelled (tasklets end unrun, threads are told); running background work is
+  // waited for by the background schedulers' destructors.
+  if (jobs_) jobs_->shutdown();
   table_.cancel_all_waiting();
+  jobs_.reset();
+  job_scheduler_.reset();
   background_.reset();
 }
 
+std::shared_ptr<Scheduler> JobManager::Impl::make_background() {
+  // The manager owns its background schedulers, so they must not own the manager back: an
+  // aliasing pointer that shares no ownership.
+  std::shared_ptr<JobManager> unowned(std::shared_ptr<JobManager>{}, &self_);
+  auto scheduler = Scheduler::create(SchedulerOptions{std::move(unowned), workers_, 0});
+  scheduler->impl().make_background();
+  return scheduler;
+}
+
 Scheduler& JobManager::Impl::background() {
-  std::call_once(background_once_, [this] {
-    // The manager owns its background scheduler, so the scheduler must not own the manager back:
-    // an aliasing pointer that shares no ownership.
-    std::shared_ptr<JobManager> unowned(std::shared_ptr<JobManager>{}, &self_);
-    background_ = Scheduler::create(SchedulerOptions{std::move(unowned), workers_, 0});
-    background_->impl().make_background();
-  });
+  std::call_once(background_once_, [this] { background_ = make_background(); });
   return *background_;
+}
+
+Scheduler& JobManager::Impl::job_scheduler() {
+  jobs();
+  return *job_scheduler_;
+}
+
+detail::Jobs& JobManager::Impl::jobs() {
+  std::call_once(jobs_once_, [this] {
+    job_scheduler_ = make_background();
+    job_scheduler_->impl().order_async_phases_by(&detail::JobTasklet::deadline_of, workers_->concurrency());
+    jobs_ = std::make_unique<detail::Jobs>(*this, *job_scheduler_);
+  });
+  return *jobs_;
 }
 
 void JobManager::Impl::begin_rule(const Rule& rule) {
@@ -200,6 +222,27 @@ const std::shared_ptr<JobManager>& JobManager::global() {
 }
 
 void JobManager::begin_rule(const Rule& rule) { impl_->begin_rule(rule); }
+
+std::shared_ptr<Job> JobManager::current_job() const {
+  Job* job = detail::state().job;
+  return job != nullptr ? job->shared_from_this() : nullptr;
+}
+std::vector<std::shared_ptr<Job>> JobManager::find(Family family) const { return impl_->jobs().find(family); }
+void JobManager::cancel(Family family) { impl_->jobs().cancel(family); }
+bool JobManager::join(Family family, std::chrono::milliseconds timeout) { return impl_->jobs().join(family, timeout); }
+void JobManager::sleep(Family family) { impl_->jobs().sleep(family); }
+void JobManager::wake_up(Family family) { impl_->jobs().wake_up(family); }
+void JobManager::suspend() { impl_->jobs().suspend(); }
+void JobManager::resume() { impl_->jobs().resume(); }
+bool JobManager::is_suspended() const { return impl_->jobs().is_suspended(); }
+bool JobManager::is_idle() const { return impl_->jobs().is_idle(); }
+void JobManager::add_listener(std::shared_ptr<JobListener> listener) { impl_->jobs().add_listener(std::move(listener)); }
+void JobManager::remove_listener(const std::shared_ptr<JobListener>& listener) {
+  impl_->jobs().remove_listener(listener);
+}
+void JobManager::set_progress_provider(ProgressProvider provider) {
+  impl_->jobs().set_progress_provider(std::move(provider));
+}
 void JobManager::end_rule(const Rule& rule) { impl_->end_rule(rule); }
 Rule JobManager::current_rule() const { return impl_->current_rule(); }
 

@@ -18,6 +18,8 @@ namespace tasklet {
 
 namespace detail {
 
+class Jobs;
+
 /// A thread's request in begin_rule. wait() blocks an ordinary thread; on a worker it suspends the
 /// oneTBB task, so the worker goes on with other work (waiting callers never starve the pool).
 class ThreadHold final : public RuleRequest {
@@ -54,17 +56,26 @@ struct JobManager::Impl {
   void end_rule(const Rule& rule);
   Rule current_rule() const;
 
-  /// The manager's own scheduler for work with no synchronous thread (serial executors, jobs):
+  /// The manager's own scheduler for work with no synchronous thread (serial executors):
   /// async phases only, always running. Made on first use.
   Scheduler& background();
+  /// The same for jobs, whose async phases wait in priority (deadline) order for a runner.
+  Scheduler& job_scheduler();
+  /// The job side of the manager. Made on first use.
+  detail::Jobs& jobs();
 
   JobManager& self_;
   std::shared_ptr<Workers> workers_;
   detail::RuleTable table_;
 
  private:
+  std::shared_ptr<Scheduler> make_background();
+
   std::once_flag background_once_;
   std::shared_ptr<Scheduler> background_;
+  std::once_flag jobs_once_;
+  std::shared_ptr<Scheduler> job_scheduler_;
+  std::unique_ptr<detail::Jobs> jobs_;
 };
 
 }  // namespace tasklet

@@ -366,6 +366,21 @@ void RuleTable::cancel_all_waiting() {
   for (RuleRequest* request : cancelled) request->cancelled();
 }
 
+bool RuleTable::has_conflicting_waiter(const RuleRequest& held) const {
+  std::lock_guard lock(mutex_);
+  for (const RuleEntry& entry : held.entries_) {
+    for (int mode = 0; mode < lock_mode_count; ++mode) {
+      if (!compatible[index_of(entry.mode)][mode] && !entry.node->waiting[static_cast<std::size_t>(mode)].empty()) {
+        return true;
+      }
+    }
+  }
+  for (const RuleRequest& waiter : live_) {
+    if (!waiter.held_ && (waiter.has_custom_ || held.has_custom_) && conflicts_pairwise(held, waiter)) return true;
+  }
+  return false;
+}
+
 void RuleTable::notify(const Grants& grants) noexcept {
   for (RuleRequest* request : grants) request->granted();
 }

@@ -136,6 +136,9 @@ class RuleTable {
   template <class Predicate>
   std::size_t withdraw_waiting(const SchedulingRule& rule, Predicate&& matches);
 
+  /// Whether some waiting request conflicts with `held` (a held request).
+  bool has_conflicting_waiter(const RuleRequest& held) const;
+
   /// Cancels every waiting request (their cancelled() is called). For the owner's shutdown.
   void cancel_all_waiting();
 

@@ -177,6 +177,28 @@ struct Scheduler::Impl::PhaseTask {
   }
 };
 
+// Drains the deadline-ordered queue; at most max_runners_ of these run at once.
+struct Scheduler::Impl::RunnerTask {
+  Impl* impl;
+  void operator()() const {
+    WorkerTaskScope scope(impl->workers_, *impl);
+    for (;;) {
+      TaskletPtr next;
+      {
+        std::lock_guard lock(impl->ready_mutex_);
+        if (impl->ready_.empty()) {
+          --impl->runners_;
+          return;
+        }
+        auto first = impl->ready_.begin();
+        next = std::move(first->second);
+        impl->ready_.erase(first);
+      }
+      impl->run_async_phase(std::move(next));
+    }
+  }
+};
+
 struct Scheduler::Impl::BatchTask {
   Impl* impl;
   mutable std::vector<TaskletPtr> tasklets;
@@ -360,10 +382,26 @@ void Scheduler::Impl::release_rule(Tasklet& tasklet) noexcept {
 
 bool Scheduler::Impl::withdraw(Tasklet& tasklet) {
   const Rule& rule = tasklet.rule();
-  if (!rule) return false;
-  return manager_.table_.withdraw_waiting(*rule, [&](const detail::RuleRequest& request) {
-           return request.owner() == &tasklet;
-         }) != 0;
+  if (rule && manager_.table_.withdraw_waiting(*rule, [&](const detail::RuleRequest& request) {
+        return request.owner() == &tasklet;
+      }) != 0) {
+    return true;
+  }
+  // Granted but still queued for a runner: take it out and end it, which frees its rule now.
+  TaskletPtr queued;
+  if (deadline_ != nullptr) {
+    std::lock_guard lock(ready_mutex_);
+    for (auto entry = ready_.begin(); entry != ready_.end(); ++entry) {
+      if (entry->second.get() == &tasklet) {
+        queued = std::move(entry->second);
+        ready_.erase(entry);
+        break;
+      }
+    }
+  }
+  if (!queued) return false;
+  finish(std::move(queued), nullptr);
+  return true;
 }
 
 void Scheduler::Impl::finish(TaskletPtr tasklet, std::exception_ptr error) noexcept {
@@ -488,17 +526,61 @@ void Scheduler::Impl::enqueue_sync(TaskletPtr tasklet) {
   if (wake) wake_.notify_all();
 }
 
-void Scheduler::Impl::enqueue_async(TaskletPtr tasklet) {
-  const auto& ctx = detail::state();
+template <class Task>
+void Scheduler::Impl::spawn(Task task) {
   spawned_.store(true, std::memory_order_relaxed);
-  if (ctx.sync_of == this) {
+  if (detail::state().worker_of == &workers_) {
+    group_.run(std::move(task));  // stays on this worker's deque unless stolen
+  } else {
+    workers_.arena().enqueue(group_.defer(std::move(task)));
+  }
+}
+
+void Scheduler::Impl::enqueue_async(TaskletPtr tasklet) {
+  if (deadline_ != nullptr) {
+    bool start_runner = false;
+    {
+      std::lock_guard lock(ready_mutex_);
+      ready_.emplace(std::pair{deadline_(*tasklet), ready_arrivals_++}, std::move(tasklet));
+      if (runners_ < max_runners_) {
+        ++runners_;
+        start_runner = true;
+      }
+    }
+    if (start_runner) spawn(RunnerTask{this});
+    return;
+  }
+  if (detail::state().sync_of == this) {
+    spawned_.store(true, std::memory_order_relaxed);
     async_batch_.push_back(std::move(tasklet));
     if (async_batch_.size() >= async_batch_size) flush_async_batch();
-  } else if (ctx.worker_of == &workers_) {
-    group_.run(PhaseTask{this, std::move(tasklet)});
   } else {
-    workers_.arena().enqueue(group_.defer(PhaseTask{this, std::move(tasklet)}));
+    spawn(PhaseTask{this, std::move(tasklet)});
   }
+}
+
+void Scheduler::Impl::order_async_phases_by(Deadline deadline, int runners) {
+  deadline_ = deadline;
+  max_runners_ = runners > 0 ? runners : 1;
+}
+
+bool Scheduler::Impl::yield_rule(Tasklet& tasklet) {
+  detail::RuleRequest* hold = TaskletAccess::hold(tasklet);
+  if (hold == nullptr || !manager_.table_.has_conflicting_waiter(*hold)) return false;
+  // Release, then queue again behind whoever waits: the same FIFO as everyone else.
+  detail::ThreadHold* again = detail::ThreadHold::make(tasklet.rule().get());
+  detail::Grants grants;
+  manager_.table_.release(*hold, grants);
+  delete hold;
+  TaskletAccess::hold(tasklet) = again;
+  detail::RuleTable::notify(grants);
+  if (!manager_.table_.acquire(*again) && !again->wait()) {
+    TaskletAccess::hold(tasklet) = nullptr;
+    detail::ThreadHold::recycle(again);
+    throw IllegalState("yield_rule: the job manager shut down while " + tasklet.name() +
+                       " waited to take its rule back");
+  }
+  return true;
 }
 
 void Scheduler::Impl::flush_async_batch() {

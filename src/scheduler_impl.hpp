@@ -17,7 +17,9 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <map>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <oneapi/tbb/task_group.h>
@@ -48,6 +50,16 @@ struct Scheduler::Impl {
   void make_background();
   /// Withdraws a tasklet still waiting for its rule and ends it unrun; false when it has started.
   bool withdraw(Tasklet& tasklet);
+  /// Async phases wait in a queue ordered by `deadline` (earliest first, then arrival) and run on
+  /// at most `runners` worker tasks at once, instead of going straight to the arena. Set before use.
+  using Deadline = std::int64_t (*)(const Tasklet&);
+  void order_async_phases_by(Deadline deadline, int runners);
+  /// The tasklet whose phase runs here lets a waiting conflicting request go first and then takes
+  /// its rule again (waiting as begin_rule does). False, at once, when nobody conflicting waits.
+  bool yield_rule(Tasklet& tasklet);
+  /// Releases the rule of a tasklet before it is done (a job's run is over, so its rule must be
+  /// free by the time join() returns). Idempotent: done releases nothing twice.
+  void release_rule(Tasklet& tasklet) noexcept;
 
   Scheduler& self_;
   SchedulerOptions options_;  // resolved: manager and workers are set
@@ -79,9 +91,18 @@ struct Scheduler::Impl {
 
   std::atomic<bool> spawned_{false};  // any oneTBB task was ever created (the destructor waits)
 
+  // Deadline-ordered async phases (order_async_phases_by).
+  Deadline deadline_ = nullptr;
+  int max_runners_ = 0;
+  std::mutex ready_mutex_;
+  std::map<std::pair<std::int64_t, std::uint64_t>, TaskletPtr> ready_;
+  std::uint64_t ready_arrivals_ = 0;
+  int runners_ = 0;
+
  private:
   struct PhaseTask;
   struct BatchTask;
+  struct RunnerTask;
   struct TaskletHold;
 
   void claim(Tasklet& tasklet, const char* action);
@@ -92,10 +113,12 @@ struct Scheduler::Impl {
   void dispatch(TaskletPtr tasklet, Directive directive) noexcept;
   void enqueue_sync(TaskletPtr tasklet);
   void enqueue_async(TaskletPtr tasklet);
+  template <class Task>
+  void spawn(Task task);
   void flush_async_batch();
   void park(TaskletPtr tasklet, std::uint64_t expected, std::uint64_t parked_word);
   void finish(TaskletPtr tasklet, std::exception_ptr error) noexcept;
-  void release_rule(Tasklet& tasklet) noexcept;
+
   void record_failure(const Tasklet& tasklet, std::exception_ptr error) noexcept;
   void run_async_phase(TaskletPtr tasklet) noexcept;
   void run_sync_phase(TaskletPtr tasklet) noexcept;

@@ -6,9 +6,14 @@
 // are granted in request order (FIFO); requests that do not conflict never wait for each other.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
+#include <vector>
 
+#include "tasklet/job.hpp"
+#include "tasklet/progress_monitor.hpp"
 #include "tasklet/scheduling_rule.hpp"
 
 namespace tasklet {
@@ -30,8 +35,8 @@ class JobManager {
   /// The process-wide manager, made on first use and never destroyed. Thread-safe.
   static const std::shared_ptr<JobManager>& global();
 
-  /// Cancels what has not started (serial tasks, tasklets and threads waiting for rules), waits
-  /// for what runs on its background scheduler. Never throws.
+  /// Cancels what has not started (jobs, serial tasks, tasklets and threads waiting for rules),
+  /// waits for what runs on its background scheduler. Never throws.
   ~JobManager();
   JobManager(const JobManager&) = delete;
   JobManager& operator=(const JobManager&) = delete;
@@ -54,6 +59,38 @@ class JobManager {
   /// The innermost rule in force on this thread for this manager: its latest non-null begin_rule,
   /// else the rule of the tasklet whose phase it runs; null when none.
   Rule current_rule() const;
+
+  // ---- Jobs (see tasklet/job.hpp). All thread-safe.
+
+  /// The job whose run() is running on this thread (null elsewhere).
+  std::shared_ptr<Job> current_job() const;
+  /// Jobs of `family` (all jobs for nullptr) that are waiting, sleeping or running.
+  std::vector<std::shared_ptr<Job>> find(Family family) const;
+  /// Cancels every job of the family (see Job::cancel).
+  void cancel(Family family);
+  /// Waits until no job of the family is waiting, sleeping or running (while suspended: running),
+  /// including jobs scheduled into it meanwhile. False when the timeout ran out. Must not be
+  /// called from a job of that family.
+  bool join(Family family, std::chrono::milliseconds timeout = std::chrono::milliseconds::max());
+  /// Puts every waiting job of the family to sleep; wakes every sleeping one.
+  void sleep(Family family);
+  void wake_up(Family family);
+
+  /// While suspended no job starts; running jobs go on. Jobs scheduled meanwhile wait.
+  void suspend();
+  void resume();
+  bool is_suspended() const;
+  /// No job is running or waiting (sleeping jobs do not count).
+  bool is_idle() const;
+
+  /// Listeners for every job of this manager, told before the job's own listeners.
+  void add_listener(std::shared_ptr<JobListener> listener);
+  void remove_listener(const std::shared_ptr<JobListener>& listener);
+
+  /// Decides which monitor a job's run gets (a plain ProgressMonitor when unset or when it
+  /// returns null). Called on the thread about to run the job, outside internal locks.
+  using ProgressProvider = std::function<std::unique_ptr<ProgressMonitor>(Job&)>;
+  void set_progress_provider(ProgressProvider provider);
 
   /// Held and waiting rule requests, for diagnostics and tests. Thread-safe.
   struct RuleStats {

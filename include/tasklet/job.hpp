@@ -1,0 +1,161 @@
+// tasklet/job.hpp: Eclipse-style jobs on the tasklet engine.
+//
+// A Job is a named unit of background work with a run(ProgressMonitor&) -> Status method, an
+// optional scheduling rule, a priority and families. Underneath it is a tasklet: schedule() enters
+// its rule in the manager's rule table (the same one tasklets and begin_rule use, FIFO among
+// conflicting requests), and it runs on the manager's workers.
+//
+// States: none -> (schedule) waiting or sleeping -> running -> none. Jobs are owned by
+// std::shared_ptr; the manager keeps a scheduled job alive until it is done.
+#pragma once
+
+#include <any>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tasklet/progress_monitor.hpp"
+#include "tasklet/scheduling_rule.hpp"
+#include "tasklet/status.hpp"
+
+namespace tasklet {
+
+namespace detail {
+class Jobs;
+}  // namespace detail
+
+class JobManager;
+class JobGroup;
+class Job;
+
+enum class JobState { none, waiting, sleeping, running };
+
+/// Orders the start of waiting jobs that do not conflict (interactive first); never breaks FIFO
+/// among conflicting jobs. It is a deadline, not a class: a job waits at most its priority's delay
+/// longer than a job that asked later, so no priority starves.
+enum class Priority { interactive, short_job, long_job, build, decorate };
+
+/// A family is any object's address; belongs_to() decides membership. nullptr means "all jobs".
+using Family = const void*;
+
+/// What a listener learns about a job's life.
+struct JobEvent {
+  std::shared_ptr<Job> job;
+  Status result;                                ///< done: the run's result
+  std::chrono::milliseconds delay{0};           ///< scheduled: the delay asked for
+  std::shared_ptr<const Status> group_result;   ///< done of a group's last job: the group's result
+};
+
+/// Override what you need. Events of one job arrive in order, one at a time, never while the
+/// manager holds an internal lock; an exception from a listener is caught and dropped.
+class JobListener {
+ public:
+  virtual ~JobListener() = default;
+  virtual void scheduled(const JobEvent&) {}
+  virtual void about_to_run(const JobEvent&) {}
+  virtual void running(const JobEvent&) {}
+  virtual void done(const JobEvent&) {}
+  virtual void sleeping(const JobEvent&) {}
+  virtual void awake(const JobEvent&) {}
+};
+
+class Job : public std::enable_shared_from_this<Job> {
+ public:
+  /// A job of `manager` (the global manager when null).
+  explicit Job(std::string name, std::shared_ptr<JobManager> manager = nullptr);
+  virtual ~Job();
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+  const std::string& name() const noexcept { return name_; }
+
+  /// Queues the job: waiting at once, or sleeping for `delay`. A running job runs once more after
+  /// it ends (with the last delay given); a waiting or sleeping job is left as it is. Calls
+  /// should_schedule() first. Thread-safe. Throws IllegalState for a negative delay.
+  void schedule(std::chrono::milliseconds delay = std::chrono::milliseconds{0});
+
+  /// Waiting or sleeping: removed, done with a cancel result, returns true. Running: its monitor
+  /// is canceled and canceling() is called (once per run), returns false. None: returns true.
+  bool cancel();
+
+  /// Waits until the job's current run (or its wait to run) is over; returns at once for a job in
+  /// state none. Throws IllegalState when called from the job itself. join(timeout) returns false
+  /// when the time ran out.
+  void join();
+  bool join(std::chrono::milliseconds timeout);
+
+  /// Waiting: becomes sleeping until woken. Sleeping: its wake-up time is cleared. Returns false
+  /// only for a running job.
+  bool sleep();
+  /// A sleeping job waits again, at once or after `delay`. Ignored for jobs that are not sleeping.
+  void wake_up(std::chrono::milliseconds delay = std::chrono::milliseconds{0});
+
+  JobState state() const;
+  /// The result of the last run (ok before any run).
+  Status result() const;
+
+  /// The rule held while it runs. Throws TaskletActive unless the job is in state none, and
+  /// InvalidRule for an invalid rule.
+  void set_rule(Rule rule);
+  Rule rule() const;
+  void set_priority(Priority priority);
+  Priority priority() const;
+  /// System jobs are internal; user jobs were started by the user (a UI would show them).
+  void set_system(bool system);
+  bool is_system() const;
+  void set_user(bool user);
+  bool is_user() const;
+
+  /// Belongs to at most one group; only settable in state none (TaskletActive otherwise).
+  void set_group(std::shared_ptr<JobGroup> group);
+  std::shared_ptr<JobGroup> group() const;
+
+  void set_property(const std::string& key, std::any value);
+  std::any property(const std::string& key) const;
+
+  void add_listener(std::shared_ptr<JobListener> listener);
+  void remove_listener(const std::shared_ptr<JobListener>& listener);
+
+  /// Lets a waiting job whose rule conflicts with this one's go first, then takes the rule back.
+  /// Call it from the job's own run(). Returns true when somebody was let through; false (at once)
+  /// when nobody was waiting. Throws IllegalState outside the job's run.
+  bool yield_rule();
+
+  /// Family membership; override it. The default belongs to no family.
+  virtual bool belongs_to(Family family) const;
+
+  const std::shared_ptr<JobManager>& manager() const noexcept { return manager_; }
+
+  struct Impl;
+  Impl& impl() noexcept { return *impl_; }
+
+ protected:
+  /// The work. The monitor is never null; report progress and poll is_canceled(). An exception
+  /// becomes an error status carrying it.
+  virtual Status run(ProgressMonitor& monitor) = 0;
+  /// Called before the job is queued (also before each automatic re-run); false drops it.
+  virtual bool should_schedule() { return true; }
+  /// Called just before it would run; false ends this run with a cancel result.
+  virtual bool should_run() { return true; }
+  /// Called once per run when the job is canceled while running.
+  virtual void canceling() {}
+
+ private:
+  friend struct Impl;
+  friend class detail::Jobs;
+  std::string name_;
+  std::shared_ptr<JobManager> manager_;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// A job whose run() calls `fn(monitor)` (returning Status, or void for ok).
+std::shared_ptr<Job> make_job(std::string name, std::function<Status(ProgressMonitor&)> fn,
+                              std::shared_ptr<JobManager> manager = nullptr);
+
+}  // namespace tasklet

@@ -1,0 +1,62 @@
+// tasklet/job_group.hpp: jobs that run at most N at a time and finish as one.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tasklet/status.hpp"
+
+namespace tasklet {
+
+namespace detail {
+class Jobs;
+}  // namespace detail
+
+class Job;
+
+class JobGroup : public std::enable_shared_from_this<JobGroup> {
+ public:
+  enum class State { none, active, canceling };
+
+  /// `max_threads` of its jobs run at once (0: no limit). The group stays active until
+  /// `seed_jobs` jobs scheduled from outside its own jobs have finished, and its jobs have all ended.
+  JobGroup(std::string name, int max_threads = 0, int seed_jobs = 0);
+  virtual ~JobGroup();
+  JobGroup(const JobGroup&) = delete;
+  JobGroup& operator=(const JobGroup&) = delete;
+
+  const std::string& name() const noexcept { return name_; }
+  int max_threads() const noexcept { return max_threads_; }
+  State state() const;
+
+  /// Cancels every job of the group and refuses new ones until the group is over.
+  void cancel();
+  /// Waits until the group is over; false when the time ran out.
+  bool join(std::chrono::milliseconds timeout = std::chrono::milliseconds::max());
+  /// Jobs waiting, sleeping or running.
+  std::vector<std::shared_ptr<Job>> active_jobs() const;
+  /// The combined result of the last complete run of the group.
+  Status result() const;
+
+  struct Impl;
+  Impl& impl() noexcept { return *impl_; }
+
+ protected:
+  /// After each job ends (but the last): whether to cancel the rest. Default: any job failed.
+  virtual bool should_cancel(const Status& last_result, int failed, int canceled);
+  /// The group's result from its jobs' results. Default: error if any failed, else cancel if any
+  /// was canceled, else ok; the non-ok results become children.
+  virtual Status compute_group_result(const std::vector<Status>& results);
+
+ private:
+  friend struct Impl;
+  friend class detail::Jobs;
+  std::string name_;
+  int max_threads_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tasklet

@@ -1,0 +1,34 @@
+// tasklet/status.hpp: the outcome of a job's run (or of a job group).
+#pragma once
+
+#include <exception>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tasklet {
+
+/// ok, cancel, or error with a message and the captured exception. A group's status carries the
+/// non-ok results of its jobs as children.
+struct Status {
+  enum class Severity { ok, cancel, error };
+
+  Severity severity = Severity::ok;
+  std::string message;
+  std::exception_ptr exception;  ///< set when the error came from an exception
+  std::vector<Status> children;  ///< a group's non-ok job results
+
+  static Status ok() { return {}; }
+  static Status cancel(std::string message = "canceled") {
+    return Status{Severity::cancel, std::move(message), nullptr, {}};
+  }
+  static Status error(std::string message, std::exception_ptr exception = nullptr) {
+    return Status{Severity::error, std::move(message), std::move(exception), {}};
+  }
+
+  bool is_ok() const noexcept { return severity == Severity::ok; }
+  bool is_canceled() const noexcept { return severity == Severity::cancel; }
+  bool is_error() const noexcept { return severity == Severity::error; }
+};
+
+}  // namespace tasklet

@@ -1,0 +1,738 @@
+#include "jobs.hpp"
+
+#include <algorithm>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "context.hpp"
+#include "job_manager_impl.hpp"
+#include "scheduler_impl.hpp"
+#include "tasklet/error.hpp"
+
+namespace tasklet::detail {
+
+Directive JobTasklet::task() {
+  jobs_.run(*this);
+  return Directive::done;
+}
+
+namespace {
+
+// Eclipse's priorities are deadlines: a job may start this much later than one that asked later.
+std::chrono::microseconds priority_delay(Priority priority) {
+  using std::chrono::milliseconds;
+  switch (priority) {
+    case Priority::interactive: return milliseconds{0};
+    case Priority::short_job: return milliseconds{50};
+    case Priority::long_job: return milliseconds{100};
+    case Priority::build: return milliseconds{500};
+    case Priority::decorate: return milliseconds{1000};
+  }
+  return milliseconds{100};
+}
+
+std::int64_t deadline_for(Priority priority) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch() +
+                                                                priority_delay(priority))
+      .count();
+}
+
+bool in_family(const Job& job, Family family) {
+  if (family == nullptr) return true;
+  try {
+    return job.belongs_to(family);
+  } catch (...) {
+    return false;
+  }
+}
+
+std::shared_ptr<Job> owned(Job& job) {
+  std::shared_ptr<Job> self = job.weak_from_this().lock();
+  if (!self) throw IllegalState("job '" + job.name() + "' is not owned by a std::shared_ptr");
+  return self;
+}
+
+}  // namespace
+
+Jobs::Jobs(JobManager::Impl& manager, Scheduler& scheduler) : manager_(manager), scheduler_(scheduler) {}
+
+Jobs::~Jobs() { shutdown(); }
+
+// Cancels what has not started, stops the timer, waits for running jobs.
+void Jobs::shutdown() noexcept {
+  std::vector<std::shared_ptr<Job>> pending;
+  {
+    std::lock_guard lock(mutex);
+    if (stopping_) return;
+    stopping_ = true;
+    for (auto& [key, job] : live_) pending.push_back(job);
+  }
+  timer_changed_.notify_all();
+  if (timer_.joinable()) timer_.join();
+  for (auto& job : pending) cancel(*job);
+  std::unique_lock lock(mutex);
+  changed_.wait(lock, [this] { return live_.empty(); });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entering and leaving the states
+
+// Gives back a job's group slot (it goes to sleep, or waits out a suspension) and lets the next
+// throttled job of the group in.
+void Jobs::release_group_slot(Job& job, std::vector<std::shared_ptr<JobTasklet>>& to_start) {
+  Job::Impl& state = job.impl();
+  if (!state.holds_group_slot) return;
+  state.holds_group_slot = false;
+  std::shared_ptr<Job> next;
+  {
+    auto& g = state.group->impl();
+    std::lock_guard group_lock(g.mutex);
+    --g.running;
+    if (g.state != JobGroup::State::canceling && !g.throttled.empty()) {
+      next = std::move(g.throttled.front());
+      g.throttled.pop_front();
+    }
+  }
+  if (next) enter_waiting(next, to_start);
+}
+
+void Jobs::enter_waiting(const std::shared_ptr<Job>& job, std::vector<std::shared_ptr<JobTasklet>>& to_start) {
+  Job::Impl& state = job->impl();
+  state.state = JobState::waiting;
+  if (suspended_) {
+    held_.push_back(job);
+    return;
+  }
+  if (JobGroup* group = state.group.get()) {
+    std::lock_guard group_lock(group->impl().mutex);
+    if (group->max_threads() > 0 && group->impl().running >= group->max_threads()) {
+      group->impl().throttled.push_back(job);
+      return;
+    }
+    ++group->impl().running;
+    state.holds_group_slot = true;
+  }
+  auto tasklet = std::make_shared<JobTasklet>(job, *this, deadline_for(state.priority));
+  if (state.rule) tasklet->set_rule(state.rule);
+  tasklet->set_name(job->name());
+  state.tasklet = tasklet;
+  to_start.push_back(std::move(tasklet));
+}
+
+void Jobs::start(std::vector<std::shared_ptr<JobTasklet>>& to_start) {
+  for (auto& tasklet : to_start) scheduler_.schedule(std::move(tasklet), Directive::async);
+  to_start.clear();
+}
+
+void Jobs::withdraw_waiting(Job& job) {
+  Job::Impl& state = job.impl();
+  std::shared_ptr<JobTasklet> tasklet = std::move(state.tasklet);
+  for (auto* queue : {&held_entered_, &held_}) {
+    auto held = std::find_if(queue->begin(), queue->end(), [&](const auto& entry) { return entry.get() == &job; });
+    if (held != queue->end()) {
+      queue->erase(held);
+      return;
+    }
+  }
+  if (JobGroup* group = state.group.get()) {
+    auto& throttled = group->impl().throttled;
+    std::lock_guard group_lock(group->impl().mutex);
+    auto found = std::find_if(throttled.begin(), throttled.end(), [&](const auto& entry) { return entry.get() == &job; });
+    if (found != throttled.end()) {
+      throttled.erase(found);
+      return;
+    }
+  }
+  // Let into the rule table: take its request back if it still waits there. If it was granted,
+  // its run finds itself stale and just ends.
+  if (tasklet) scheduler_.impl().withdraw(*tasklet);
+}
+
+// The job's run (or its wait to run) is over: state none, result kept, group told. Called under
+// the lock; what needs user code (the group's hooks) or listeners is left in the returned RunEnd
+// for complete(), outside the lock.
+RunEnd Jobs::finish_run(Job& job, Status result, std::vector<std::shared_ptr<JobTasklet>>& to_start) {
+  Job::Impl& state = job.impl();
+  disarm_timer(job);
+  state.state = JobState::none;
+  state.about_to_run = false;
+  state.cancel_requested = false;
+  state.tasklet = nullptr;
+  state.result = result;
+  ++state.ends;
+  RunEnd end;
+  end.job = owned(job);
+  end.rerun = state.rerun && !stopping_;
+  end.rerun_delay = state.rerun_delay;
+  state.rerun = false;
+  end.done = JobEvent{end.job, result, std::chrono::milliseconds{0}, nullptr};
+
+  if (JobGroup* group = state.group.get()) {
+    auto& g = group->impl();
+    std::vector<std::shared_ptr<Job>> let_in;
+    {
+      std::lock_guard group_lock(g.mutex);
+      std::erase_if(g.active, [&](const auto& entry) { return entry.get() == &job; });
+      if (state.seed) ++g.seeds_done;
+      state.seed = false;
+      if (state.holds_group_slot) --g.running;
+      state.holds_group_slot = false;
+      g.results.push_back(result);
+      if (result.is_error()) ++g.failed;
+      if (result.is_canceled()) ++g.canceled;
+      while (g.state != JobGroup::State::canceling && !g.throttled.empty() &&
+             (group->max_threads() <= 0 ||
+              g.running + static_cast<int>(let_in.size()) < group->max_threads())) {
+        let_in.push_back(std::move(g.throttled.front()));
+        g.throttled.pop_front();
+      }
+      end.group = state.group;
+      end.group_over = g.active.empty() && g.throttled.empty() && g.seeds_done >= g.seeds_expected;
+      if (end.group_over) {
+        end.group_results = std::move(g.results);
+        g.results.clear();
+      } else {
+        end.ask_should_cancel = !result.is_ok() && g.state == JobGroup::State::active;
+      }
+      end.failed = g.failed;
+      end.canceled = g.canceled;
+    }
+    for (auto& next : let_in) enter_waiting(next, to_start);
+  }
+  if (end.rerun) {
+    state.rerun_pending = true;  // still busy for join(family) and is_idle() until it is queued again
+  } else {
+    live_.erase(&job);
+  }
+  changed_.notify_all();
+  return end;
+}
+
+// The part of a run's end that runs user code: the group's hooks, then the done event.
+void Jobs::complete(RunEnd end) {
+  if (end.group && end.group_over) {
+    Status combined;
+    try {
+      combined = end.group->compute_group_result(end.group_results);
+    } catch (...) {
+      combined = Status::error("compute_group_result threw", std::current_exception());
+    }
+    {
+      std::lock_guard group_lock(end.group->impl().mutex);
+      auto& g = end.group->impl();
+      g.last_result = combined;
+      g.state = JobGroup::State::none;
+      g.failed = g.canceled = g.seeds_done = 0;
+    }
+    end.group->impl().changed.notify_all();
+    end.done.group_result = std::make_shared<const Status>(std::move(combined));
+  } else if (end.group && end.ask_should_cancel) {
+    bool cancel_group = true;
+    try {
+      cancel_group = end.group->should_cancel(end.done.result, end.failed, end.canceled);
+    } catch (...) {
+    }
+    if (cancel_group) group_cancel(*end.group);
+  }
+  {
+    std::lock_guard lock(mutex);
+    post(*end.job, PendingEvent::Kind::done, std::move(end.done));
+  }
+  deliver(*end.job);
+  if (end.rerun) {
+    try {
+      schedule(*end.job, end.rerun_delay, true);
+    } catch (...) {
+      std::lock_guard lock(mutex);
+      end.job->impl().rerun_pending = false;
+      live_.erase(end.job.get());
+      changed_.notify_all();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Job operations
+
+void Jobs::schedule(Job& job, std::chrono::milliseconds delay, bool is_rerun) {
+  if (delay.count() < 0) throw IllegalState("schedule(" + job.name() + "): the delay is negative");
+  std::shared_ptr<Job> self = owned(job);
+  const bool wanted = job.should_schedule();
+  std::vector<std::shared_ptr<JobTasklet>> to_start;
+  bool canceled_at_once = false;
+  std::optional<RunEnd> ended;
+  {
+    std::unique_lock lock(mutex);
+    Job::Impl& state = job.impl();
+    if (is_rerun) {
+      state.rerun_pending = false;
+      if (!wanted) {
+        live_.erase(&job);
+        changed_.notify_all();
+        return;
+      }
+    } else if (!wanted) {
+      return;
+    }
+    if (state.state == JobState::running || state.about_to_run) {
+      state.rerun = true;
+      state.rerun_delay = delay;
+      return;
+    }
+    if (state.state != JobState::none) return;  // already waiting or sleeping (even for a re-run)
+    if (stopping_) throw IllegalState("schedule(" + job.name() + "): the job manager has shut down");
+    live_[&job] = self;
+    if (JobGroup* group = state.group.get()) {
+      std::lock_guard group_lock(group->impl().mutex);
+      auto& g = group->impl();
+      // Jobs scheduled from outside the group's own jobs are its seeds, even when canceled at once.
+      Job* parent = detail::state().job;
+      state.seed = !is_rerun && !(parent != nullptr && parent->impl().group.get() == group);
+      if (g.state == JobGroup::State::canceling) {
+        canceled_at_once = true;
+      } else {
+        g.state = JobGroup::State::active;
+        g.active.push_back(self);
+      }
+    }
+    post(job, PendingEvent::Kind::scheduled, JobEvent{self, {}, delay, nullptr});
+    if (canceled_at_once) {
+      ended = finish_run(job, Status::cancel("the job's group is canceling"), to_start);
+    } else if (delay.count() > 0) {
+      state.state = JobState::sleeping;
+      arm_timer(job, Clock::now() + delay);
+    } else {
+      enter_waiting(self, to_start);
+    }
+  }
+  start(to_start);
+  deliver(job);
+  if (ended) complete(std::move(*ended));
+}
+
+bool Jobs::cancel(Job& job) {
+  bool call_canceling = false;
+  std::shared_ptr<ProgressMonitor> monitor;
+  std::optional<RunEnd> ended;
+  std::vector<std::shared_ptr<JobTasklet>> to_start;
+  {
+    std::lock_guard lock(mutex);
+    Job::Impl& state = job.impl();
+    switch (state.state) {
+      case JobState::none:
+        return true;
+      case JobState::sleeping:
+        ended = finish_run(job, Status::cancel(), to_start);
+        break;
+      case JobState::waiting:
+        if (state.about_to_run) {
+          state.cancel_requested = true;
+          return false;
+        }
+        withdraw_waiting(job);
+        ended = finish_run(job, Status::cancel(), to_start);
+        break;
+      case JobState::running:
+        monitor = state.monitor;
+        call_canceling = !state.canceling_called;
+        state.canceling_called = true;
+        break;
+    }
+  }
+  if (monitor != nullptr) {
+    monitor->set_canceled(true);
+    if (call_canceling) {
+      try {
+        job.canceling();
+      } catch (...) {
+      }
+    }
+    return false;
+  }
+  start(to_start);
+  if (ended) complete(std::move(*ended));
+  return true;
+}
+
+bool Jobs::join(Job& job, std::chrono::milliseconds timeout) {
+  if (detail::state().job == &job) {
+    throw IllegalState("join: job '" + job.name() + "' cannot join itself");
+  }
+  std::unique_lock lock(mutex);
+  Job::Impl& state = job.impl();
+  if (state.state == JobState::none) return true;
+  const std::uint64_t ends = state.ends;
+  const auto over = [&] { return state.ends != ends; };
+  if (timeout == std::chrono::milliseconds::max()) {
+    changed_.wait(lock, over);
+    return true;
+  }
+  return changed_.wait_for(lock, timeout, over);
+}
+
+bool Jobs::sleep(Job& job) {
+  std::vector<std::shared_ptr<JobTasklet>> to_start;
+  {
+    std::lock_guard lock(mutex);
+    Job::Impl& state = job.impl();
+    switch (state.state) {
+      case JobState::none:
+        return true;
+      case JobState::running:
+        return false;
+      case JobState::sleeping:
+        disarm_timer(job);
+        return true;
+      case JobState::waiting:
+        if (state.about_to_run) return false;
+        withdraw_waiting(job);
+        release_group_slot(job, to_start);
+        state.state = JobState::sleeping;
+        post(job, PendingEvent::Kind::sleeping, JobEvent{owned(job), {}, {}, nullptr});
+        break;
+    }
+  }
+  start(to_start);
+  deliver(job);
+  return true;
+}
+
+void Jobs::wake_up(Job& job, std::chrono::milliseconds delay) {
+  std::vector<std::shared_ptr<JobTasklet>> to_start;
+  {
+    std::lock_guard lock(mutex);
+    Job::Impl& state = job.impl();
+    if (state.state != JobState::sleeping) return;
+    disarm_timer(job);
+    if (delay.count() > 0) {
+      arm_timer(job, Clock::now() + delay);
+      return;
+    }
+    post(job, PendingEvent::Kind::awake, JobEvent{owned(job), {}, {}, nullptr});
+    enter_waiting(owned(job), to_start);
+  }
+  start(to_start);
+  deliver(job);
+}
+
+bool Jobs::yield_rule(Job& job) {
+  const TaskState& here = detail::state();
+  if (here.job != &job || here.tasklet == nullptr || here.phase_of == nullptr) {
+    throw IllegalState("yield_rule: call it from the run() of job '" + job.name() + "'");
+  }
+  return here.phase_of->yield_rule(*here.tasklet);
+}
+
+// ---------------------------------------------------------------------------------------------
+// One run
+
+void Jobs::run(JobTasklet& tasklet) noexcept {
+  const std::shared_ptr<Job> job = tasklet.job;
+  Job::Impl& state = job->impl();
+  JobManager::ProgressProvider provider;
+  {
+    std::vector<std::shared_ptr<JobTasklet>> let_in;
+    std::unique_lock lock(mutex);
+    if (state.tasklet.get() != &tasklet || state.state != JobState::waiting) return;  // canceled or put to sleep
+    state.tasklet = nullptr;
+    if (suspended_) {
+      held_entered_.push_back(job);  // waits holding nothing; resume() lets it in first
+      release_group_slot(*job, let_in);
+      lock.unlock();
+      start(let_in);
+      return;
+    }
+    state.about_to_run = true;
+    provider = provider_;
+  }
+
+  bool go = false;
+  try {
+    go = job->should_run();
+  } catch (...) {
+  }
+  std::shared_ptr<ProgressMonitor> monitor;
+  std::vector<std::shared_ptr<JobTasklet>> to_start;
+  std::optional<RunEnd> ended;
+  if (go) {
+    {
+      std::lock_guard lock(mutex);
+      post(*job, PendingEvent::Kind::about_to_run, JobEvent{job, {}, {}, nullptr});
+    }
+    deliver_before_run(*job);
+    try {
+      if (provider) monitor = provider(*job);
+    } catch (...) {
+    }
+    if (!monitor) monitor = std::make_unique<ProgressMonitor>();
+  }
+  const auto release_rule = [] {
+    // The run is over before the job says so: its rule is free by the time join() returns.
+    const TaskState& here = detail::state();
+    if (here.phase_of != nullptr && here.tasklet != nullptr) here.phase_of->release_rule(*here.tasklet);
+  };
+  {
+    std::lock_guard lock(mutex);
+    if (!go || state.cancel_requested) {
+      release_rule();
+      ended = finish_run(*job, Status::cancel(go ? "canceled before it ran" : "should_run() said no"), to_start);
+      go = false;
+    } else {
+      state.about_to_run = false;
+      state.state = JobState::running;
+      state.monitor = monitor;
+      state.canceling_called = false;
+      post(*job, PendingEvent::Kind::running, JobEvent{job, {}, {}, nullptr});
+    }
+  }
+  if (!go) {
+    deliver(*job);
+    start(to_start);
+    if (ended) complete(std::move(*ended));
+    return;
+  }
+  deliver_before_run(*job);  // about_to_run and running are told before the run starts
+
+  TaskState& here = detail::state();
+  Job* outer = here.job;
+  here.job = job.get();
+  Status result;
+  try {
+    result = job->run(*monitor);
+  } catch (const std::exception& error) {
+    result = Status::error(error.what(), std::current_exception());
+  } catch (...) {
+    result = Status::error("unknown exception", std::current_exception());
+  }
+  try {
+    monitor->done();
+  } catch (...) {
+  }
+  detail::state().job = outer;  // the run may have moved to another thread (begin_rule, yield_rule)
+  release_rule();
+
+  {
+    std::lock_guard lock(mutex);
+    state.monitor = nullptr;
+    ended = finish_run(*job, std::move(result), to_start);
+  }
+  start(to_start);
+  complete(std::move(*ended));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Listeners: per job, in order, one at a time, outside the lock
+
+void Jobs::post(Job& job, PendingEvent::Kind kind, JobEvent event) {
+  job.impl().events.push_back(PendingEvent{kind, std::move(event)});
+}
+
+void Jobs::deliver(Job& job) noexcept {
+  std::unique_lock lock(mutex);
+  Job::Impl& state = job.impl();
+  if (state.delivering) return;  // the thread delivering now will take our events too
+  state.delivering = true;
+  while (!state.events.empty()) {
+    PendingEvent pending = std::move(state.events.front());
+    state.events.pop_front();
+    std::vector<std::shared_ptr<JobListener>> listeners = listeners_;
+    listeners.insert(listeners.end(), state.listeners.begin(), state.listeners.end());
+    lock.unlock();
+    for (const auto& listener : listeners) {
+      try {
+        switch (pending.kind) {
+          case PendingEvent::Kind::scheduled: listener->scheduled(pending.event); break;
+          case PendingEvent::Kind::about_to_run: listener->about_to_run(pending.event); break;
+          case PendingEvent::Kind::running: listener->running(pending.event); break;
+          case PendingEvent::Kind::done: listener->done(pending.event); break;
+          case PendingEvent::Kind::sleeping: listener->sleeping(pending.event); break;
+          case PendingEvent::Kind::awake: listener->awake(pending.event); break;
+        }
+      } catch (...) {
+        // A listener's failure is its own; the job and the other listeners go on.
+      }
+    }
+    lock.lock();
+  }
+  state.delivering = false;
+  delivered_.notify_all();
+}
+
+// Delivers the job's pending events, or waits while another thread does, so that about_to_run and
+// running have been told before the run starts.
+void Jobs::deliver_before_run(Job& job) noexcept {
+  deliver(job);
+  std::unique_lock lock(mutex);
+  Job::Impl& state = job.impl();
+  delivered_.wait(lock, [&] { return !state.delivering && state.events.empty(); });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timer: delayed schedules and wake-ups, on one thread, sleeping until the earliest is due
+
+void Jobs::arm_timer(Job& job, Clock::time_point when) {
+  Job::Impl& state = job.impl();
+  disarm_timer(job);
+  state.timer = timers_.emplace(when, owned(job));
+  state.has_timer = true;
+  if (!timer_.joinable()) timer_ = std::thread([this] { timer_loop(); });
+  timer_changed_.notify_all();
+}
+
+void Jobs::disarm_timer(Job& job) {
+  Job::Impl& state = job.impl();
+  if (!state.has_timer) return;
+  timers_.erase(state.timer);
+  state.has_timer = false;
+}
+
+void Jobs::timer_loop() {
+  std::unique_lock lock(mutex);
+  while (!stopping_) {
+    if (timers_.empty()) {
+      timer_changed_.wait(lock);
+      continue;
+    }
+    const Clock::time_point due = timers_.begin()->first;
+    if (Clock::now() < due) {
+      timer_changed_.wait_until(lock, due);
+      continue;
+    }
+    std::shared_ptr<Job> job = timers_.begin()->second;
+    timers_.erase(timers_.begin());
+    job->impl().has_timer = false;
+    std::vector<std::shared_ptr<JobTasklet>> to_start;
+    if (job->impl().state == JobState::sleeping) enter_waiting(job, to_start);
+    lock.unlock();
+    start(to_start);
+    deliver(*job);
+    lock.lock();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Families and the manager
+
+bool Jobs::is_live(const Job& job) const { return live_.count(&job) != 0; }
+
+std::vector<std::shared_ptr<Job>> Jobs::find(Family family) const {
+  std::vector<std::shared_ptr<Job>> snapshot;
+  {
+    std::lock_guard lock(mutex);
+    for (const auto& [key, job] : live_) snapshot.push_back(job);
+  }
+  std::erase_if(snapshot, [&](const auto& job) { return !in_family(*job, family); });
+  return snapshot;
+}
+
+void Jobs::cancel(Family family) {
+  for (const auto& job : find(family)) cancel(*job);
+}
+
+void Jobs::sleep(Family family) {
+  for (const auto& job : find(family)) sleep(*job);
+}
+
+void Jobs::wake_up(Family family) {
+  for (const auto& job : find(family)) wake_up(*job, std::chrono::milliseconds{0});
+}
+
+bool Jobs::join(Family family, std::chrono::milliseconds timeout) {
+  if (const Job* current = detail::state().job; current != nullptr && in_family(*current, family)) {
+    throw IllegalState("join(family) from job '" + current->name() + "' of that family would wait for itself");
+  }
+  const auto deadline = timeout == std::chrono::milliseconds::max() ? Clock::time_point::max() : Clock::now() + timeout;
+  for (;;) {
+    // Membership is user code (belongs_to): decide it outside the lock, then wait for any change.
+    std::vector<std::shared_ptr<Job>> members = find(family);
+    std::unique_lock lock(mutex);
+    const bool busy = std::any_of(members.begin(), members.end(), [&](const auto& job) {
+      const JobState now = job->impl().state;
+      if (!is_live(*job)) return false;
+      if (suspended_) return now == JobState::running;
+      return now != JobState::none || job->impl().rerun_pending;
+    });
+    if (!busy) return true;
+    if (deadline == Clock::time_point::max()) {
+      changed_.wait(lock);
+    } else if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      return false;
+    }
+  }
+}
+
+void Jobs::suspend() {
+  std::lock_guard lock(mutex);
+  suspended_ = true;
+}
+
+void Jobs::resume() {
+  std::vector<std::shared_ptr<JobTasklet>> to_start;
+  {
+    std::lock_guard lock(mutex);
+    suspended_ = false;
+    std::deque<std::shared_ptr<Job>> held = std::move(held_entered_);
+    held_entered_.clear();
+    for (auto& job : held_) held.push_back(std::move(job));
+    held_.clear();
+    for (auto& job : held) {
+      if (job->impl().state == JobState::waiting) enter_waiting(job, to_start);
+    }
+  }
+  start(to_start);
+}
+
+bool Jobs::is_suspended() const {
+  std::lock_guard lock(mutex);
+  return suspended_;
+}
+
+bool Jobs::is_idle() const {
+  std::lock_guard lock(mutex);
+  return std::none_of(live_.begin(), live_.end(), [](const auto& entry) {
+    const JobState state = entry.second->impl().state;
+    return state == JobState::waiting || state == JobState::running || entry.second->impl().rerun_pending;
+  });
+}
+
+void Jobs::add_listener(std::shared_ptr<JobListener> listener) {
+  std::lock_guard lock(mutex);
+  listeners_.push_back(std::move(listener));
+}
+
+void Jobs::remove_listener(const std::shared_ptr<JobListener>& listener) {
+  std::lock_guard lock(mutex);
+  std::erase(listeners_, listener);
+}
+
+void Jobs::set_progress_provider(JobManager::ProgressProvider provider) {
+  std::lock_guard lock(mutex);
+  provider_ = std::move(provider);
+}
+
+void Jobs::group_cancel(JobGroup& group) {
+  std::vector<std::shared_ptr<Job>> members;
+  {
+    std::lock_guard lock(mutex);
+    std::lock_guard group_lock(group.impl().mutex);
+    if (group.impl().state == JobGroup::State::none) return;
+    group.impl().state = JobGroup::State::canceling;
+    members = group.impl().active;
+    for (auto& job : group.impl().throttled) members.push_back(job);
+  }
+  for (auto& job : members) cancel(*job);
+}
+
+bool Jobs::group_join(JobGroup& group, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(group.impl().mutex);
+  const auto over = [&] { return group.impl().state == JobGroup::State::none; };
+  if (timeout == std::chrono::milliseconds::max()) {
+    group.impl().changed.wait(lock, over);
+    return true;
+  }
+  return group.impl().changed.wait_for(lock, timeout, over);
+}
+
+}  // namespace tasklet::detail

@@ -1,0 +1,186 @@
+// Private: the job side of a JobManager. Jobs are tasklets underneath: each run is a JobTasklet on
+// the manager's job scheduler, holding the job's rule through the one rule table; its async phase
+// waits in a deadline-ordered queue (the job's priority) for one of `concurrency` runners.
+//
+// All job, group and registry state is guarded by Jobs::mutex (one lock, as in Eclipse); a group's
+// own mutex is only ever taken inside it. No listener, hook or job body runs under either.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "tasklet/job.hpp"
+#include "tasklet/job_group.hpp"
+#include "tasklet/job_manager.hpp"
+#include "tasklet/scheduler.hpp"
+#include "tasklet/tasklet_base.hpp"
+
+namespace tasklet::detail {
+
+class Jobs;
+using Clock = std::chrono::steady_clock;
+
+/// What is left to do once a run is over, outside the lock.
+struct RunEnd {
+  std::shared_ptr<Job> job;
+  JobEvent done;
+  bool rerun = false;
+  std::chrono::milliseconds rerun_delay{0};
+  std::shared_ptr<JobGroup> group;
+  bool group_over = false;
+  bool ask_should_cancel = false;
+  std::vector<Status> group_results;
+  int failed = 0;
+  int canceled = 0;
+};
+
+/// A listener event waiting for delivery.
+struct PendingEvent {
+  enum class Kind { scheduled, about_to_run, running, done, sleeping, awake };
+  Kind kind;
+  JobEvent event;
+};
+
+/// One run of a job: a tasklet holding the job's rule, whose only phase runs the job.
+class JobTasklet final : public Tasklet {
+ public:
+  JobTasklet(std::shared_ptr<Job> owner, Jobs& jobs, std::int64_t deadline)
+      : job(std::move(owner)), jobs_(jobs), deadline_(deadline) {}
+  Directive task() override;
+  static std::int64_t deadline_of(const Tasklet& tasklet) {
+    return static_cast<const JobTasklet&>(tasklet).deadline_;
+  }
+
+  const std::shared_ptr<Job> job;
+
+ private:
+  Jobs& jobs_;
+  std::int64_t deadline_;
+};
+
+class Jobs {
+ public:
+  Jobs(JobManager::Impl& manager, Scheduler& scheduler);
+  ~Jobs();
+
+  void shutdown() noexcept;
+
+  // Job operations (Job's public methods land here).
+  void schedule(Job& job, std::chrono::milliseconds delay, bool is_rerun);
+  bool cancel(Job& job);
+  bool join(Job& job, std::chrono::milliseconds timeout);
+  bool sleep(Job& job);
+  void wake_up(Job& job, std::chrono::milliseconds delay);
+  bool yield_rule(Job& job);
+
+  // Family and manager operations.
+  std::vector<std::shared_ptr<Job>> find(Family family) const;
+  void cancel(Family family);
+  bool join(Family family, std::chrono::milliseconds timeout);
+  void sleep(Family family);
+  void wake_up(Family family);
+  void suspend();
+  void resume();
+  bool is_suspended() const;
+  bool is_idle() const;
+  void add_listener(std::shared_ptr<JobListener> listener);
+  void remove_listener(const std::shared_ptr<JobListener>& listener);
+  void set_progress_provider(JobManager::ProgressProvider provider);
+
+  /// One run of a job, as the JobTasklet's only phase.
+  void run(JobTasklet& tasklet) noexcept;
+
+  void group_cancel(JobGroup& group);
+  bool group_join(JobGroup& group, std::chrono::milliseconds timeout);
+
+  mutable std::mutex mutex;
+
+ private:
+  void enter_waiting(const std::shared_ptr<Job>& job, std::vector<std::shared_ptr<JobTasklet>>& to_start);
+  void start(std::vector<std::shared_ptr<JobTasklet>>& to_start);
+  RunEnd finish_run(Job& job, Status result, std::vector<std::shared_ptr<JobTasklet>>& to_start);
+  void complete(RunEnd end);
+  void post(Job& job, PendingEvent::Kind kind, JobEvent event);
+  void deliver(Job& job) noexcept;
+  void withdraw_waiting(Job& job);
+  void release_group_slot(Job& job, std::vector<std::shared_ptr<JobTasklet>>& to_start);
+  void deliver_before_run(Job& job) noexcept;
+  void arm_timer(Job& job, Clock::time_point when);
+  void disarm_timer(Job& job);
+  void timer_loop();
+  bool is_live(const Job& job) const;
+
+  JobManager::Impl& manager_;
+  Scheduler& scheduler_;
+  std::condition_variable changed_;  // any job state change (join)
+  std::unordered_map<const Job*, std::shared_ptr<Job>> live_;  // waiting, sleeping, running
+  // Waiting while suspended: jobs that had entered the rule table before the suspension first
+  // (they asked earlier), then jobs scheduled during it.
+  std::deque<std::shared_ptr<Job>> held_entered_;
+  std::deque<std::shared_ptr<Job>> held_;
+  std::condition_variable delivered_;  // a job's event queue ran empty
+  bool suspended_ = false;
+  std::vector<std::shared_ptr<JobListener>> listeners_;
+  JobManager::ProgressProvider provider_;
+
+  std::multimap<Clock::time_point, std::shared_ptr<Job>> timers_;
+  std::condition_variable timer_changed_;
+  std::thread timer_;
+  bool stopping_ = false;
+};
+
+}  // namespace tasklet::detail
+
+namespace tasklet {
+
+struct Job::Impl {
+  JobState state = JobState::none;
+  bool about_to_run = false;      // taken by a runner, not running yet
+  bool cancel_requested = false;  // canceled while about to run
+  bool canceling_called = false;
+  bool rerun = false;             // schedule() while running: run once more
+  bool rerun_pending = false;     // the run is over and the re-run not queued yet
+  std::chrono::milliseconds rerun_delay{0};
+  bool seed = false;              // this run counts as a seed of its group
+  bool holds_group_slot = false;  // let into the rule table under its group's max_threads
+  std::uint64_t ends = 0;         // completed runs (and unrun ends): join waits for a change
+  Status result;
+  Rule rule;
+  Priority priority = Priority::long_job;
+  bool system = false;
+  bool user = false;
+  std::shared_ptr<JobGroup> group;
+  std::map<std::string, std::any> properties;
+  std::vector<std::shared_ptr<JobListener>> listeners;
+  std::shared_ptr<detail::JobTasklet> tasklet;  // the current run's tasklet while waiting
+  std::shared_ptr<ProgressMonitor> monitor;     // while running (cancel() may outlive the run)
+  bool has_timer = false;
+  std::multimap<detail::Clock::time_point, std::shared_ptr<Job>>::iterator timer;
+  std::deque<detail::PendingEvent> events;
+  bool delivering = false;
+};
+
+struct JobGroup::Impl {
+  mutable std::mutex mutex;  // taken only inside Jobs::mutex, or alone for reads
+  std::condition_variable changed;
+  State state = State::none;
+  int seeds_expected = 0;
+  int seeds_done = 0;
+  int running = 0;  // jobs let into the rule table and not ended
+  int failed = 0;
+  int canceled = 0;
+  std::deque<std::shared_ptr<Job>> throttled;  // waiting for a slot under max_threads
+  std::vector<std::shared_ptr<Job>> active;
+  std::vector<Status> results;
+  Status last_result;
+};
+
+}  // namespace tasklet
