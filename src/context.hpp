@@ -46,6 +46,11 @@ struct TaskState {
   const Rule* phase_rule = nullptr;
   JobManager::Impl* phase_manager = nullptr;
 
+  /// While a worker ends a phase of this scheduler, an async phase it lets through is handed to it
+  /// here instead of being spawned.
+  Scheduler::Impl* handoff_of = nullptr;
+  std::shared_ptr<Tasklet> handoff;
+
   /// The job whose run() this is (JobManager::current_job).
   Job* job = nullptr;
 

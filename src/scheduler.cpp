@@ -252,8 +252,9 @@ Scheduler::Impl::~Impl() {
   drop_pending();
   if (spawned_.load(std::memory_order_acquire)) {
     // Wait for the tails of our oneTBB tasks (the phase that finished last may still be leaving).
-    // Isolated, so the waiting thread runs none of the arena's other work.
-    workers_.arena().execute([this] { oneapi::tbb::this_task_arena::isolate([this] { group_.wait(); }); });
+    // Waited for from outside the arena (joining it could take the slot its last task needs),
+    // and isolated, so a worker waiting here runs none of its own arena's other work.
+    oneapi::tbb::this_task_arena::isolate([this] { group_.wait(); });
   }
 }
 
@@ -550,7 +551,14 @@ void Scheduler::Impl::enqueue_async(TaskletPtr tasklet) {
     if (start_runner) spawn(RunnerTask{this});
     return;
   }
-  if (detail::state().sync_of == this) {
+  detail::TaskState& here = detail::state();
+  if (here.handoff_of == this && !here.handoff) {
+    // A worker finishing a phase of ours: run this one next on the same worker (a strand's
+    // hand-off), instead of a round trip through the arena.
+    here.handoff = std::move(tasklet);
+  } else if (here.sync_of == this && !tasklet->rule()) {
+    // Batched; a tasklet with a rule goes at once, so that a chain of holders starts running
+    // while the synchronous thread is still adding to it.
     spawned_.store(true, std::memory_order_relaxed);
     async_batch_.push_back(std::move(tasklet));
     if (async_batch_.size() >= async_batch_size) flush_async_batch();
@@ -598,9 +606,20 @@ void Scheduler::Impl::flush_async_batch() {
 // ---------------------------------------------------------------------------------------------
 // Running phases
 
+// Runs an async phase, then up to `handoff_limit` phases handed to this worker by what the phase's
+// end let through (its own next async phase, or a tasklet its rule release granted); beyond that
+// they are spawned so that one chain cannot keep a worker from the rest of the arena forever.
 void Scheduler::Impl::run_async_phase(TaskletPtr tasklet) noexcept {
-  const PhaseResult result = run_phase(self_, *this, *tasklet);
-  continue_after_phase(std::move(tasklet), result.directive, result.error);
+  constexpr int handoff_limit = 64;
+  for (int handoffs = 0;; ++handoffs) {
+    const PhaseResult result = run_phase(self_, *this, *tasklet);
+    detail::TaskState& here = detail::state();  // the phase may have moved to another thread
+    if (handoffs < handoff_limit) here.handoff_of = this;
+    continue_after_phase(std::move(tasklet), result.directive, result.error);
+    here.handoff_of = nullptr;
+    if (!here.handoff) return;
+    tasklet = std::move(here.handoff);
+  }
 }
 
 void Scheduler::Impl::run_sync_phase(TaskletPtr tasklet) noexcept {
