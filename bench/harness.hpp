@@ -4,7 +4,8 @@
 // The machines we measure on are small and shared, so absolute times wander from run to run.
 // compare() therefore interleaves the baseline and our variant (alternating which goes first),
 // repeats each pair, and takes the median of each side and the median of the pairs' ratios; that
-// ratio is the figure the performance contract (DESIGN section 5) promises. Report collects the rows and
+// ratio is the figure the performance contract (DESIGN section 5) promises; compare_each() does the
+// same for several variants against one baseline. Report collects the rows and
 // prints a fixed-width table for people and a markdown table for docs/performance.md.
 //
 // Command line (parse_options): --repeats=K (median of K, default 7), --quick (small sizes, one
@@ -17,6 +18,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -77,6 +79,22 @@ inline Options parse_options(int argc, char** argv) {
   return options;
 }
 
+/// The 1-, 5- and 15-minute load averages from /proc/loadavg ("?" where unavailable), to print
+/// beside the figures: on a shared machine they say how much to trust a run.
+inline std::string load_average() {
+  std::FILE* file = std::fopen("/proc/loadavg", "r");
+  if (file == nullptr) return "?";
+  double one = 0.0;
+  double five = 0.0;
+  double fifteen = 0.0;
+  const int read = std::fscanf(file, "%lf %lf %lf", &one, &five, &fifteen);
+  std::fclose(file);
+  if (read != 3) return "?";
+  char text[64];
+  std::snprintf(text, sizeof text, "%.2f %.2f %.2f", one, five, fifteen);
+  return text;
+}
+
 /// Seconds taken by one call of `fn`.
 template <class F>
 double time_once(F&& fn) {
@@ -126,6 +144,39 @@ Comparison compare(int repeats, std::size_t ops, Baseline&& baseline, Ours&& our
   const double scale = 1e9 / static_cast<double>(ops);
   return {median(std::move(base_times)) * scale, median(std::move(our_times)) * scale,
           median(std::move(ratios))};
+}
+
+/// As compare(), for several variants measured against one baseline (e.g. two ways of doing the
+/// same serial work against one asio strand). Each round runs the baseline and every variant once,
+/// rotating the order from round to round so that none always runs first (or right after the
+/// others' worker threads went idle); each variant's ratio is the median over the rounds of
+/// (variant time / baseline time of the same round). Returns one Comparison per variant, in order.
+inline std::vector<Comparison> compare_each(int repeats, std::size_t ops,
+                                            const std::function<void()>& baseline,
+                                            const std::vector<std::function<void()>>& variants) {
+  const std::size_t count = variants.size() + 1;  // slot 0 is the baseline
+  const auto run = [&](std::size_t slot) { slot == 0 ? baseline() : variants[slot - 1](); };
+  for (std::size_t slot = 0; slot < count; ++slot) run(slot);  // warm-up
+  std::vector<std::vector<double>> times(count);
+  std::vector<std::vector<double>> ratios(variants.size());
+  std::vector<double> round(count);
+  for (int r = 0; r < repeats; ++r) {
+    for (std::size_t k = 0; k < count; ++k) {
+      const std::size_t slot = (k + static_cast<std::size_t>(r)) % count;
+      round[slot] = time_once([&] { run(slot); });
+    }
+    for (std::size_t slot = 0; slot < count; ++slot) times[slot].push_back(round[slot]);
+    if (round[0] > 0.0) {
+      for (std::size_t v = 0; v < variants.size(); ++v) ratios[v].push_back(round[v + 1] / round[0]);
+    }
+  }
+  const double scale = 1e9 / static_cast<double>(ops);
+  const double baseline_ns = median(times[0]) * scale;
+  std::vector<Comparison> results;
+  for (std::size_t v = 0; v < variants.size(); ++v) {
+    results.push_back({baseline_ns, median(times[v + 1]) * scale, median(ratios[v])});
+  }
+  return results;
 }
 
 /// One line of the report. A row without a baseline (a plain figure, e.g. bytes per tasklet)
@@ -191,6 +242,15 @@ inline std::string size_label(std::size_t n) {
   return std::to_string(n);
 }
 
+/// A row for how the cost per operation grows with the size of the workload: ns/op at `large_n`
+/// divided by ns/op at `small_n` (1.0: flat). `target` bounds that growth (none: information only).
+inline Row growth_row(std::string workload, std::size_t small_n, double small_ns, std::size_t large_n,
+                      double large_ns, std::optional<double> target = std::nullopt) {
+  const double growth = small_ns > 0.0 ? large_ns / small_ns : 0.0;
+  return figure_row(std::move(workload), size_label(large_n) + "/" + size_label(small_n), growth, "x",
+                    target);
+}
+
 /// Collects rows and prints them.
 class Report {
  public:
@@ -222,9 +282,9 @@ class Report {
 
   static void print_header(std::ostream& out) {
     char line[200];
-    std::snprintf(line, sizeof line, "%-40s %8s %12s %12s %-7s %8s %8s %s\n", "workload", "N", "baseline",
+    std::snprintf(line, sizeof line, "%-44s %9s %12s %12s %-7s %8s %8s %s\n", "workload", "N", "baseline",
                   "ours", "unit", "ratio", "target", "verdict");
-    out << line << std::string(110, '-') << "\n";
+    out << line << std::string(116, '-') << "\n";
   }
 
  private:
@@ -253,7 +313,7 @@ class Report {
   }
   static void print_row(std::ostream& out, const Row& row) {
     char line[300];
-    std::snprintf(line, sizeof line, "%-40s %8s %12s %12s %-7s %8s %8s %s\n", row.workload.c_str(),
+    std::snprintf(line, sizeof line, "%-44s %9s %12s %12s %-7s %8s %8s %s\n", row.workload.c_str(),
                   row.n.c_str(), fixed(row.baseline).c_str(), fixed(row.ours).c_str(), row.unit.c_str(),
                   ratio_text(row).c_str(), target_text(row).c_str(), row.verdict().c_str());
     out << line;
