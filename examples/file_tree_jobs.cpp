@@ -57,19 +57,23 @@ const std::vector<std::string> test_files = {"lexer", "parser", "types", "codege
 FileTree make_tree() {
   FileTree tree;
   for (const std::string& name : sources) {
-    tree["/project/src/" + name + ".cpp"] = "#include \"" + name + ".hpp\"\nint " + name + "() {\n  return 0;\n}\n";
+    tree["/project/src/" + name + ".cpp"] =
+        "#include \"" + name + ".hpp\"\nint " + name + "() {\n  return 0;\n}\n";
     tree["/project/build/" + name + ".o"] = "";
   }
   tree["/project/src/.index"] = "";
-  for (const std::string& name : documents) tree["/project/docs/" + name + ".md"] = "# " + name + "   \ntext\t\n";
+  for (const std::string& name : documents)
+    tree["/project/docs/" + name + ".md"] = "# " + name + "   \ntext\t\n";
   for (const std::string& name : test_files) {
-    tree["/project/tests/" + name + "_test.cpp"] = "TEST(" + name + ", Works) {}\nTEST(" + name + ", Fails) {}\n";
+    tree["/project/tests/" + name + "_test.cpp"] =
+        "TEST(" + name + ", Works) {}\nTEST(" + name + ", Fails) {}\n";
   }
   return tree;
 }
 
 bool is_at_or_under(const std::string& path, const std::string& dir) {
-  return path == dir || (path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 && path[dir.size()] == '/');
+  return path == dir ||
+         (path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 && path[dir.size()] == '/');
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -261,7 +265,9 @@ class TreeJob final : public Job {
 
   TreeJob(std::string name, std::vector<std::string> paths, Body body, Occupancy& occupancy,
           std::shared_ptr<JobManager> manager)
-      : Job(std::move(name), std::move(manager)), paths_(std::move(paths)), body_(std::move(body)),
+      : Job(std::move(name), std::move(manager)),
+        paths_(std::move(paths)),
+        body_(std::move(body)),
         occupancy_(occupancy) {
     std::vector<Rule> parts;
     for (const std::string& path : paths_) parts.push_back(rules::path(path));
@@ -310,84 +316,98 @@ int main() {
   Console console(total_jobs);
   auto tracker = std::make_shared<Tracker>(console);
   manager->add_listener(tracker);
-  manager->set_progress_provider([&console](Job& job) { return std::make_unique<BarMonitor>(console, job.name()); });
+  manager->set_progress_provider(
+      [&console](Job& job) { return std::make_unique<BarMonitor>(console, job.name()); });
 
   std::vector<std::shared_ptr<TreeJob>> jobs;
-  const auto add = [&](std::string name, std::vector<std::string> paths, TreeJob::Body body, Priority priority) {
-    auto job = std::make_shared<TreeJob>(std::move(name), std::move(paths), std::move(body), occupancy, manager);
+  const auto add = [&](std::string name, std::vector<std::string> paths, TreeJob::Body body,
+                       Priority priority) {
+    auto job =
+        std::make_shared<TreeJob>(std::move(name), std::move(paths), std::move(body), occupancy, manager);
     job->set_priority(priority);
     jobs.push_back(job);
     return job;
   };
 
   // index /project/src: reads every source, writes /project/src/.index.
-  auto index = add("index /project/src", {"/project/src"}, [&tree](ProgressMonitor& monitor) {
-    monitor.begin_task("index", static_cast<int>(sources.size()));
-    std::string index_text;
-    for (const std::string& name : sources) {
-      if (monitor.is_canceled()) return Status::cancel();
-      const std::string path = "/project/src/" + name + ".cpp";
-      monitor.subtask("read " + path);
-      const std::string& text = tree.at(path);
-      index_text += path + " " + std::to_string(std::count(text.begin(), text.end(), '\n')) + " lines\n";
-      simulate_work(4ms);
-      monitor.worked(1);
-    }
-    tree.at("/project/src/.index") = index_text;
-    return Status::ok();
-  }, Priority::interactive);
+  auto index = add(
+      "index /project/src", {"/project/src"},
+      [&tree](ProgressMonitor& monitor) {
+        monitor.begin_task("index", static_cast<int>(sources.size()));
+        std::string index_text;
+        for (const std::string& name : sources) {
+          if (monitor.is_canceled()) return Status::cancel();
+          const std::string path = "/project/src/" + name + ".cpp";
+          monitor.subtask("read " + path);
+          const std::string& text = tree.at(path);
+          index_text += path + " " + std::to_string(std::count(text.begin(), text.end(), '\n')) + " lines\n";
+          simulate_work(4ms);
+          monitor.worked(1);
+        }
+        tree.at("/project/src/.index") = index_text;
+        return Status::ok();
+      },
+      Priority::interactive);
 
   // format /project/docs: a sub-monitor per document (split), trailing blanks trimmed.
-  auto format = add("format /project/docs", {"/project/docs"}, [&tree](ProgressMonitor& monitor) {
-    monitor.begin_task("format", 600);
-    for (const std::string& name : documents) {
-      if (monitor.is_canceled()) return Status::cancel();
-      std::unique_ptr<ProgressMonitor> one = monitor.split(100);
-      one->begin_task("format " + name, 2);
-      monitor.subtask("format /project/docs/" + name + ".md");
-      std::string& text = tree.at("/project/docs/" + name + ".md");
-      std::string trimmed;
-      std::string line;
-      for (char c : text) {
-        if (c != '\n') {
-          line += c;
-          continue;
+  auto format = add(
+      "format /project/docs", {"/project/docs"},
+      [&tree](ProgressMonitor& monitor) {
+        monitor.begin_task("format", 600);
+        for (const std::string& name : documents) {
+          if (monitor.is_canceled()) return Status::cancel();
+          std::unique_ptr<ProgressMonitor> one = monitor.split(100);
+          one->begin_task("format " + name, 2);
+          monitor.subtask("format /project/docs/" + name + ".md");
+          std::string& text = tree.at("/project/docs/" + name + ".md");
+          std::string trimmed;
+          std::string line;
+          for (char c : text) {
+            if (c != '\n') {
+              line += c;
+              continue;
+            }
+            line.erase(line.find_last_not_of(" \t") + 1);
+            trimmed += line + '\n';
+            line.clear();
+          }
+          simulate_work(4ms);
+          one->worked(1);
+          text = trimmed;
+          simulate_work(4ms);
+          one->done();
         }
-        line.erase(line.find_last_not_of(" \t") + 1);
-        trimmed += line + '\n';
-        line.clear();
-      }
-      simulate_work(4ms);
-      one->worked(1);
-      text = trimmed;
-      simulate_work(4ms);
-      one->done();
-    }
-    return Status::ok();
-  }, Priority::short_job);
+        return Status::ok();
+      },
+      Priority::short_job);
 
   // test /project/tests: asked to start 120 ms from now, so it sleeps first.
   std::atomic<int> tests_found{0};
-  auto test = add("test /project/tests", {"/project/tests"}, [&tree, &tests_found](ProgressMonitor& monitor) {
-    monitor.begin_task("test", static_cast<int>(test_files.size()));
-    for (const std::string& name : test_files) {
-      const std::string path = "/project/tests/" + name + "_test.cpp";
-      monitor.subtask("run " + path);
-      const std::string& text = tree.at(path);
-      for (std::size_t at = text.find("TEST("); at != std::string::npos; at = text.find("TEST(", at + 1)) {
-        tests_found.fetch_add(1);
-      }
-      simulate_work(5ms);
-      monitor.worked(1);
-    }
-    return Status::ok();
-  }, Priority::long_job);
+  auto test = add(
+      "test /project/tests", {"/project/tests"},
+      [&tree, &tests_found](ProgressMonitor& monitor) {
+        monitor.begin_task("test", static_cast<int>(test_files.size()));
+        for (const std::string& name : test_files) {
+          const std::string path = "/project/tests/" + name + "_test.cpp";
+          monitor.subtask("run " + path);
+          const std::string& text = tree.at(path);
+          for (std::size_t at = text.find("TEST("); at != std::string::npos;
+               at = text.find("TEST(", at + 1)) {
+            tests_found.fetch_add(1);
+          }
+          simulate_work(5ms);
+          monitor.worked(1);
+        }
+        return Status::ok();
+      },
+      Priority::long_job);
 
   // package /project and link /project/build: both canceled before they run.
-  auto package = add("package /project", {"/project"}, [](ProgressMonitor&) { return Status::ok(); },
-                     Priority::decorate);
-  auto link = add("link /project/build", {"/project/build"}, [](ProgressMonitor&) { return Status::ok(); },
-                  Priority::build);
+  auto package = add(
+      "package /project", {"/project"}, [](ProgressMonitor&) { return Status::ok(); }, Priority::decorate);
+  auto link = add(
+      "link /project/build", {"/project/build"}, [](ProgressMonitor&) { return Status::ok(); },
+      Priority::build);
 
   // compile /project/src/x.cpp: the source and its object, at most two at once (the group).
   auto compilers = std::make_shared<JobGroup>("compile", 2, static_cast<int>(sources.size()));
@@ -395,17 +415,21 @@ int main() {
   for (const std::string& name : sources) {
     const std::string source = "/project/src/" + name + ".cpp";
     const std::string object = "/project/build/" + name + ".o";
-    auto compile = add("compile " + source, {source, object}, [&tree, source, object](ProgressMonitor& monitor) {
-      monitor.begin_task("compile", 3);
-      for (const char* step : {"parse", "generate", "write"}) {
-        if (monitor.is_canceled()) return Status::cancel();
-        monitor.subtask(step);
-        simulate_work(5ms);
-        monitor.worked(1);
-      }
-      tree.at(object) = "object code for " + source + " (" + std::to_string(tree.at(source).size()) + " bytes)";
-      return Status::ok();
-    }, Priority::build);
+    auto compile = add(
+        "compile " + source, {source, object},
+        [&tree, source, object](ProgressMonitor& monitor) {
+          monitor.begin_task("compile", 3);
+          for (const char* step : {"parse", "generate", "write"}) {
+            if (monitor.is_canceled()) return Status::cancel();
+            monitor.subtask(step);
+            simulate_work(5ms);
+            monitor.worked(1);
+          }
+          tree.at(object) =
+              "object code for " + source + " (" + std::to_string(tree.at(source).size()) + " bytes)";
+          return Status::ok();
+        },
+        Priority::build);
     compile->set_group(compilers);
     compiles.push_back(compile);
   }
@@ -456,7 +480,8 @@ int main() {
   expect(compilers->result().is_ok(), "the compile group's result is not ok");
   expect(manager->is_idle(), "the manager is not idle");
   expect(manager->find(tree_family).empty(), "jobs of the family are still scheduled");
-  expect(manager->rule_stats().held == 0 && manager->rule_stats().waiting == 0, "a rule is still held or waited for");
+  expect(manager->rule_stats().held == 0 && manager->rule_stats().waiting == 0,
+         "a rule is still held or waited for");
 
   const std::vector<std::string> ran_events = {"scheduled", "about_to_run", "running", "done"};
   const std::vector<std::string> canceled_events = {"scheduled", "done"};
@@ -492,10 +517,11 @@ int main() {
   expect(tree.at("/project/docs/guide.md") == "# guide\ntext\n", "the docs were not formatted");
   expect(tests_found.load() == 2 * static_cast<int>(test_files.size()), "the tests were not all found");
 
-  std::printf("\n%zu jobs: %d ok, %d cancel, %d error; %d objects built, %d tests found; "
-              "at most %d jobs at once (%d compiling, group limit %d); %lld ms in all\n",
-              jobs.size(), ok_count, cancel_count, error_count, objects, tests_found.load(), occupancy.max_running(),
-              occupancy.max_compiling(), compilers->max_threads(), ms_between(start, end));
+  std::printf(
+      "\n%zu jobs: %d ok, %d cancel, %d error; %d objects built, %d tests found; "
+      "at most %d jobs at once (%d compiling, group limit %d); %lld ms in all\n",
+      jobs.size(), ok_count, cancel_count, error_count, objects, tests_found.load(), occupancy.max_running(),
+      occupancy.max_compiling(), compilers->max_threads(), ms_between(start, end));
   std::printf("%s\n", ok ? "all jobs ended as expected" : "FAILED");
   return ok ? 0 : 1;
 }

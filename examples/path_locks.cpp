@@ -21,7 +21,8 @@ std::vector<std::string> log_lines;
 const auto start = std::chrono::steady_clock::now();
 
 void log(const std::string& line) {
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
   std::lock_guard lock(log_mutex);
   log_lines.push_back("[" + std::to_string(ms.count()) + " ms] " + line);
 }
@@ -48,8 +49,8 @@ int main() {
   auto scheduler = Scheduler::create(SchedulerOptions{manager, nullptr, 0});
 
   scheduler->schedule(job("/project/src", 40ms), Directive::sync);
-  scheduler->schedule(job("/project/docs", 40ms), Directive::sync);  // a sibling: runs alongside
-  scheduler->schedule(job("/project", 20ms), Directive::sync);       // waits for both, then runs
+  scheduler->schedule(job("/project/docs", 40ms), Directive::sync);       // a sibling: runs alongside
+  scheduler->schedule(job("/project", 20ms), Directive::sync);            // waits for both, then runs
   scheduler->schedule(job("/project/src/a.cpp", 10ms), Directive::sync);  // queued after /project
 
   // A thread locks /project/docs/guide.md directly; it queues behind /project as well.

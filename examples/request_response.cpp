@@ -69,10 +69,13 @@ int main() {
   }
   const auto start = std::chrono::steady_clock::now();
   scheduler->run();  // returns when every tasklet is done
-  const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  const auto elapsed =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
 
   std::printf("%d requests, %zu answers in %lld ms (the calls overlapped on the workers)\n",
-              dashboard.requests_sent, dashboard.temperatures.size(), static_cast<long long>(elapsed.count()));
-  for (const auto& [city, degrees] : dashboard.temperatures) std::printf("  %-8s %3d\n", city.c_str(), degrees);
+              dashboard.requests_sent, dashboard.temperatures.size(),
+              static_cast<long long>(elapsed.count()));
+  for (const auto& [city, degrees] : dashboard.temperatures)
+    std::printf("  %-8s %3d\n", city.c_str(), degrees);
   return dashboard.temperatures.size() == 6 ? 0 : 1;
 }

@@ -15,7 +15,9 @@ int main() {
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 5; ++i) {
-        writer.post([&written, t, i] { written.push_back("thread " + std::to_string(t) + " line " + std::to_string(i)); });
+        writer.post([&written, t, i] {
+          written.push_back("thread " + std::to_string(t) + " line " + std::to_string(i));
+        });
       }
     });
   }
@@ -27,6 +29,7 @@ int main() {
   writer.wait();
 
   for (const std::string& line : written) std::printf("%s\n", line.c_str());
-  std::printf("%zu lines written; the late line was %s\n", written.size(), cancelled ? "cancelled" : "written");
+  std::printf("%zu lines written; the late line was %s\n", written.size(),
+              cancelled ? "cancelled" : "written");
   return written.size() == 20 || written.size() == 21 ? 0 : 1;
 }

@@ -9,7 +9,9 @@ namespace tasklet::api {
 
 std::shared_ptr<Scheduler> new_scheduler() { return Scheduler::create(); }
 
-std::shared_ptr<Scheduler> new_scheduler(SchedulerOptions options) { return Scheduler::create(std::move(options)); }
+std::shared_ptr<Scheduler> new_scheduler(SchedulerOptions options) {
+  return Scheduler::create(std::move(options));
+}
 
 Scheduler& current() {
   auto& ctx = detail::context();

@@ -26,7 +26,8 @@ detail::Jobs& jobs_of(const Job& job) { return job.manager()->impl().jobs(); }
 // Settings that are fixed while the job is scheduled.
 void require_none(const Job& job, const Job::Impl& state, const char* what) {
   if (state.state != JobState::none) {
-    throw TaskletActive(std::string(what) + " of job '" + job.name() + "' cannot change while it is scheduled");
+    throw TaskletActive(std::string(what) + " of job '" + job.name() +
+                        "' cannot change while it is scheduled");
   }
 }
 }  // namespace
@@ -134,7 +135,8 @@ bool Job::belongs_to(Family /*family*/) const { return false; }
 namespace {
 class FunctionJob final : public Job {
  public:
-  FunctionJob(std::string name, std::function<Status(ProgressMonitor&)> fn, std::shared_ptr<JobManager> manager)
+  FunctionJob(std::string name, std::function<Status(ProgressMonitor&)> fn,
+              std::shared_ptr<JobManager> manager)
       : Job(std::move(name), std::move(manager)), fn_(std::move(fn)) {}
 
  protected:
@@ -192,7 +194,9 @@ Status JobGroup::result() const {
   return impl_->last_result;
 }
 
-bool JobGroup::should_cancel(const Status& /*last_result*/, int failed, int /*canceled*/) { return failed > 0; }
+bool JobGroup::should_cancel(const Status& /*last_result*/, int failed, int /*canceled*/) {
+  return failed > 0;
+}
 
 Status JobGroup::compute_group_result(const std::vector<Status>& results) {
   Status combined;

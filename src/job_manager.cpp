@@ -91,7 +91,8 @@ std::string end_frames_above(TaskState& ctx, std::size_t base) noexcept {
 using detail::context;
 
 JobManager::Impl::Impl(JobManager& self, Options options)
-    : self_(self), workers_(options.workers ? std::move(options.workers) : Workers::create(options.concurrency)) {}
+    : self_(self),
+      workers_(options.workers ? std::move(options.workers) : Workers::create(options.concurrency)) {}
 
 JobManager::Impl::~Impl() {
   // Jobs that have not started are canceled and running ones waited for; then every other waiting
@@ -159,7 +160,8 @@ void JobManager::Impl::begin_rule(const Rule& rule) {
     }
     if (!(*outer)->contains(*rule)) {
       throw RuleNotContained("begin_rule(" + describe(rule) + ") does not match the outer scope rule " +
-                             describe(*outer) + " held by this thread: a nested rule must be contained by it");
+                             describe(*outer) +
+                             " held by this thread: a nested rule must be contained by it");
     }
     return;
   }
@@ -229,14 +231,18 @@ std::shared_ptr<Job> JobManager::current_job() const {
 }
 std::vector<std::shared_ptr<Job>> JobManager::find(Family family) const { return impl_->jobs().find(family); }
 void JobManager::cancel(Family family) { impl_->jobs().cancel(family); }
-bool JobManager::join(Family family, std::chrono::milliseconds timeout) { return impl_->jobs().join(family, timeout); }
+bool JobManager::join(Family family, std::chrono::milliseconds timeout) {
+  return impl_->jobs().join(family, timeout);
+}
 void JobManager::sleep(Family family) { impl_->jobs().sleep(family); }
 void JobManager::wake_up(Family family) { impl_->jobs().wake_up(family); }
 void JobManager::suspend() { impl_->jobs().suspend(); }
 void JobManager::resume() { impl_->jobs().resume(); }
 bool JobManager::is_suspended() const { return impl_->jobs().is_suspended(); }
 bool JobManager::is_idle() const { return impl_->jobs().is_idle(); }
-void JobManager::add_listener(std::shared_ptr<JobListener> listener) { impl_->jobs().add_listener(std::move(listener)); }
+void JobManager::add_listener(std::shared_ptr<JobListener> listener) {
+  impl_->jobs().add_listener(std::move(listener));
+}
 void JobManager::remove_listener(const std::shared_ptr<JobListener>& listener) {
   impl_->jobs().remove_listener(listener);
 }

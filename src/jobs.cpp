@@ -24,18 +24,23 @@ namespace {
 std::chrono::microseconds priority_delay(Priority priority) {
   using std::chrono::milliseconds;
   switch (priority) {
-    case Priority::interactive: return milliseconds{0};
-    case Priority::short_job: return milliseconds{50};
-    case Priority::long_job: return milliseconds{100};
-    case Priority::build: return milliseconds{500};
-    case Priority::decorate: return milliseconds{1000};
+    case Priority::interactive:
+      return milliseconds{0};
+    case Priority::short_job:
+      return milliseconds{50};
+    case Priority::long_job:
+      return milliseconds{100};
+    case Priority::build:
+      return milliseconds{500};
+    case Priority::decorate:
+      return milliseconds{1000};
   }
   return milliseconds{100};
 }
 
 std::int64_t deadline_for(Priority priority) {
   return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch() +
-                                                                priority_delay(priority))
+                                                               priority_delay(priority))
       .count();
 }
 
@@ -98,7 +103,8 @@ void Jobs::release_group_slot(Job& job, std::vector<std::shared_ptr<JobTasklet>>
   if (next) enter_waiting(next, to_start);
 }
 
-void Jobs::enter_waiting(const std::shared_ptr<Job>& job, std::vector<std::shared_ptr<JobTasklet>>& to_start) {
+void Jobs::enter_waiting(const std::shared_ptr<Job>& job,
+                         std::vector<std::shared_ptr<JobTasklet>>& to_start) {
   Job::Impl& state = job->impl();
   state.state = JobState::waiting;
   if (suspended_) {
@@ -130,7 +136,8 @@ void Jobs::withdraw_waiting(Job& job) {
   Job::Impl& state = job.impl();
   std::shared_ptr<JobTasklet> tasklet = std::move(state.tasklet);
   for (auto* queue : {&held_entered_, &held_}) {
-    auto held = std::find_if(queue->begin(), queue->end(), [&](const auto& entry) { return entry.get() == &job; });
+    auto held =
+        std::find_if(queue->begin(), queue->end(), [&](const auto& entry) { return entry.get() == &job; });
     if (held != queue->end()) {
       queue->erase(held);
       return;
@@ -139,7 +146,8 @@ void Jobs::withdraw_waiting(Job& job) {
   if (JobGroup* group = state.group.get()) {
     auto& throttled = group->impl().throttled;
     std::lock_guard group_lock(group->impl().mutex);
-    auto found = std::find_if(throttled.begin(), throttled.end(), [&](const auto& entry) { return entry.get() == &job; });
+    auto found = std::find_if(throttled.begin(), throttled.end(),
+                              [&](const auto& entry) { return entry.get() == &job; });
     if (found != throttled.end()) {
       throttled.erase(found);
       return;
@@ -182,9 +190,9 @@ RunEnd Jobs::finish_run(Job& job, Status result, std::vector<std::shared_ptr<Job
       g.results.push_back(result);
       if (result.is_error()) ++g.failed;
       if (result.is_canceled()) ++g.canceled;
-      while (g.state != JobGroup::State::canceling && !g.throttled.empty() &&
-             (group->max_threads() <= 0 ||
-              g.running + static_cast<int>(let_in.size()) < group->max_threads())) {
+      while (
+          g.state != JobGroup::State::canceling && !g.throttled.empty() &&
+          (group->max_threads() <= 0 || g.running + static_cast<int>(let_in.size()) < group->max_threads())) {
         let_in.push_back(std::move(g.throttled.front()));
         g.throttled.pop_front();
       }
@@ -435,7 +443,8 @@ void Jobs::run(JobTasklet& tasklet) noexcept {
   {
     std::vector<std::shared_ptr<JobTasklet>> let_in;
     std::unique_lock lock(mutex);
-    if (state.tasklet.get() != &tasklet || state.state != JobState::waiting) return;  // canceled or put to sleep
+    if (state.tasklet.get() != &tasklet || state.state != JobState::waiting)
+      return;  // canceled or put to sleep
     state.tasklet = nullptr;
     if (suspended_) {
       held_entered_.push_back(job);  // waits holding nothing; resume() lets it in first
@@ -477,7 +486,8 @@ void Jobs::run(JobTasklet& tasklet) noexcept {
     std::lock_guard lock(mutex);
     if (!go || state.cancel_requested) {
       release_rule();
-      ended = finish_run(*job, Status::cancel(go ? "canceled before it ran" : "should_run() said no"), to_start);
+      ended =
+          finish_run(*job, Status::cancel(go ? "canceled before it ran" : "should_run() said no"), to_start);
       go = false;
     } else {
       state.about_to_run = false;
@@ -543,12 +553,24 @@ void Jobs::deliver(Job& job) noexcept {
     for (const auto& listener : listeners) {
       try {
         switch (pending.kind) {
-          case PendingEvent::Kind::scheduled: listener->scheduled(pending.event); break;
-          case PendingEvent::Kind::about_to_run: listener->about_to_run(pending.event); break;
-          case PendingEvent::Kind::running: listener->running(pending.event); break;
-          case PendingEvent::Kind::done: listener->done(pending.event); break;
-          case PendingEvent::Kind::sleeping: listener->sleeping(pending.event); break;
-          case PendingEvent::Kind::awake: listener->awake(pending.event); break;
+          case PendingEvent::Kind::scheduled:
+            listener->scheduled(pending.event);
+            break;
+          case PendingEvent::Kind::about_to_run:
+            listener->about_to_run(pending.event);
+            break;
+          case PendingEvent::Kind::running:
+            listener->running(pending.event);
+            break;
+          case PendingEvent::Kind::done:
+            listener->done(pending.event);
+            break;
+          case PendingEvent::Kind::sleeping:
+            listener->sleeping(pending.event);
+            break;
+          case PendingEvent::Kind::awake:
+            listener->awake(pending.event);
+            break;
         }
       } catch (...) {
         // A listener's failure is its own; the job and the other listeners go on.
@@ -641,9 +663,11 @@ void Jobs::wake_up(Family family) {
 
 bool Jobs::join(Family family, std::chrono::milliseconds timeout) {
   if (const Job* current = detail::state().job; current != nullptr && in_family(*current, family)) {
-    throw IllegalState("join(family) from job '" + current->name() + "' of that family would wait for itself");
+    throw IllegalState("join(family) from job '" + current->name() +
+                       "' of that family would wait for itself");
   }
-  const auto deadline = timeout == std::chrono::milliseconds::max() ? Clock::time_point::max() : Clock::now() + timeout;
+  const auto deadline =
+      timeout == std::chrono::milliseconds::max() ? Clock::time_point::max() : Clock::now() + timeout;
   for (;;) {
     // Membership is user code (belongs_to): decide it outside the lock, then wait for any change.
     std::vector<std::shared_ptr<Job>> members = find(family);

@@ -120,7 +120,7 @@ class Jobs {
 
   JobManager::Impl& manager_;
   Scheduler& scheduler_;
-  std::condition_variable changed_;  // any job state change (join)
+  std::condition_variable changed_;                            // any job state change (join)
   std::unordered_map<const Job*, std::shared_ptr<Job>> live_;  // waiting, sleeping, running
   // Waiting while suspended: jobs that had entered the rule table before the suspension first
   // (they asked earlier), then jobs scheduled during it.
@@ -146,8 +146,8 @@ struct Job::Impl {
   bool about_to_run = false;      // taken by a runner, not running yet
   bool cancel_requested = false;  // canceled while about to run
   bool canceling_called = false;
-  bool rerun = false;             // schedule() while running: run once more
-  bool rerun_pending = false;     // the run is over and the re-run not queued yet
+  bool rerun = false;          // schedule() while running: run once more
+  bool rerun_pending = false;  // the run is over and the re-run not queued yet
   std::chrono::milliseconds rerun_delay{0};
   bool seed = false;              // this run counts as a seed of its group
   bool holds_group_slot = false;  // let into the rule table under its group's max_threads

@@ -205,7 +205,8 @@ bool RuleTable::acquire(RuleRequest& request) {
   if (request.has_custom_) customs_.push_back(request);
 
   if (unclear == 0 && !custom_blocked) {
-    for (RuleEntry& entry : request.entries_) ++entry.node->granted[static_cast<std::size_t>(index_of(entry.mode))];
+    for (RuleEntry& entry : request.entries_)
+      ++entry.node->granted[static_cast<std::size_t>(index_of(entry.mode))];
     request.held_ = true;
     ++held_;
     return true;
@@ -302,7 +303,8 @@ void RuleTable::unlink_waiting(RuleRequest& request) noexcept {
 
 void RuleTable::leave(RuleRequest& request, Grants& grants) {
   if (request.held_) {
-    for (RuleEntry& entry : request.entries_) --entry.node->granted[static_cast<std::size_t>(index_of(entry.mode))];
+    for (RuleEntry& entry : request.entries_)
+      --entry.node->granted[static_cast<std::size_t>(index_of(entry.mode))];
     --held_;
   } else {
     unlink_waiting(request);
@@ -370,13 +372,15 @@ bool RuleTable::has_conflicting_waiter(const RuleRequest& held) const {
   std::lock_guard lock(mutex_);
   for (const RuleEntry& entry : held.entries_) {
     for (int mode = 0; mode < lock_mode_count; ++mode) {
-      if (!compatible[index_of(entry.mode)][mode] && !entry.node->waiting[static_cast<std::size_t>(mode)].empty()) {
+      if (!compatible[index_of(entry.mode)][mode] &&
+          !entry.node->waiting[static_cast<std::size_t>(mode)].empty()) {
         return true;
       }
     }
   }
   for (const RuleRequest& waiter : live_) {
-    if (!waiter.held_ && (waiter.has_custom_ || held.has_custom_) && conflicts_pairwise(held, waiter)) return true;
+    if (!waiter.held_ && (waiter.has_custom_ || held.has_custom_) && conflicts_pairwise(held, waiter))
+      return true;
   }
   return false;
 }

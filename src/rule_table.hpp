@@ -42,7 +42,8 @@ struct RuleNode;
 enum class LockMode : std::uint8_t { is, ix, s, six, x };
 inline constexpr int lock_mode_count = 5;
 
-using IntrusiveHook = boost::intrusive::list_base_hook<boost::intrusive::link_mode<boost::intrusive::normal_link>>;
+using IntrusiveHook =
+    boost::intrusive::list_base_hook<boost::intrusive::link_mode<boost::intrusive::normal_link>>;
 
 class RuleRequest;
 
@@ -85,11 +86,11 @@ class RuleRequest {
   // Kept small: one of these waits in the table for every queued tasklet with a rule.
   const SchedulingRule* rule_ = nullptr;
   std::uint64_t ticket_ = 0;
-  std::uint32_t unclear_ = 0;     // nodes where the request is not clear yet
+  std::uint32_t unclear_ = 0;  // nodes where the request is not clear yet
   bool held_ = false;
   bool in_table_ = false;
-  bool has_custom_ = false;       // some atom has no index: pairwise checks
-  bool custom_blocked_ = false;   // a pairwise check against a custom rule says wait
+  bool has_custom_ = false;      // some atom has no index: pairwise checks
+  bool custom_blocked_ = false;  // a pairwise check against a custom rule says wait
   boost::container::small_vector<RuleEntry, 1> entries_;
   LiveHook live_hook_;
   CustomHook custom_hook_;
@@ -152,7 +153,8 @@ class RuleTable {
 
  private:
   using LiveList = boost::intrusive::list<
-      RuleRequest, boost::intrusive::member_hook<RuleRequest, RuleRequest::LiveHook, &RuleRequest::live_hook_>,
+      RuleRequest,
+      boost::intrusive::member_hook<RuleRequest, RuleRequest::LiveHook, &RuleRequest::live_hook_>,
       boost::intrusive::constant_time_size<true>>;
   using CustomList = boost::intrusive::list<
       RuleRequest,
@@ -184,9 +186,9 @@ class RuleTable {
   RuleNode root_;
   std::size_t path_nodes_ = 0;  // trie nodes below the root
   std::unordered_map<const SchedulingRule*, std::unique_ptr<RuleNode>> identities_;
-  LiveList live_;          // every held or waiting request, in ticket order
-  CustomList customs_;     // the live requests with custom parts, in ticket order
-  BlockedList blocked_;    // waiting requests held back by a custom check, in ticket order
+  LiveList live_;        // every held or waiting request, in ticket order
+  CustomList customs_;   // the live requests with custom parts, in ticket order
+  BlockedList blocked_;  // waiting requests held back by a custom check, in ticket order
 };
 
 template <class Predicate>

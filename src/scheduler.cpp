@@ -131,9 +131,10 @@ PhaseResult run_phase(Scheduler& scheduler, Scheduler::Impl& impl, Tasklet& task
   const std::string open_rules = scope.end_open_rules();
   if (!open_rules.empty() && !result.error) {
     result.directive = Directive::done;
-    result.error = std::make_exception_ptr(RuleMismatch(
-        "a phase of " + tasklet.name() + " began " + open_rules + " and did not end it; rules begun in a phase "
-        "must be ended in that phase (they have been released)"));
+    result.error =
+        std::make_exception_ptr(RuleMismatch("a phase of " + tasklet.name() + " began " + open_rules +
+                                             " and did not end it; rules begun in a phase "
+                                             "must be ended in that phase (they have been released)"));
   }
   return result;
 }
@@ -495,9 +496,8 @@ void Scheduler::Impl::dispatch(TaskletPtr tasklet, Directive directive) noexcept
     case Directive::async:
       if (!running_.load(std::memory_order_acquire)) {
         const std::string name = tasklet->name();
-        finish(std::move(tasklet),
-               std::make_exception_ptr(SchedulerNotRunning(
-                   name + " returned async while its scheduler's run() is not active")));
+        finish(std::move(tasklet), std::make_exception_ptr(SchedulerNotRunning(
+                                       name + " returned async while its scheduler's run() is not active")));
         return;
       }
       enqueue_async(std::move(tasklet));
@@ -808,14 +808,16 @@ void Scheduler::Impl::resume(const TaskletPtr& tasklet, std::uint32_t generation
       return;
     }
     // Its phase has not returned yet: leave the directive for continue_after_phase (sticky resume).
-    if (state.compare_exchange_weak(word, word | st::resumed_with(directive), std::memory_order_acq_rel)) return;
+    if (state.compare_exchange_weak(word, word | st::resumed_with(directive), std::memory_order_acq_rel))
+      return;
   }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Public surface
 
-Scheduler::Scheduler(Key, SchedulerOptions options) : impl_(std::make_unique<Impl>(*this, std::move(options))) {}
+Scheduler::Scheduler(Key, SchedulerOptions options)
+    : impl_(std::make_unique<Impl>(*this, std::move(options))) {}
 
 Scheduler::~Scheduler() {
   if (detail::state().task_of == impl_.get()) {
@@ -841,7 +843,9 @@ Rescheduler Scheduler::suspend(Tasklet& tasklet) { return impl_->suspend(tasklet
 
 bool Scheduler::is_running() const noexcept { return impl_->running_.load(std::memory_order_acquire); }
 
-std::size_t Scheduler::active_count() const noexcept { return impl_->active_.load(std::memory_order_acquire); }
+std::size_t Scheduler::active_count() const noexcept {
+  return impl_->active_.load(std::memory_order_acquire);
+}
 
 std::vector<Failure> Scheduler::failures() const {
   std::lock_guard lock(impl_->mutex_);

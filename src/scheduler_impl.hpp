@@ -3,9 +3,10 @@
 // Who counts what:
 //  - `active_` counts the tasklets this scheduler owns (queued for sync, in an async phase or on
 //    its way there, parked, waiting for a rule); new tasklets the synchronous thread puts in its
-//    async batch are added when the batch is submitted, before run() can look at the count. run() returns when it is zero, and decides that
-//    under `mutex_`, the same lock that a thread without a stake in `active_` takes to check
-//    `running_` before it adds a tasklet; so no async phase starts after run() decided to return.
+//    async batch are added when the batch is submitted, before run() can look at the count. run() returns
+//    when it is zero, and decides that under `mutex_`, the same lock that a thread without a stake in
+//    `active_` takes to check `running_` before it adds a tasklet; so no async phase starts after run()
+//    decided to return.
 //  - Every oneTBB task this scheduler creates belongs to `group_`; the destructor waits for the
 //    group, so no task touches a destroyed scheduler.
 // Threads never run user code while holding `mutex_` or `parked_mutex_`.
@@ -15,18 +16,18 @@
 #include <condition_variable>
 #include <cstddef>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
-#include <map>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include <oneapi/tbb/task_group.h>
 
+#include "job_manager_impl.hpp"
 #include "tasklet/job_manager.hpp"
 #include "tasklet/scheduler.hpp"
-#include "job_manager_impl.hpp"
 #include "tasklet/workers.hpp"
 #include "workers_impl.hpp"
 

@@ -20,7 +20,8 @@ void ensure_worker_limit(int workers) {
   const int wanted = workers + 1;
   std::lock_guard lock(mutex);
   if (wanted <= held) return;
-  if (static_cast<std::size_t>(wanted) <= global_control::active_value(global_control::max_allowed_parallelism) &&
+  if (static_cast<std::size_t>(wanted) <=
+          global_control::active_value(global_control::max_allowed_parallelism) &&
       control == nullptr) {
     return;
   }

@@ -17,10 +17,14 @@ enum class Directive : std::uint8_t {
 /// "sync", "async", "wait" or "done".
 constexpr std::string_view to_string(Directive d) noexcept {
   switch (d) {
-    case Directive::sync: return "sync";
-    case Directive::async: return "async";
-    case Directive::wait: return "wait";
-    case Directive::done: return "done";
+    case Directive::sync:
+      return "sync";
+    case Directive::async:
+      return "async";
+    case Directive::wait:
+      return "wait";
+    case Directive::done:
+      return "done";
   }
   return "?";
 }

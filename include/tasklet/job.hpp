@@ -47,9 +47,9 @@ using Family = const void*;
 /// What a listener learns about a job's life.
 struct JobEvent {
   std::shared_ptr<Job> job;
-  Status result;                                ///< done: the run's result
-  std::chrono::milliseconds delay{0};           ///< scheduled: the delay asked for
-  std::shared_ptr<const Status> group_result;   ///< done of a group's last job: the group's result
+  Status result;                               ///< done: the run's result
+  std::chrono::milliseconds delay{0};          ///< scheduled: the delay asked for
+  std::shared_ptr<const Status> group_result;  ///< done of a group's last job: the group's result
 };
 
 /// Override what you need. Events of one job arrive in order, one at a time, never while the

@@ -44,8 +44,8 @@ class SerialExecutor {
   /// executor's tasks (nor beside a holder of rule()). Thread-safe; does not block. An exception
   /// from the task is kept and rethrown by wait().
   template <class F>
-    requires std::is_invocable_v<std::decay_t<F>&>
-  Handle post(F&& task) {
+  requires std::is_invocable_v < std::decay_t<F>
+  & > Handle post(F&& task) {
     return post_erased(std::make_unique<Body<std::decay_t<F>>>(std::forward<F>(task)));
   }
 

@@ -55,9 +55,9 @@ class Tasklet : public std::enable_shared_from_this<Tasklet> {
 
  private:
   friend struct detail::TaskletAccess;
-  std::atomic<std::uint64_t> state_{0};  // see src/tasklet_state.hpp
+  std::atomic<std::uint64_t> state_{0};         // see src/tasklet_state.hpp
   std::atomic<Scheduler*> scheduler_{nullptr};  // the scheduler it is active in
-  detail::RuleRequest* hold_ = nullptr;  // its rule's request while active
+  detail::RuleRequest* hold_ = nullptr;         // its rule's request while active
   Rule rule_;
   std::unique_ptr<std::string> name_;  // usually unnamed: a pointer keeps the tasklet small
 };
@@ -83,9 +83,9 @@ class FunctionTasklet final : public Tasklet {
 /// Wraps a callable (`Directive()` or `Directive(Tasklet&)`) as a tasklet with an optional rule.
 /// Throws InvalidRule for an invalid rule.
 template <class F>
-  requires(std::is_invocable_r_v<Directive, std::decay_t<F>&> ||
-           std::is_invocable_r_v<Directive, std::decay_t<F>&, Tasklet&>)
-std::shared_ptr<Tasklet> make_tasklet(F&& fn, Rule rule = nullptr) {
+requires(std::is_invocable_r_v<Directive, std::decay_t<F>&> ||
+         std::is_invocable_r_v<Directive, std::decay_t<F>&, Tasklet&>)
+    std::shared_ptr<Tasklet> make_tasklet(F&& fn, Rule rule = nullptr) {
   auto tasklet = std::make_shared<FunctionTasklet<std::decay_t<F>>>(std::forward<F>(fn));
   if (rule) tasklet->set_rule(std::move(rule));
   return tasklet;

@@ -72,7 +72,8 @@ TEST_F(ApiTest, ImplicitSchedulerKeepsItsInlineModeAfterRun) {
   bool ran = false;
   Scheduler& fresh = api::current();
   // Resumed from another thread, a tasklet only queues; run() takes it, and it hops to a worker.
-  auto hopper = make_tasklet([&, phase = 0]() mutable { return phase++ == 0 ? Directive::async : Directive::done; });
+  auto hopper =
+      make_tasklet([&, phase = 0]() mutable { return phase++ == 0 ? Directive::async : Directive::done; });
   Rescheduler rescheduler = fresh.suspend(*hopper);
   std::thread([&] { rescheduler.resume(Directive::sync); }).join();
   EXPECT_EQ(fresh.active_count(), 1u);
@@ -107,9 +108,9 @@ TEST_F(ApiTest, WithMakesTheSchedulerCurrentOnlyDuringThePhase) {
   auto scheduler = api::new_scheduler();
   Scheduler* during = nullptr;
   api::with(*scheduler, make_tasklet([&] {
-              during = &api::current();
-              return Directive::done;
-            }));
+    during = &api::current();
+    return Directive::done;
+  }));
   EXPECT_EQ(during, scheduler.get());
   EXPECT_NE(&api::current(), scheduler.get());
 }

@@ -59,16 +59,15 @@ TEST_P(DispatcherTest, LightSwitchAlwaysEndsOff) {
     std::atomic<bool> on{false};
   };
   std::vector<Light> lights(static_cast<std::size_t>(repetitions));
-  scheduler().schedule(make_tasklet([&] {
-                         for (Light& light : lights) {
-                           api::current().schedule(async_job(light.rule, [&light] { light.on = true; }),
-                                                   Directive::async);
-                           api::current().schedule(async_job(light.rule, [&light] { light.on = false; }),
-                                                   Directive::async);
-                         }
-                         return Directive::done;
-                       }),
-                       Directive::sync);
+  scheduler().schedule(
+      make_tasklet([&] {
+        for (Light& light : lights) {
+          api::current().schedule(async_job(light.rule, [&light] { light.on = true; }), Directive::async);
+          api::current().schedule(async_job(light.rule, [&light] { light.on = false; }), Directive::async);
+        }
+        return Directive::done;
+      }),
+      Directive::sync);
   scheduler().run();
   int left_on = 0;
   for (const Light& light : lights) left_on += light.on ? 1 : 0;

@@ -293,7 +293,8 @@ TEST_F(JobTest, ListenerEventsArriveInOrder) {
   manager_->remove_listener(recorder);
   // join() returns when the run is over; the done event may still be on its way.
   while (recorder->of("sleepy").size() < 5) std::this_thread::yield();
-  EXPECT_EQ(recorder->of("observed"), (std::vector<std::string>{"scheduled", "about_to_run", "running", "done"}));
+  EXPECT_EQ(recorder->of("observed"),
+            (std::vector<std::string>{"scheduled", "about_to_run", "running", "done"}));
   EXPECT_EQ(recorder->of("sleepy"),
             (std::vector<std::string>{"scheduled", "awake", "about_to_run", "running", "done"}));
 }
@@ -517,11 +518,14 @@ TEST_F(JobTest, PrioritiesOrderTheStartOfNonConflictingJobs) {
   Gate blocker_in, release;
   std::vector<std::string> order;
   std::mutex order_mutex;
-  auto blocker = make_job("blocker", [&](ProgressMonitor&) {
-    blocker_in.open();
-    release.wait();
-    return Status::ok();
-  }, one);
+  auto blocker = make_job(
+      "blocker",
+      [&](ProgressMonitor&) {
+        blocker_in.open();
+        release.wait();
+        return Status::ok();
+      },
+      one);
   blocker->schedule();
   ASSERT_TRUE(blocker_in.wait());
   const auto recorder = [&](std::string name) {
@@ -571,18 +575,24 @@ TEST_F(JobTest, DestroyingAManagerCancelsWhatHasNotStarted) {
     const Rule rule = rules::mutex("m");
     local->begin_rule(rule);
     for (int i = 0; i < 10; ++i) {
-      auto j = make_job("pending" + std::to_string(i), [&](ProgressMonitor&) {
-        ran.fetch_add(1);
-        return Status::ok();
-      }, local);
+      auto j = make_job(
+          "pending" + std::to_string(i),
+          [&](ProgressMonitor&) {
+            ran.fetch_add(1);
+            return Status::ok();
+          },
+          local);
       j->set_rule(rule);
       j->schedule();
       jobs.push_back(j);
     }
-    auto sleeper = make_job("sleeper", [&](ProgressMonitor&) {
-      ran.fetch_add(1);
-      return Status::ok();
-    }, local);
+    auto sleeper = make_job(
+        "sleeper",
+        [&](ProgressMonitor&) {
+          ran.fetch_add(1);
+          return Status::ok();
+        },
+        local);
     sleeper->schedule(std::chrono::hours(1));
     jobs.push_back(sleeper);
     local->end_rule(rule);

@@ -132,7 +132,8 @@ TEST_F(RuleTableTest, MultiRulesAreAllOrNothing) {
 }
 
 TEST_F(RuleTableTest, MultiRuleWaitsUntilEveryPartIsFree) {
-  Probe a(rules::path("/a")), b(rules::path("/b")), both(rules::combine(rules::path("/a/1"), rules::path("/b/1")));
+  Probe a(rules::path("/a")), b(rules::path("/b")),
+      both(rules::combine(rules::path("/a/1"), rules::path("/b/1")));
   EXPECT_TRUE(table_.acquire(a));
   EXPECT_TRUE(table_.acquire(b));
   EXPECT_FALSE(table_.acquire(both));
@@ -219,11 +220,17 @@ class RuleFactory {
   }
   Rule any() {
     switch (pick(0, 9)) {
-      case 0: return mutexes_[static_cast<std::size_t>(pick(0, 2))];
-      case 1: return colours_[static_cast<std::size_t>(pick(0, 1))];
-      case 2: return rules::combine(any_simple(), any_simple());
-      case 3: case 4: return rules::read_path(random_path());
-      default: return rules::path(random_path());
+      case 0:
+        return mutexes_[static_cast<std::size_t>(pick(0, 2))];
+      case 1:
+        return colours_[static_cast<std::size_t>(pick(0, 1))];
+      case 2:
+        return rules::combine(any_simple(), any_simple());
+      case 3:
+      case 4:
+        return rules::read_path(random_path());
+      default:
+        return rules::path(random_path());
     }
   }
 
@@ -231,9 +238,12 @@ class RuleFactory {
   int pick(int low, int high) { return std::uniform_int_distribution<int>(low, high)(random_); }
   Rule any_simple() {
     switch (pick(0, 3)) {
-      case 0: return mutexes_[static_cast<std::size_t>(pick(0, 2))];
-      case 1: return rules::read_path(random_path());
-      default: return rules::path(random_path());
+      case 0:
+        return mutexes_[static_cast<std::size_t>(pick(0, 2))];
+      case 1:
+        return rules::read_path(random_path());
+      default:
+        return rules::path(random_path());
     }
   }
   std::string random_path() {
@@ -267,7 +277,8 @@ TEST_F(RuleTableTest, MatchesTheReferenceModelOnRandomOperations) {
         ++waits_seen;
       }
     } else {
-      const auto victim = static_cast<std::size_t>(std::uniform_int_distribution<std::size_t>(0, live.size() - 1)(random));
+      const auto victim =
+          static_cast<std::size_t>(std::uniform_int_distribution<std::size_t>(0, live.size() - 1)(random));
       Probe& probe = *live[victim];
       if (probe.grants > 0) {
         table_.release(probe);
@@ -290,9 +301,8 @@ TEST_F(RuleTableTest, MatchesTheReferenceModelOnRandomOperations) {
     }
     for (std::size_t i = 0; i < live.size(); ++i) {
       ASSERT_LE(live[i]->grants, 1) << "granted twice: " << live[i]->rule()->to_string();
-      ASSERT_EQ(live[i]->grants == 1, holds[i])
-          << "operation " << op << ": " << live[i]->rule()->to_string() << " should "
-          << (holds[i] ? "hold" : "wait");
+      ASSERT_EQ(live[i]->grants == 1, holds[i]) << "operation " << op << ": " << live[i]->rule()->to_string()
+                                                << " should " << (holds[i] ? "hold" : "wait");
     }
     // No two holders conflict.
     for (std::size_t i = 0; i < live.size(); ++i) {

@@ -280,22 +280,22 @@ TEST_P(SchedulerTest, ResumeRacingWithWaitIsNeverLost) {
   std::atomic<int> completed{0};
   scheduler().schedule(make_tasklet([&] {
                          for (int i = 0; i < rounds; ++i) {
-                           api::current().schedule(
-                               make_tasklet([&, phase = 0](Tasklet& self) mutable {
-                                 if (phase++ == 0) {
-                                   Rescheduler r = api::current().suspend(self);
-                                   // Resume from a worker while this phase is still returning.
-                                   api::current().schedule(make_tasklet([r] {
-                                                             r.resume(Directive::sync);
-                                                             return Directive::done;
-                                                           }),
-                                                           Directive::async);
-                                   return Directive::wait;
-                                 }
-                                 completed.fetch_add(1);
-                                 return Directive::done;
-                               }),
-                               i % 2 ? Directive::async : Directive::sync);
+                           api::current().schedule(make_tasklet([&, phase = 0](Tasklet& self) mutable {
+                                                     if (phase++ == 0) {
+                                                       Rescheduler r = api::current().suspend(self);
+                                                       // Resume from a worker while this phase is still
+                                                       // returning.
+                                                       api::current().schedule(make_tasklet([r] {
+                                                                                 r.resume(Directive::sync);
+                                                                                 return Directive::done;
+                                                                               }),
+                                                                               Directive::async);
+                                                       return Directive::wait;
+                                                     }
+                                                     completed.fetch_add(1);
+                                                     return Directive::done;
+                                                   }),
+                                                   i % 2 ? Directive::async : Directive::sync);
                          }
                          return Directive::done;
                        }),
