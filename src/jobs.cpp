@@ -749,14 +749,4 @@ void Jobs::group_cancel(JobGroup& group) {
   for (auto& job : members) cancel(*job);
 }
 
-bool Jobs::group_join(JobGroup& group, std::chrono::milliseconds timeout) {
-  std::unique_lock lock(group.impl().mutex);
-  const auto over = [&] { return group.impl().state == JobGroup::State::none; };
-  if (timeout == std::chrono::milliseconds::max()) {
-    group.impl().changed.wait(lock, over);
-    return true;
-  }
-  return group.impl().changed.wait_for(lock, timeout, over);
-}
-
 }  // namespace tasklet::detail

@@ -99,7 +99,6 @@ class Jobs {
   void run(JobTasklet& tasklet) noexcept;
 
   void group_cancel(JobGroup& group);
-  bool group_join(JobGroup& group, std::chrono::milliseconds timeout);
 
   mutable std::mutex mutex;
 
