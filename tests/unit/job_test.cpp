@@ -42,7 +42,13 @@ class Gate {
 class JobTest : public ::testing::Test {
  protected:
   void TearDown() override {
-    EXPECT_TRUE(manager_->join(nullptr, 30s));
+    const bool joined = manager_->join(nullptr, 30s);
+    EXPECT_TRUE(joined);
+    if (!joined) {
+      for (auto& j : manager_->find(nullptr)) {
+        ADD_FAILURE() << "left behind: " << j->name() << " state " << static_cast<int>(j->state());
+      }
+    }
     EXPECT_TRUE(manager_->is_idle());
     EXPECT_EQ(manager_->rule_stats().held, 0u);
     EXPECT_EQ(manager_->rule_stats().waiting, 0u);
@@ -290,9 +296,9 @@ TEST_F(JobTest, ListenerEventsArriveInOrder) {
   sleepy->wake_up();
   sleepy->join();
   EXPECT_TRUE(manager_->join(nullptr, 30s));
+  // join() returns when the run is over; the done events may still be on their way.
+  while (recorder->of("sleepy").size() < 5 || recorder->of("observed").size() < 4) std::this_thread::yield();
   manager_->remove_listener(recorder);
-  // join() returns when the run is over; the done event may still be on its way.
-  while (recorder->of("sleepy").size() < 5) std::this_thread::yield();
   EXPECT_EQ(recorder->of("observed"),
             (std::vector<std::string>{"scheduled", "about_to_run", "running", "done"}));
   EXPECT_EQ(recorder->of("sleepy"),
@@ -558,12 +564,16 @@ TEST_F(JobTest, DelayedJobsWakeOnTimeWhileEveryWorkerIsBusy) {
     }));
     busy.back()->schedule();
   }
+  for (auto& b : busy) {
+    while (b->state() != JobState::running) std::this_thread::yield();
+  }
   auto delayed = job("delayed", [](ProgressMonitor&) { return Status::ok(); });
   delayed->schedule(5ms);
   while (delayed->state() == JobState::sleeping) std::this_thread::yield();
   EXPECT_EQ(delayed->state(), JobState::waiting) << "woken while both workers were busy";
   release.open();
   delayed->join();
+  for (auto& b : busy) b->join();  // they use `release`, which dies with this scope
   EXPECT_TRUE(delayed->result().is_ok());
 }
 
