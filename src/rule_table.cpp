@@ -378,9 +378,16 @@ bool RuleTable::has_conflicting_waiter(const RuleRequest& held) const {
       }
     }
   }
-  for (const RuleRequest& waiter : live_) {
-    if (!waiter.held_ && (waiter.has_custom_ || held.has_custom_) && conflicts_pairwise(held, waiter))
-      return true;
+  // Pairwise only where a custom rule is involved: every waiter when `held` has one, else the
+  // requests with custom parts.
+  if (held.has_custom_) {
+    for (const RuleRequest& waiter : live_) {
+      if (!waiter.held_ && conflicts_pairwise(held, waiter)) return true;
+    }
+  } else {
+    for (const RuleRequest& waiter : customs_) {
+      if (!waiter.held_ && conflicts_pairwise(held, waiter)) return true;
+    }
   }
   return false;
 }
