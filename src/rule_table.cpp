@@ -1,5 +1,6 @@
 #include "rule_table.hpp"
 
+#include <algorithm>
 #include <cassert>
 #include <utility>
 #include <vector>
@@ -29,12 +30,6 @@ constexpr LockMode supremum(LockMode a, LockMode b) noexcept {
   return LockMode::six;  // ix with s
 }
 
-RuleEntry* next_in_queue(EntryQueue& queue, RuleEntry& entry) noexcept {
-  auto it = EntryQueue::s_iterator_to(entry);
-  ++it;
-  return it == queue.end() ? nullptr : &*it;
-}
-
 // Calls fn on each atom of a rule: the children of a multi rule, else the rule itself.
 template <class F>
 bool any_atom(const SchedulingRule& rule, F&& fn) {
@@ -49,8 +44,8 @@ bool any_atom(const SchedulingRule& rule, F&& fn) {
 }  // namespace
 
 bool RuleNode::is_unused() const noexcept {
-  for (std::uint32_t count : granted) {
-    if (count != 0) return false;
+  for (std::size_t mode = 0; mode < lock_mode_count; ++mode) {
+    if (granted[mode] != 0 || clear_waiting[mode] != 0) return false;
   }
   for (const EntryQueue& queue : waiting) {
     if (!queue.empty()) return false;
@@ -68,6 +63,18 @@ RuleTable::~RuleTable() {
   live_.clear();
   customs_.clear();
   blocked_.clear();
+}
+
+void RuleTable::insert(RequestSet& set, RuleRequest& request, std::uint32_t RuleRequest::*index) {
+  request.*index = static_cast<std::uint32_t>(set.size());
+  set.push_back(&request);
+}
+
+void RuleTable::erase(RequestSet& set, RuleRequest& request, std::uint32_t RuleRequest::*index) noexcept {
+  RuleRequest* moved = set.back();
+  set[request.*index] = moved;
+  moved->*index = request.*index;
+  set.pop_back();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -94,11 +101,15 @@ RuleNode& RuleTable::identity_node(const SchedulingRule& rule) {
   return *slot;
 }
 
-void RuleTable::add_entry(RuleRequest& request, RuleNode& node, LockMode mode) {
-  for (RuleEntry& entry : request.entries_) {
-    if (entry.node == &node) {
-      entry.mode = supremum(entry.mode, mode);
-      return;
+// `merge`: the request may already have an entry on this node (only the atoms of a multi rule
+// can meet on a node), which then takes the stronger of the two modes.
+void RuleTable::add_entry(RuleRequest& request, RuleNode& node, LockMode mode, bool merge) {
+  if (merge) {
+    for (RuleEntry& entry : request.entries_) {
+      if (entry.node == &node) {
+        entry.mode = supremum(entry.mode, mode);
+        return;
+      }
     }
   }
   RuleEntry& entry = request.entries_.emplace_back();
@@ -107,25 +118,26 @@ void RuleTable::add_entry(RuleRequest& request, RuleNode& node, LockMode mode) {
   entry.mode = mode;
 }
 
-void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom) {
+void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom, bool merge) {
   const RuleKey key = atom.key();
   switch (key.kind) {
     case RuleKey::Kind::identity:
-      add_entry(request, identity_node(atom), LockMode::x);
+      add_entry(request, identity_node(atom), LockMode::x, merge);
       return;
     case RuleKey::Kind::path: {
+      if (!merge) request.entries_.reserve(key.segments.size() + 1);
       RuleNode* node = &root_;
       const LockMode intent = key.shared ? LockMode::is : LockMode::ix;
       for (const std::string& segment : key.segments) {
-        add_entry(request, *node, intent);
+        add_entry(request, *node, intent, merge);
         node = &path_node(*node, segment);
       }
-      add_entry(request, *node, key.shared ? LockMode::s : LockMode::x);
+      add_entry(request, *node, key.shared ? LockMode::s : LockMode::x, merge);
       return;
     }
     case RuleKey::Kind::multi:
       for (const Rule& child : key.children) {
-        if (child) add_atom(request, *child);
+        if (child) add_atom(request, *child, true);
       }
       return;
     case RuleKey::Kind::custom:
@@ -162,27 +174,38 @@ bool RuleTable::blocked_by_custom(const RuleRequest& request) const noexcept {
     if (!other.held_ && other.ticket_ > request.ticket_) return false;
     return conflicts_pairwise(request, other);
   };
-  if (request.has_custom_) {
-    for (const RuleRequest& other : live_) {
-      if (blocks(other)) return true;
-    }
-  } else {
-    for (const RuleRequest& other : customs_) {
-      if (blocks(other)) return true;
-    }
+  for (const RuleRequest* other : request.has_custom_ ? live_ : customs_) {
+    if (blocks(*other)) return true;
   }
   return false;
 }
 
-bool RuleTable::clear_at(const RuleNode& node, const RuleEntry& entry) noexcept {
-  const std::uint64_t ticket = entry.request->ticket_;
-  for (int mode = 0; mode < lock_mode_count; ++mode) {
-    if (compatible[index_of(entry.mode)][mode]) continue;
-    if (node.granted[static_cast<std::size_t>(mode)] != 0) return false;
-    const EntryQueue& queue = node.waiting[static_cast<std::size_t>(mode)];
-    if (!queue.empty() && queue.front().request->ticket_ < ticket) return false;
+// Whether an entry of `mode` with `ticket` (not yet granted, not yet counted as clear) is clear at
+// `node`. Node-local: a clear waiting entry of an incompatible mode is always older than an entry
+// that is not clear yet (see the header), and so is older than every newcomer.
+bool RuleTable::clear_at(const RuleNode& node, LockMode mode, std::uint64_t ticket) noexcept {
+  for (std::size_t other = 0; other < lock_mode_count; ++other) {
+    if (compatible[index_of(mode)][other]) continue;
+    if (node.granted[other] != 0 || node.clear_waiting[other] != 0) return false;
+    if (!node.waiting[other].empty() && node.front_ticket[other] < ticket) return false;
   }
   return true;
+}
+
+void RuleTable::enqueue(RuleEntry& entry) noexcept {
+  const auto mode = static_cast<std::size_t>(index_of(entry.mode));
+  RuleNode& node = *entry.node;
+  if (node.waiting[mode].empty()) node.front_ticket[mode] = entry.request->ticket_;
+  node.waiting[mode].push_back(entry);
+}
+
+void RuleTable::dequeue(RuleEntry& entry) noexcept {
+  const auto mode = static_cast<std::size_t>(index_of(entry.mode));
+  RuleNode& node = *entry.node;
+  EntryQueue& queue = node.waiting[mode];
+  const bool front = &queue.front() == &entry;
+  queue.erase(EntryQueue::s_iterator_to(entry));
+  if (front && !queue.empty()) node.front_ticket[mode] = queue.front().request->ticket_;
 }
 
 bool RuleTable::acquire(RuleRequest& request) {
@@ -192,17 +215,17 @@ bool RuleTable::acquire(RuleRequest& request) {
   request.entries_.clear();
   request.held_ = false;
   request.has_custom_ = false;
-  add_atom(request, *request.rule_);
+  add_atom(request, *request.rule_, false);
 
-  const bool custom_blocked = blocked_by_custom(request);
+  const bool custom_blocked = (request.has_custom_ || !customs_.empty()) && blocked_by_custom(request);
   std::uint32_t unclear = 0;
   for (RuleEntry& entry : request.entries_) {
-    entry.clear = clear_at(*entry.node, entry);
+    entry.clear = clear_at(*entry.node, entry.mode, request.ticket_);
     if (!entry.clear) ++unclear;
   }
   request.in_table_ = true;
-  live_.push_back(request);
-  if (request.has_custom_) customs_.push_back(request);
+  insert(live_, request, &RuleRequest::live_index_);
+  if (request.has_custom_) insert(customs_, request, &RuleRequest::custom_index_);
 
   if (unclear == 0 && !custom_blocked) {
     for (RuleEntry& entry : request.entries_)
@@ -214,14 +237,13 @@ bool RuleTable::acquire(RuleRequest& request) {
   request.unclear_ = unclear;
   request.custom_blocked_ = custom_blocked;
   for (RuleEntry& entry : request.entries_) {
-    const auto mode = static_cast<std::size_t>(index_of(entry.mode));
-    RuleNode& node = *entry.node;
-    node.waiting[mode].push_back(entry);
-    if (!entry.clear && node.frontier[mode] == nullptr) node.frontier[mode] = &entry;
-    // Clear entries form a prefix of each mode's queue: a clear newcomer never follows an unclear one.
-    assert(entry.clear == (node.frontier[mode] == nullptr) || !entry.clear);
+    if (entry.clear) {
+      ++entry.node->clear_waiting[static_cast<std::size_t>(index_of(entry.mode))];
+    } else {
+      enqueue(entry);
+    }
   }
-  if (custom_blocked) blocked_.push_back(request);
+  if (custom_blocked) blocked_.push_back(&request);
   return false;
 }
 
@@ -232,8 +254,8 @@ void RuleTable::grant(RuleRequest& request, Grants& grants) {
   for (RuleEntry& entry : request.entries_) {
     const auto mode = static_cast<std::size_t>(index_of(entry.mode));
     RuleNode& node = *entry.node;
-    assert(entry.clear && node.frontier[mode] != &entry);
-    node.waiting[mode].erase(EntryQueue::s_iterator_to(entry));
+    assert(entry.clear && node.clear_waiting[mode] != 0);
+    --node.clear_waiting[mode];
     ++node.granted[mode];
   }
   request.held_ = true;
@@ -241,34 +263,33 @@ void RuleTable::grant(RuleRequest& request, Grants& grants) {
   grants.push_back(&request);
 }
 
-// Moves each mode's frontier at `node` past the entries that have become clear, granting the
-// requests that are now clear everywhere. Amortised O(1) per entry: an entry is passed once.
+// Takes the entries that have become clear off the fronts of the queues at `node`, granting the
+// requests that are now clear everywhere. Amortised O(1) per entry: an entry is dequeued once.
 void RuleTable::walk(RuleNode& node, Grants& grants) {
   for (std::size_t mode = 0; mode < lock_mode_count; ++mode) {
-    RuleEntry* entry = node.frontier[mode];
-    while (entry != nullptr && clear_at(node, *entry)) {
-      entry->clear = true;
-      RuleEntry* next = next_in_queue(node.waiting[mode], *entry);
-      node.frontier[mode] = next;
-      RuleRequest& request = *entry->request;
+    EntryQueue& queue = node.waiting[mode];
+    while (!queue.empty() && clear_at(node, static_cast<LockMode>(mode), node.front_ticket[mode])) {
+      RuleEntry& entry = queue.front();
+      dequeue(entry);
+      entry.clear = true;
+      ++node.clear_waiting[mode];
+      RuleRequest& request = *entry.request;
       if (--request.unclear_ == 0 && !request.custom_blocked_) grant(request, grants);
-      entry = next;
     }
-    node.frontier[mode] = entry;
   }
 }
 
 void RuleTable::recheck_custom_blocked(Grants& grants) {
-  for (auto it = blocked_.begin(); it != blocked_.end();) {
-    RuleRequest& request = *it;
-    if (blocked_by_custom(request)) {
-      ++it;
+  auto kept = blocked_.begin();
+  for (RuleRequest* request : blocked_) {
+    if (blocked_by_custom(*request)) {
+      *kept++ = request;
       continue;
     }
-    it = blocked_.erase(it);
-    request.custom_blocked_ = false;
-    if (request.unclear_ == 0) grant(request, grants);
+    request->custom_blocked_ = false;
+    if (request->unclear_ == 0) grant(*request, grants);
   }
+  blocked_.erase(kept, blocked_.end());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -293,12 +314,13 @@ void RuleTable::prune(RuleNode& node) {
 
 void RuleTable::unlink_waiting(RuleRequest& request) noexcept {
   for (RuleEntry& entry : request.entries_) {
-    const auto mode = static_cast<std::size_t>(index_of(entry.mode));
-    RuleNode& node = *entry.node;
-    if (node.frontier[mode] == &entry) node.frontier[mode] = next_in_queue(node.waiting[mode], entry);
-    node.waiting[mode].erase(EntryQueue::s_iterator_to(entry));
+    if (entry.clear) {
+      --entry.node->clear_waiting[static_cast<std::size_t>(index_of(entry.mode))];
+    } else {
+      dequeue(entry);
+    }
   }
-  if (request.custom_blocked_) blocked_.erase(BlockedList::s_iterator_to(request));
+  if (request.custom_blocked_) std::erase(blocked_, &request);
 }
 
 void RuleTable::leave(RuleRequest& request, Grants& grants) {
@@ -309,8 +331,8 @@ void RuleTable::leave(RuleRequest& request, Grants& grants) {
   } else {
     unlink_waiting(request);
   }
-  live_.erase(LiveList::s_iterator_to(request));
-  if (request.has_custom_) customs_.erase(CustomList::s_iterator_to(request));
+  erase(live_, request, &RuleRequest::live_index_);
+  if (request.has_custom_) erase(customs_, request, &RuleRequest::custom_index_);
   request.in_table_ = false;
   request.held_ = false;
   request.custom_blocked_ = false;
@@ -349,14 +371,17 @@ void RuleTable::cancel_all_waiting() {
   std::vector<RuleRequest*> cancelled;
   {
     std::lock_guard lock(mutex_);
-    for (RuleRequest& request : live_) {
-      if (!request.held_) cancelled.push_back(&request);
+    for (RuleRequest* request : live_) {
+      if (!request->held_) cancelled.push_back(request);
     }
+    // In the order they came, so that their owners hear of it in that order.
+    std::sort(cancelled.begin(), cancelled.end(),
+              [](const RuleRequest* a, const RuleRequest* b) { return a->ticket_ < b->ticket_; });
     // Every waiter goes, so nobody is left to be let through: unlink without walking.
     for (RuleRequest* request : cancelled) {
       unlink_waiting(*request);
-      live_.erase(LiveList::s_iterator_to(*request));
-      if (request->has_custom_) customs_.erase(CustomList::s_iterator_to(*request));
+      erase(live_, *request, &RuleRequest::live_index_);
+      if (request->has_custom_) erase(customs_, *request, &RuleRequest::custom_index_);
       request->in_table_ = false;
       request->custom_blocked_ = false;
       for (auto entry = request->entries_.rbegin(); entry != request->entries_.rend(); ++entry) {
@@ -371,23 +396,17 @@ void RuleTable::cancel_all_waiting() {
 bool RuleTable::has_conflicting_waiter(const RuleRequest& held) const {
   std::lock_guard lock(mutex_);
   for (const RuleEntry& entry : held.entries_) {
-    for (int mode = 0; mode < lock_mode_count; ++mode) {
+    for (std::size_t mode = 0; mode < lock_mode_count; ++mode) {
       if (!compatible[index_of(entry.mode)][mode] &&
-          !entry.node->waiting[static_cast<std::size_t>(mode)].empty()) {
+          (!entry.node->waiting[mode].empty() || entry.node->clear_waiting[mode] != 0)) {
         return true;
       }
     }
   }
   // Pairwise only where a custom rule is involved: every waiter when `held` has one, else the
   // requests with custom parts.
-  if (held.has_custom_) {
-    for (const RuleRequest& waiter : live_) {
-      if (!waiter.held_ && conflicts_pairwise(held, waiter)) return true;
-    }
-  } else {
-    for (const RuleRequest& waiter : customs_) {
-      if (!waiter.held_ && conflicts_pairwise(held, waiter)) return true;
-    }
+  for (const RuleRequest* waiter : held.has_custom_ ? live_ : customs_) {
+    if (!waiter->held_ && conflicts_pairwise(held, *waiter)) return true;
   }
   return false;
 }

@@ -9,11 +9,16 @@
 //    rule takes X on its node and IX on every ancestor, a shared one S and IS, a mutex rule X on
 //    its identity node, a multi rule the union of its children (merged per node: IX + S = SIX);
 //  - two requests conflict exactly when some node holds incompatible modes of them;
-//  - each node counts granted modes and queues waiting entries per mode in ticket order. A waiting
-//    entry is "clear" at its node when it is compatible with the granted modes and with every
-//    earlier waiting entry there; clear entries form a prefix of each mode queue, so each node keeps
-//    a frontier per mode and only walks forward from it. A request is granted when it is clear at
-//    all its nodes.
+//  - a waiting entry is "clear" at its node when it is compatible with the granted modes and with
+//    every earlier waiting entry there. A request is granted when it is clear at all its nodes.
+//  - Each node counts, per mode, its granted entries and its clear waiting entries, and queues only
+//    the entries that are not clear yet, in ticket order. No entry becomes clear before an earlier
+//    conflicting one does, so every clear waiting entry of a mode incompatible with a queued entry
+//    is older than it: "is an older conflicting entry waiting" needs the counts and the ticket at
+//    the front of each queue, never the entries themselves. A release walks each of its nodes from
+//    the queue fronts; an entry leaves its queue once, when it becomes clear (amortised O(1)).
+//    Entries that are clear on arrival (the intent modes on ancestors, mostly) are never linked, so
+//    granting them touches the node's counters only, not other requests' memory.
 // Custom rules have no index: a request with a custom part is checked pairwise against every held
 // and earlier waiting request (the custom rule asked, as receiver); other requests are checked
 // pairwise only against requests with custom parts. Those calls run under the table's lock.
@@ -26,7 +31,9 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
+#include <oneapi/tbb/spin_mutex.h>
 #include <boost/container/flat_map.hpp>
 #include <boost/container/small_vector.hpp>
 #include <boost/intrusive/list.hpp>
@@ -79,28 +86,25 @@ class RuleRequest {
 
  private:
   friend class RuleTable;
-  struct LiveHook : IntrusiveHook {};
-  struct CustomHook : IntrusiveHook {};
-  struct BlockedHook : IntrusiveHook {};
 
   // Kept small: one of these waits in the table for every queued tasklet with a rule.
   const SchedulingRule* rule_ = nullptr;
   std::uint64_t ticket_ = 0;
-  std::uint32_t unclear_ = 0;  // nodes where the request is not clear yet
+  std::uint32_t unclear_ = 0;       // nodes where the request is not clear yet
+  std::uint32_t live_index_ = 0;    // position in RuleTable::live_
+  std::uint32_t custom_index_ = 0;  // position in RuleTable::customs_ (requests with custom parts)
   bool held_ = false;
   bool in_table_ = false;
   bool has_custom_ = false;      // some atom has no index: pairwise checks
   bool custom_blocked_ = false;  // a pairwise check against a custom rule says wait
   boost::container::small_vector<RuleEntry, 1> entries_;
-  LiveHook live_hook_;
-  CustomHook custom_hook_;
-  BlockedHook blocked_hook_;
 };
 
 struct RuleNode {
   std::array<std::uint32_t, lock_mode_count> granted{};
-  std::array<EntryQueue, lock_mode_count> waiting;
-  std::array<RuleEntry*, lock_mode_count> frontier{};  // first entry not clear yet, per mode
+  std::array<std::uint32_t, lock_mode_count> clear_waiting{};  // clear entries of waiting requests
+  std::array<EntryQueue, lock_mode_count> waiting;             // entries not clear yet, ticket order
+  std::array<std::uint64_t, lock_mode_count> front_ticket{};   // of waiting[mode].front(), if any
   // Path trie links (identity nodes have none; they remember their rule instead).
   const SchedulingRule* identity = nullptr;
   RuleNode* parent = nullptr;
@@ -152,26 +156,21 @@ class RuleTable {
   static void notify(const Grants& grants) noexcept;
 
  private:
-  using LiveList = boost::intrusive::list<
-      RuleRequest,
-      boost::intrusive::member_hook<RuleRequest, RuleRequest::LiveHook, &RuleRequest::live_hook_>,
-      boost::intrusive::constant_time_size<true>>;
-  using CustomList = boost::intrusive::list<
-      RuleRequest,
-      boost::intrusive::member_hook<RuleRequest, RuleRequest::CustomHook, &RuleRequest::custom_hook_>,
-      boost::intrusive::constant_time_size<false>>;
-  using BlockedList = boost::intrusive::list<
-      RuleRequest,
-      boost::intrusive::member_hook<RuleRequest, RuleRequest::BlockedHook, &RuleRequest::blocked_hook_>,
-      boost::intrusive::constant_time_size<false>>;
+  // Unordered sets of requests, each request knowing its position: O(1) insertion and removal
+  // without touching any other request but the one moved into the gap.
+  using RequestSet = std::vector<RuleRequest*>;
+  static void insert(RequestSet& set, RuleRequest& request, std::uint32_t RuleRequest::*index);
+  static void erase(RequestSet& set, RuleRequest& request, std::uint32_t RuleRequest::*index) noexcept;
 
-  void add_atom(RuleRequest& request, const SchedulingRule& atom);
-  void add_entry(RuleRequest& request, RuleNode& node, LockMode mode);
+  void add_atom(RuleRequest& request, const SchedulingRule& atom, bool merge);
+  static void add_entry(RuleRequest& request, RuleNode& node, LockMode mode, bool merge);
+  static void enqueue(RuleEntry& entry) noexcept;
+  static void dequeue(RuleEntry& entry) noexcept;
   RuleNode& path_node(RuleNode& from, std::string_view segment);
   RuleNode& identity_node(const SchedulingRule& rule);
   static bool conflicts_pairwise(const RuleRequest& a, const RuleRequest& b) noexcept;
   static bool customs_say_conflict(const RuleRequest& custom, const RuleRequest& other) noexcept;
-  static bool clear_at(const RuleNode& node, const RuleEntry& entry) noexcept;
+  static bool clear_at(const RuleNode& node, LockMode mode, std::uint64_t ticket) noexcept;
   bool blocked_by_custom(const RuleRequest& request) const noexcept;
   void grant(RuleRequest& request, Grants& grants);
   void walk(RuleNode& node, Grants& grants);
@@ -180,15 +179,17 @@ class RuleTable {
   void leave(RuleRequest& request, Grants& grants);
   void prune(RuleNode& node);
 
-  mutable std::mutex mutex_;
+  // Held for a few hundred nanoseconds at a time by the posting thread and the releasing workers;
+  // a sleeping mutex turns every collision into a futex wake-up, which costs more than the work.
+  mutable oneapi::tbb::spin_mutex mutex_;
   std::uint64_t next_ticket_ = 0;
   std::size_t held_ = 0;
   RuleNode root_;
   std::size_t path_nodes_ = 0;  // trie nodes below the root
   std::unordered_map<const SchedulingRule*, std::unique_ptr<RuleNode>> identities_;
-  LiveList live_;        // every held or waiting request, in ticket order
-  CustomList customs_;   // the live requests with custom parts, in ticket order
-  BlockedList blocked_;  // waiting requests held back by a custom check, in ticket order
+  RequestSet live_;                    // every held or waiting request
+  RequestSet customs_;                 // the live requests with custom parts
+  std::vector<RuleRequest*> blocked_;  // waiting requests held back by a custom check, ticket order
 };
 
 template <class Predicate>
@@ -205,11 +206,16 @@ std::size_t RuleTable::withdraw_waiting(const SchedulingRule& rule, Predicate&& 
     auto identity = identities_.end();
     if (rule.key().kind == RuleKey::Kind::identity) identity = identities_.find(&rule);
     if (identity != identities_.end()) {
+      // A request for exactly this rule has one entry, linked there unless it is clear, and a
+      // clear one waits only when a custom rule holds it back.
       for (EntryQueue& queue : identity->second->waiting) {
         for (RuleEntry& entry : queue) consider(*entry.request);
       }
+      for (RuleRequest* request : blocked_) {
+        if (request->unclear_ == 0) consider(*request);
+      }
     } else {
-      for (RuleRequest& request : live_) consider(request);
+      for (RuleRequest* request : live_) consider(*request);
     }
     auto kept = withdrawn.begin();
     for (RuleRequest* request : withdrawn) {
