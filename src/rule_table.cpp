@@ -107,7 +107,7 @@ void RuleTable::add_entry(RuleRequest& request, RuleNode& node, LockMode mode, b
   if (merge) {
     for (RuleEntry& entry : request.entries_) {
       if (entry.node == &node) {
-        entry.mode = supremum(entry.mode, mode);
+        entry.set_mode(supremum(entry.mode(), mode));
         return;
       }
     }
@@ -115,7 +115,7 @@ void RuleTable::add_entry(RuleRequest& request, RuleNode& node, LockMode mode, b
   RuleEntry& entry = request.entries_.emplace_back();
   entry.request = &request;
   entry.node = &node;
-  entry.mode = mode;
+  entry.set(request.ticket_, mode);
 }
 
 void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom, bool merge) {
@@ -193,19 +193,19 @@ bool RuleTable::clear_at(const RuleNode& node, LockMode mode, std::uint64_t tick
 }
 
 void RuleTable::enqueue(RuleEntry& entry) noexcept {
-  const auto mode = static_cast<std::size_t>(index_of(entry.mode));
+  const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
   RuleNode& node = *entry.node;
-  if (node.waiting[mode].empty()) node.front_ticket[mode] = entry.request->ticket_;
+  if (node.waiting[mode].empty()) node.front_ticket[mode] = entry.ticket();
   node.waiting[mode].push_back(entry);
 }
 
 void RuleTable::dequeue(RuleEntry& entry) noexcept {
-  const auto mode = static_cast<std::size_t>(index_of(entry.mode));
+  const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
   RuleNode& node = *entry.node;
   EntryQueue& queue = node.waiting[mode];
   const bool front = &queue.front() == &entry;
   queue.erase(EntryQueue::s_iterator_to(entry));
-  if (front && !queue.empty()) node.front_ticket[mode] = queue.front().request->ticket_;
+  if (front && !queue.empty()) node.front_ticket[mode] = queue.front().ticket();
 }
 
 bool RuleTable::acquire(RuleRequest& request) {
@@ -220,8 +220,8 @@ bool RuleTable::acquire(RuleRequest& request) {
   const bool custom_blocked = (request.has_custom_ || !customs_.empty()) && blocked_by_custom(request);
   std::uint32_t unclear = 0;
   for (RuleEntry& entry : request.entries_) {
-    entry.clear = clear_at(*entry.node, entry.mode, request.ticket_);
-    if (!entry.clear) ++unclear;
+    entry.set_clear(clear_at(*entry.node, entry.mode(), request.ticket_));
+    if (!entry.clear()) ++unclear;
   }
   request.in_table_ = true;
   insert(live_, request, &RuleRequest::live_index_);
@@ -229,7 +229,7 @@ bool RuleTable::acquire(RuleRequest& request) {
 
   if (unclear == 0 && !custom_blocked) {
     for (RuleEntry& entry : request.entries_)
-      ++entry.node->granted[static_cast<std::size_t>(index_of(entry.mode))];
+      ++entry.node->granted[static_cast<std::size_t>(index_of(entry.mode()))];
     request.held_ = true;
     ++held_;
     return true;
@@ -237,8 +237,8 @@ bool RuleTable::acquire(RuleRequest& request) {
   request.unclear_ = unclear;
   request.custom_blocked_ = custom_blocked;
   for (RuleEntry& entry : request.entries_) {
-    if (entry.clear) {
-      ++entry.node->clear_waiting[static_cast<std::size_t>(index_of(entry.mode))];
+    if (entry.clear()) {
+      ++entry.node->clear_waiting[static_cast<std::size_t>(index_of(entry.mode()))];
     } else {
       enqueue(entry);
     }
@@ -252,9 +252,9 @@ bool RuleTable::acquire(RuleRequest& request) {
 
 void RuleTable::grant(RuleRequest& request, Grants& grants) {
   for (RuleEntry& entry : request.entries_) {
-    const auto mode = static_cast<std::size_t>(index_of(entry.mode));
+    const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
     RuleNode& node = *entry.node;
-    assert(entry.clear && node.clear_waiting[mode] != 0);
+    assert(entry.clear() && node.clear_waiting[mode] != 0);
     --node.clear_waiting[mode];
     ++node.granted[mode];
   }
@@ -271,7 +271,7 @@ void RuleTable::walk(RuleNode& node, Grants& grants) {
     while (!queue.empty() && clear_at(node, static_cast<LockMode>(mode), node.front_ticket[mode])) {
       RuleEntry& entry = queue.front();
       dequeue(entry);
-      entry.clear = true;
+      entry.set_clear(true);
       ++node.clear_waiting[mode];
       RuleRequest& request = *entry.request;
       if (--request.unclear_ == 0 && !request.custom_blocked_) grant(request, grants);
@@ -314,8 +314,8 @@ void RuleTable::prune(RuleNode& node) {
 
 void RuleTable::unlink_waiting(RuleRequest& request) noexcept {
   for (RuleEntry& entry : request.entries_) {
-    if (entry.clear) {
-      --entry.node->clear_waiting[static_cast<std::size_t>(index_of(entry.mode))];
+    if (entry.clear()) {
+      --entry.node->clear_waiting[static_cast<std::size_t>(index_of(entry.mode()))];
     } else {
       dequeue(entry);
     }
@@ -326,7 +326,7 @@ void RuleTable::unlink_waiting(RuleRequest& request) noexcept {
 void RuleTable::leave(RuleRequest& request, Grants& grants) {
   if (request.held_) {
     for (RuleEntry& entry : request.entries_)
-      --entry.node->granted[static_cast<std::size_t>(index_of(entry.mode))];
+      --entry.node->granted[static_cast<std::size_t>(index_of(entry.mode()))];
     --held_;
   } else {
     unlink_waiting(request);
@@ -397,7 +397,7 @@ bool RuleTable::has_conflicting_waiter(const RuleRequest& held) const {
   std::lock_guard lock(mutex_);
   for (const RuleEntry& entry : held.entries_) {
     for (std::size_t mode = 0; mode < lock_mode_count; ++mode) {
-      if (!compatible[index_of(entry.mode)][mode] &&
+      if (!compatible[index_of(entry.mode())][mode] &&
           (!entry.node->waiting[mode].empty() || entry.node->clear_waiting[mode] != 0)) {
         return true;
       }

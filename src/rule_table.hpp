@@ -38,6 +38,7 @@
 #include <boost/container/small_vector.hpp>
 #include <boost/intrusive/list.hpp>
 
+#include "tasklet/detail/allocator.hpp"
 #include "tasklet/scheduling_rule.hpp"
 
 namespace tasklet::detail {
@@ -58,8 +59,19 @@ class RuleRequest;
 struct RuleEntry : IntrusiveHook {
   RuleRequest* request = nullptr;
   RuleNode* node = nullptr;
-  LockMode mode = LockMode::x;
-  bool clear = false;
+
+  /// The request's ticket, kept here so that reading a queue's front touches one entry only.
+  std::uint64_t ticket() const noexcept { return word_ >> 8; }
+  LockMode mode() const noexcept { return static_cast<LockMode>((word_ >> 1) & 7u); }
+  bool clear() const noexcept { return (word_ & 1u) != 0; }
+  void set(std::uint64_t ticket, LockMode mode) noexcept {
+    word_ = ticket << 8 | static_cast<std::uint64_t>(mode) << 1;
+  }
+  void set_mode(LockMode mode) noexcept { set(ticket(), mode); }
+  void set_clear(bool clear) noexcept { word_ = (word_ & ~std::uint64_t{1}) | (clear ? 1u : 0u); }
+
+ private:
+  std::uint64_t word_ = 0;  // ticket (56 bits: centuries of requests), mode (3 bits), clear (1 bit)
 };
 
 using EntryQueue = boost::intrusive::list<RuleEntry, boost::intrusive::constant_time_size<false>>;
@@ -97,7 +109,7 @@ class RuleRequest {
   bool in_table_ = false;
   bool has_custom_ = false;      // some atom has no index: pairwise checks
   bool custom_blocked_ = false;  // a pairwise check against a custom rule says wait
-  boost::container::small_vector<RuleEntry, 1> entries_;
+  boost::container::small_vector<RuleEntry, 1, Allocator<RuleEntry>> entries_;
 };
 
 struct RuleNode {

@@ -215,7 +215,7 @@ struct Scheduler::Impl::BatchTask {
 
 // A tasklet's request for its rule. While it waits it owns the tasklet (and keeps the scheduler
 // alive); once granted it continues the tasklet with the directive it was started with.
-struct Scheduler::Impl::TaskletHold final : detail::RuleRequest {
+struct Scheduler::Impl::TaskletHold final : detail::RuleRequest, detail::PooledObject {
   TaskletHold(Impl& scheduler, TaskletPtr waiting, Directive first)
       : impl(scheduler), tasklet(std::move(waiting)), pending(first) {
     set_rule(tasklet->rule().get());  // the tasklet's rule cannot change while it is active

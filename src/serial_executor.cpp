@@ -1,5 +1,6 @@
 #include "tasklet/serial_executor.hpp"
 
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 
@@ -13,10 +14,14 @@
 namespace tasklet {
 
 struct SerialExecutor::State {
-  mutable std::mutex mutex;
+  // Counted without the lock: posting and finishing touch one atomic, and only the task that brings
+  // it to zero takes the mutex, to wake wait() and the destructor.
+  std::atomic<std::size_t> outstanding{0};
+  mutable std::mutex mutex;  // guards first_error and the wake-up of `idle`
   std::condition_variable idle;
-  std::size_t outstanding = 0;
   std::exception_ptr first_error;
+
+  bool is_idle() const noexcept { return outstanding.load(std::memory_order_acquire) == 0; }
 };
 
 namespace {
@@ -28,8 +33,10 @@ class SerialTask final : public Tasklet {
   SerialTask(std::shared_ptr<SerialExecutor::State> state, std::unique_ptr<SerialExecutor::Body_> body)
       : state_(std::move(state)), body_(std::move(body)) {}
   ~SerialTask() override {
-    std::lock_guard lock(state_->mutex);
-    if (--state_->outstanding == 0) state_->idle.notify_all();
+    if (state_->outstanding.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    // Taking the mutex orders this with a waiter between its check and its sleep.
+    { std::lock_guard lock(state_->mutex); }
+    state_->idle.notify_all();
   }
   Directive task() override {
     try {
@@ -58,16 +65,13 @@ SerialExecutor::SerialExecutor(std::shared_ptr<JobManager> manager, std::string 
 SerialExecutor::~SerialExecutor() {
   cancel_all();
   std::unique_lock lock(state_->mutex);
-  state_->idle.wait(lock, [this] { return state_->outstanding == 0; });
+  state_->idle.wait(lock, [this] { return state_->is_idle(); });
 }
 
 SerialExecutor::Handle SerialExecutor::post_erased(std::unique_ptr<Body_> body) {
-  auto task = std::make_shared<SerialTask>(state_, std::move(body));
+  auto task = std::allocate_shared<SerialTask>(detail::Allocator<SerialTask>{}, state_, std::move(body));
+  state_->outstanding.fetch_add(1, std::memory_order_relaxed);  // the task's destructor counts it out
   task->set_rule(rule_);
-  {
-    std::lock_guard lock(state_->mutex);
-    ++state_->outstanding;
-  }
   Handle handle{task};
   manager_->impl().background().schedule(std::move(task), Directive::async);
   return handle;
@@ -90,15 +94,14 @@ void SerialExecutor::wait() {
   std::exception_ptr error;
   {
     std::unique_lock lock(state_->mutex);
-    state_->idle.wait(lock, [this] { return state_->outstanding == 0; });
+    state_->idle.wait(lock, [this] { return state_->is_idle(); });
     error = std::exchange(state_->first_error, nullptr);
   }
   if (error) std::rethrow_exception(error);
 }
 
 std::size_t SerialExecutor::outstanding() const noexcept {
-  std::lock_guard lock(state_->mutex);
-  return state_->outstanding;
+  return state_->outstanding.load(std::memory_order_acquire);
 }
 
 }  // namespace tasklet

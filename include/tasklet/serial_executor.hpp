@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "tasklet/detail/allocator.hpp"
 #include "tasklet/scheduling_rule.hpp"
 
 namespace tasklet {
@@ -65,7 +66,7 @@ class SerialExecutor {
   /// The mutex rule every task holds.
   const Rule& rule() const noexcept { return rule_; }
 
-  struct Body_ {
+  struct Body_ : detail::PooledObject {
     virtual ~Body_() = default;
     virtual void run() = 0;
   };

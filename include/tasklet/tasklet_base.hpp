@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "tasklet/detail/allocator.hpp"
 #include "tasklet/directive.hpp"
 #include "tasklet/scheduling_rule.hpp"
 
@@ -86,7 +87,8 @@ template <class F>
 requires(std::is_invocable_r_v<Directive, std::decay_t<F>&> ||
          std::is_invocable_r_v<Directive, std::decay_t<F>&, Tasklet&>)
     std::shared_ptr<Tasklet> make_tasklet(F&& fn, Rule rule = nullptr) {
-  auto tasklet = std::make_shared<FunctionTasklet<std::decay_t<F>>>(std::forward<F>(fn));
+  using Made = FunctionTasklet<std::decay_t<F>>;
+  auto tasklet = std::allocate_shared<Made>(detail::Allocator<Made>{}, std::forward<F>(fn));
   if (rule) tasklet->set_rule(std::move(rule));
   return tasklet;
 }

@@ -1,6 +1,10 @@
 // The serial executor: a strand built on a mutex rule.
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <latch>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -139,9 +143,29 @@ TEST_P(SerialExecutorTest, WaitRethrowsTheFirstExceptionAndTheStrandGoesOn) {
 }
 
 TEST_P(SerialExecutorTest, DestructionCancelsPendingAndWaitsForTheRunningTask) {
+  // Each pending task owns a Gone, destroyed with the task whether it runs or is cancelled. The
+  // running task is let go only once all of them are gone, so that none can be granted before the
+  // destructor has cancelled it (a bounded wait: if they never go, the test fails instead of hanging).
+  struct Gone {
+    Gone(std::mutex& m, std::condition_variable& c, int& n) : mutex(m), changed(c), count(n) {}
+    Gone(const Gone&) = delete;
+    Gone& operator=(const Gone&) = delete;
+    std::mutex& mutex;
+    std::condition_variable& changed;
+    int& count;
+    ~Gone() {
+      std::lock_guard lock(mutex);
+      ++count;
+      changed.notify_all();
+    }
+  };
+  std::mutex mutex;
+  std::condition_variable changed;
+  int gone = 0;
   std::latch started(1), release(1);
   std::atomic<int> ran{0};
   std::atomic<bool> finished{false};
+  bool all_gone = false;
   std::thread releaser;
   {
     SerialExecutor strand(manager_);
@@ -150,11 +174,20 @@ TEST_P(SerialExecutorTest, DestructionCancelsPendingAndWaitsForTheRunningTask) {
       release.wait();
       finished = true;
     });
-    for (int i = 0; i < 10; ++i) strand.post([&] { ran.fetch_add(1); });
+    for (int i = 0; i < 10; ++i) {
+      strand.post([&, guard = std::make_shared<Gone>(mutex, changed, gone)] { ran.fetch_add(1); });
+    }
     started.wait();
-    releaser = std::thread([&] { release.count_down(); });
+    releaser = std::thread([&] {
+      {
+        std::unique_lock lock(mutex);
+        all_gone = changed.wait_for(lock, std::chrono::seconds(60), [&] { return gone == 10; });
+      }
+      release.count_down();
+    });
   }
   releaser.join();
+  EXPECT_TRUE(all_gone) << "the destructor cancelled the pending tasks";
   EXPECT_TRUE(finished.load()) << "the destructor waited for the running task";
   EXPECT_EQ(ran.load(), 0) << "pending tasks were cancelled";
 }
