@@ -22,7 +22,7 @@ class Jobs;
 
 /// A thread's request in begin_rule. wait() blocks an ordinary thread; on a worker it suspends the
 /// oneTBB task, so the worker goes on with other work (waiting callers never starve the pool).
-class ThreadHold final : public RuleRequest {
+class ThreadHold final : public InlineRuleRequest<4> {
  public:
   /// A request for `rule`, which must outlive it (the begin_rule frame or the tasklet keeps it).
   /// Recycled per thread: uncontended begin_rule/end_rule allocate nothing.

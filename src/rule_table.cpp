@@ -43,6 +43,26 @@ bool any_atom(const SchedulingRule& rule, F&& fn) {
 
 }  // namespace
 
+std::size_t entry_count_hint(const SchedulingRule& rule) noexcept {
+  const RuleKey key = rule.key();
+  switch (key.kind) {
+    case RuleKey::Kind::identity:
+      return 1;
+    case RuleKey::Kind::path:
+      return key.segments.size() + 1;
+    case RuleKey::Kind::multi: {
+      std::size_t count = 0;
+      for (const Rule& child : key.children) {
+        if (child) count += entry_count_hint(*child);
+      }
+      return count;
+    }
+    case RuleKey::Kind::custom:
+      break;
+  }
+  return 0;
+}
+
 bool RuleNode::is_unused() const noexcept {
   for (std::size_t mode = 0; mode < lock_mode_count; ++mode) {
     if (granted[mode] != 0 || clear_waiting[mode] != 0) return false;
@@ -301,7 +321,7 @@ void RuleTable::recheck_custom_blocked(Grants& grants) {
 // takes it over.
 void RuleTable::prune(RuleNode& node) {
   constexpr std::size_t kept_identity_nodes = 1024;
-  constexpr std::size_t kept_path_nodes = 4096;
+  constexpr std::size_t kept_path_nodes = 16384;
   if (&node == &root_ || !node.is_unused()) return;
   if (node.identity != nullptr) {
     if (identities_.size() > kept_identity_nodes) identities_.erase(node.identity);

@@ -33,7 +33,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include <oneapi/tbb/spin_mutex.h>
+#include <oneapi/tbb/mutex.h>
 #include <boost/container/flat_map.hpp>
 #include <boost/container/small_vector.hpp>
 #include <boost/intrusive/list.hpp>
@@ -76,12 +76,17 @@ struct RuleEntry : IntrusiveHook {
 
 using EntryQueue = boost::intrusive::list<RuleEntry, boost::intrusive::constant_time_size<false>>;
 
+/// Where a request keeps its entries: in place up to the capacity its owner chose, else on the heap.
+using EntryVector = boost::container::small_vector_base<RuleEntry, Allocator<RuleEntry>>;
+
 /// A holder or would-be holder of a rule. Subclasses learn of a grant that had to wait through
 /// granted(), and of a cancellation by the table's owner through cancelled(); both are called once,
 /// outside the table's lock, and the table does not touch the request afterwards.
 class RuleRequest {
  public:
-  RuleRequest() = default;
+  /// `entries` is storage of the subclass (see InlineRuleRequest), kept next to the request so that
+  /// granting it touches one block of memory.
+  explicit RuleRequest(EntryVector& entries) noexcept : entries_(entries) {}
   RuleRequest(const RuleRequest&) = delete;
   RuleRequest& operator=(const RuleRequest&) = delete;
 
@@ -109,8 +114,24 @@ class RuleRequest {
   bool in_table_ = false;
   bool has_custom_ = false;      // some atom has no index: pairwise checks
   bool custom_blocked_ = false;  // a pairwise check against a custom rule says wait
-  boost::container::small_vector<RuleEntry, 1, Allocator<RuleEntry>> entries_;
+  EntryVector& entries_;
 };
+
+template <std::size_t N>
+struct EntryStorage {
+  boost::container::small_vector<RuleEntry, N, Allocator<RuleEntry>> entries;
+};
+
+/// A RuleRequest with room for N entries in place: a mutex rule takes 1, a path rule of depth d
+/// takes d + 1, a multi rule the union of its parts.
+template <std::size_t N>
+class InlineRuleRequest : private EntryStorage<N>, public RuleRequest {
+ protected:
+  InlineRuleRequest() noexcept : RuleRequest(this->entries) {}
+};
+
+/// How many entries a request for `rule` takes, at most (a guide for choosing N above).
+std::size_t entry_count_hint(const SchedulingRule& rule) noexcept;
 
 struct RuleNode {
   std::array<std::uint32_t, lock_mode_count> granted{};
@@ -191,9 +212,11 @@ class RuleTable {
   void leave(RuleRequest& request, Grants& grants);
   void prune(RuleNode& node);
 
-  // Held for a few hundred nanoseconds at a time by the posting thread and the releasing workers;
-  // a sleeping mutex turns every collision into a futex wake-up, which costs more than the work.
-  mutable oneapi::tbb::spin_mutex mutex_;
+  // Held for a few hundred nanoseconds at a time by the posting thread and the releasing workers.
+  // std::mutex turns every collision into a futex sleep and wake-up, which costs more than the
+  // work; a pure spin lock wastes the CPU when its holder is preempted (oversubscribed machines).
+  // oneTBB's mutex spins briefly, then waits on the address.
+  mutable oneapi::tbb::mutex mutex_;
   std::uint64_t next_ticket_ = 0;
   std::size_t held_ = 0;
   RuleNode root_;

@@ -214,11 +214,13 @@ struct Scheduler::Impl::BatchTask {
 };
 
 // A tasklet's request for its rule. While it waits it owns the tasklet (and keeps the scheduler
-// alive); once granted it continues the tasklet with the directive it was started with.
-struct Scheduler::Impl::TaskletHold final : detail::RuleRequest, detail::PooledObject {
+// alive); once granted it continues the tasklet with the directive it was started with. Its entries
+// are in place for rules of up to N entries (make() picks N), so one block holds the whole request.
+template <std::size_t N>
+struct Scheduler::Impl::TaskletHold final : detail::InlineRuleRequest<N>, detail::PooledObject {
   TaskletHold(Impl& scheduler, TaskletPtr waiting, Directive first)
       : impl(scheduler), tasklet(std::move(waiting)), pending(first) {
-    set_rule(tasklet->rule().get());  // the tasklet's rule cannot change while it is active
+    this->set_rule(tasklet->rule().get());  // the tasklet's rule cannot change while it is active
   }
   const void* owner() const noexcept override { return tasklet.get(); }
   void granted() noexcept override {
@@ -363,8 +365,22 @@ void Scheduler::Impl::start(TaskletPtr tasklet, Directive directive) {
     dispatch(std::move(tasklet), directive);
     return;
   }
+  const std::size_t entries = detail::entry_count_hint(*tasklet->rule());
+  if (entries <= 1) {
+    start_holding<1>(std::move(tasklet), directive);
+  } else if (entries <= 3) {
+    start_holding<3>(std::move(tasklet), directive);
+  } else if (entries <= 5) {
+    start_holding<5>(std::move(tasklet), directive);
+  } else {
+    start_holding<8>(std::move(tasklet), directive);
+  }
+}
+
+template <std::size_t N>
+void Scheduler::Impl::start_holding(TaskletPtr tasklet, Directive directive) {
   Tasklet& raw = *tasklet;
-  auto* hold = new TaskletHold(*this, std::move(tasklet), directive);
+  auto* hold = new TaskletHold<N>(*this, std::move(tasklet), directive);
   TaskletAccess::hold(raw) = hold;
   hold->keep_alive = self_.shared_from_this();
   if (!manager_.table_.acquire(*hold)) return;  // granted() continues it; it may already have

@@ -104,12 +104,15 @@ struct Scheduler::Impl {
   struct PhaseTask;
   struct BatchTask;
   struct RunnerTask;
+  template <std::size_t N>
   struct TaskletHold;
 
   void claim(Tasklet& tasklet, const char* action);
   void unclaim(Tasklet& tasklet) noexcept;
   bool run_is_active_for_caller();
   void start(TaskletPtr tasklet, Directive directive);
+  template <std::size_t N>
+  void start_holding(TaskletPtr tasklet, Directive directive);
   void continue_after_phase(TaskletPtr tasklet, Directive directive, std::exception_ptr error) noexcept;
   void dispatch(TaskletPtr tasklet, Directive directive) noexcept;
   void enqueue_sync(TaskletPtr tasklet);

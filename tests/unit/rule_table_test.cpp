@@ -16,7 +16,7 @@
 namespace tasklet::detail {
 namespace {
 
-struct Probe final : RuleRequest {
+struct Probe final : InlineRuleRequest<2> {
   explicit Probe(Rule rule) : kept(std::move(rule)) { set_rule(kept.get()); }
   const Rule& rule() const noexcept { return kept; }
   Rule kept;
