@@ -67,7 +67,7 @@ bool RuleNode::is_unused() const noexcept {
   for (std::size_t mode = 0; mode < lock_mode_count; ++mode) {
     if (granted[mode] != 0 || clear_waiting[mode] != 0) return false;
   }
-  for (const EntryQueue& queue : waiting) {
+  for (const WaitQueue& queue : waiting) {
     if (!queue.empty()) return false;
   }
   return children.empty();
@@ -207,25 +207,17 @@ bool RuleTable::clear_at(const RuleNode& node, LockMode mode, std::uint64_t tick
   for (std::size_t other = 0; other < lock_mode_count; ++other) {
     if (compatible[index_of(mode)][other]) continue;
     if (node.granted[other] != 0 || node.clear_waiting[other] != 0) return false;
-    if (!node.waiting[other].empty() && node.front_ticket[other] < ticket) return false;
+    if (!node.waiting[other].empty() && node.waiting[other].front_ticket() < ticket) return false;
   }
   return true;
 }
 
 void RuleTable::enqueue(RuleEntry& entry) noexcept {
-  const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
-  RuleNode& node = *entry.node;
-  if (node.waiting[mode].empty()) node.front_ticket[mode] = entry.ticket();
-  node.waiting[mode].push_back(entry);
+  entry.node->waiting[static_cast<std::size_t>(index_of(entry.mode()))].push_back(entry);
 }
 
 void RuleTable::dequeue(RuleEntry& entry) noexcept {
-  const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
-  RuleNode& node = *entry.node;
-  EntryQueue& queue = node.waiting[mode];
-  const bool front = &queue.front() == &entry;
-  queue.erase(EntryQueue::s_iterator_to(entry));
-  if (front && !queue.empty()) node.front_ticket[mode] = queue.front().ticket();
+  entry.node->waiting[static_cast<std::size_t>(index_of(entry.mode()))].erase(entry);
 }
 
 bool RuleTable::acquire(RuleRequest& request) {
@@ -287,10 +279,14 @@ void RuleTable::grant(RuleRequest& request, Grants& grants) {
 // requests that are now clear everywhere. Amortised O(1) per entry: an entry is dequeued once.
 void RuleTable::walk(RuleNode& node, Grants& grants) {
   for (std::size_t mode = 0; mode < lock_mode_count; ++mode) {
-    EntryQueue& queue = node.waiting[mode];
-    while (!queue.empty() && clear_at(node, static_cast<LockMode>(mode), node.front_ticket[mode])) {
+    WaitQueue& queue = node.waiting[mode];
+    while (!queue.empty() && clear_at(node, static_cast<LockMode>(mode), queue.front_ticket())) {
       RuleEntry& entry = queue.front();
-      dequeue(entry);
+      // Those behind are likely let through too: start fetching their entries and requests (cold,
+      // at large queue lengths) a few places ahead.
+      if (const RuleEntry* far = queue.peek(6)) __builtin_prefetch(far);
+      if (const RuleEntry* near = queue.peek(3)) __builtin_prefetch(near->request);
+      queue.pop_front();
       entry.set_clear(true);
       ++node.clear_waiting[mode];
       RuleRequest& request = *entry.request;

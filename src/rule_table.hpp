@@ -36,7 +36,6 @@
 #include <oneapi/tbb/mutex.h>
 #include <boost/container/flat_map.hpp>
 #include <boost/container/small_vector.hpp>
-#include <boost/intrusive/list.hpp>
 
 #include "tasklet/detail/allocator.hpp"
 #include "tasklet/scheduling_rule.hpp"
@@ -50,15 +49,13 @@ struct RuleNode;
 enum class LockMode : std::uint8_t { is, ix, s, six, x };
 inline constexpr int lock_mode_count = 5;
 
-using IntrusiveHook =
-    boost::intrusive::list_base_hook<boost::intrusive::link_mode<boost::intrusive::normal_link>>;
-
 class RuleRequest;
 
 /// One (node, mode) pair of a request; queued at its node while the request waits.
-struct RuleEntry : IntrusiveHook {
+struct RuleEntry {
   RuleRequest* request = nullptr;
   RuleNode* node = nullptr;
+  std::uint64_t position = 0;  // in its node's WaitQueue, while queued there
 
   /// The request's ticket, kept here so that reading a queue's front touches one entry only.
   std::uint64_t ticket() const noexcept { return word_ >> 8; }
@@ -74,7 +71,69 @@ struct RuleEntry : IntrusiveHook {
   std::uint64_t word_ = 0;  // ticket (56 bits: centuries of requests), mode (3 bits), clear (1 bit)
 };
 
-using EntryQueue = boost::intrusive::list<RuleEntry, boost::intrusive::constant_time_size<false>>;
+/// The entries of one mode at one node that are not clear yet, in ticket order. A vector of
+/// (ticket, entry) slots read from the front: a walk reads the tickets it compares from contiguous
+/// memory and can fetch the entries ahead, where a linked list would take a cache miss per link.
+/// A withdrawn entry leaves a hole, skipped when it reaches the front; the consumed prefix is
+/// dropped once it is half of the vector (amortised O(1)).
+class WaitQueue {
+ public:
+  bool empty() const noexcept { return live_ == 0; }
+  RuleEntry& front() const noexcept { return *slots_[head_].entry; }
+  std::uint64_t front_ticket() const noexcept { return slots_[head_].ticket; }
+  /// The entry `ahead` places behind the front (holes included), or null.
+  const RuleEntry* peek(std::size_t ahead) const noexcept {
+    const std::size_t at = head_ + ahead;
+    return at < slots_.size() ? slots_[at].entry : nullptr;
+  }
+  void push_back(RuleEntry& entry) {
+    entry.position = base_ + slots_.size();
+    slots_.push_back(Slot{entry.ticket(), &entry});
+    ++live_;
+  }
+  void pop_front() noexcept {
+    slots_[head_].entry = nullptr;
+    --live_;
+    skip_holes();
+  }
+  void erase(RuleEntry& entry) noexcept {
+    slots_[static_cast<std::size_t>(entry.position - base_)].entry = nullptr;
+    --live_;
+    skip_holes();
+  }
+  template <class F>
+  void for_each(F&& fn) const {
+    for (std::size_t at = head_; at < slots_.size(); ++at) {
+      if (slots_[at].entry != nullptr) fn(*slots_[at].entry);
+    }
+  }
+
+ private:
+  struct Slot {
+    std::uint64_t ticket;
+    RuleEntry* entry;  // null: withdrawn or taken
+  };
+  void skip_holes() noexcept {
+    if (live_ == 0) {
+      base_ += slots_.size();
+      slots_.clear();
+      head_ = 0;
+      return;
+    }
+    while (slots_[head_].entry == nullptr) ++head_;
+    if (head_ >= 64 && head_ * 2 >= slots_.size()) {
+      // Drop the consumed prefix; the entries left keep their positions relative to base_.
+      slots_.erase(slots_.begin(), slots_.begin() + static_cast<std::ptrdiff_t>(head_));
+      base_ += head_;
+      head_ = 0;
+    }
+  }
+
+  std::vector<Slot> slots_;
+  std::size_t head_ = 0;    // first live slot, when any
+  std::uint64_t base_ = 0;  // position of slots_[0]
+  std::uint32_t live_ = 0;
+};
 
 /// Where a request keeps its entries: in place up to the capacity its owner chose, else on the heap.
 using EntryVector = boost::container::small_vector_base<RuleEntry, Allocator<RuleEntry>>;
@@ -136,8 +195,7 @@ std::size_t entry_count_hint(const SchedulingRule& rule) noexcept;
 struct RuleNode {
   std::array<std::uint32_t, lock_mode_count> granted{};
   std::array<std::uint32_t, lock_mode_count> clear_waiting{};  // clear entries of waiting requests
-  std::array<EntryQueue, lock_mode_count> waiting;             // entries not clear yet, ticket order
-  std::array<std::uint64_t, lock_mode_count> front_ticket{};   // of waiting[mode].front(), if any
+  std::array<WaitQueue, lock_mode_count> waiting;              // entries not clear yet, ticket order
   // Path trie links (identity nodes have none; they remember their rule instead).
   const SchedulingRule* identity = nullptr;
   RuleNode* parent = nullptr;
@@ -197,6 +255,7 @@ class RuleTable {
 
   void add_atom(RuleRequest& request, const SchedulingRule& atom, bool merge);
   static void add_entry(RuleRequest& request, RuleNode& node, LockMode mode, bool merge);
+  // Out of memory while queueing terminates: a half-queued request would break the table.
   static void enqueue(RuleEntry& entry) noexcept;
   static void dequeue(RuleEntry& entry) noexcept;
   RuleNode& path_node(RuleNode& from, std::string_view segment);
@@ -243,8 +302,8 @@ std::size_t RuleTable::withdraw_waiting(const SchedulingRule& rule, Predicate&& 
     if (identity != identities_.end()) {
       // A request for exactly this rule has one entry, linked there unless it is clear, and a
       // clear one waits only when a custom rule holds it back.
-      for (EntryQueue& queue : identity->second->waiting) {
-        for (RuleEntry& entry : queue) consider(*entry.request);
+      for (const WaitQueue& queue : identity->second->waiting) {
+        queue.for_each([&](const RuleEntry& entry) { consider(*entry.request); });
       }
       for (RuleRequest* request : blocked_) {
         if (request->unclear_ == 0) consider(*request);
