@@ -15,9 +15,13 @@ namespace {
 thread_local std::unique_ptr<ThreadHold> spare_hold;
 }  // namespace
 
-ThreadHold* ThreadHold::make(const SchedulingRule* rule) {
+ThreadHold* ThreadHold::make(const Rule& rule) {
   ThreadHold* hold = spare_hold ? spare_hold.release() : new ThreadHold;
-  hold->set_rule(rule);
+  const bool same = hold->rule() == rule.get() && !hold->last_rule_.owner_before(rule) &&
+                    !rule.owner_before(hold->last_rule_);
+  if (!same) hold->last_rule_ = rule;
+  hold->cache_.same_rule = same;
+  hold->set_rule(rule.get());
   hold->done_ = false;
   hold->granted_ = false;
   hold->suspended_ = nullptr;
@@ -166,9 +170,9 @@ void JobManager::Impl::begin_rule(const Rule& rule) {
     return;
   }
   validate_rule(rule);
-  detail::ThreadHold* hold = detail::ThreadHold::make(rule.get());
+  detail::ThreadHold* hold = detail::ThreadHold::make(rule);
   ctx.rule_stack.back().hold = hold;
-  if (!table_.acquire(*hold) && !hold->wait()) {
+  if (!hold->acquire(table_) && !hold->wait()) {
     ctx.rule_stack.back().hold = nullptr;
     detail::ThreadHold::recycle(hold);
     throw IllegalState("begin_rule(" + describe(rule) + "): the job manager shut down while waiting");

@@ -26,7 +26,10 @@ class ThreadHold final : public InlineRuleRequest<4> {
  public:
   /// A request for `rule`, which must outlive it (the begin_rule frame or the tasklet keeps it).
   /// Recycled per thread: uncontended begin_rule/end_rule allocate nothing.
-  static ThreadHold* make(const SchedulingRule* rule);
+  /// Resolving the rule's nodes is skipped when this thread's last request was for the same rule.
+  static ThreadHold* make(const Rule& rule);
+  /// Enters the request in `table` (RuleTable::acquire with this hold's entry cache).
+  bool acquire(RuleTable& table) { return table.acquire(*this, &cache_); }
   static void recycle(ThreadHold* hold) noexcept;
   /// Returns once granted; false when the table cancelled the request instead.
   bool wait();
@@ -40,6 +43,10 @@ class ThreadHold final : public InlineRuleRequest<4> {
   bool done_ = false;
   bool granted_ = false;
   oneapi::tbb::task::suspend_point suspended_ = nullptr;
+  // The rule of the last request: a weak reference, so that a new rule cannot take its address
+  // while the entries for the old one are kept.
+  std::weak_ptr<const SchedulingRule> last_rule_;
+  EntryCache cache_;
 };
 
 /// Ends the begin_rule frames above `base` (a phase's leftovers), innermost first, releasing

@@ -220,14 +220,20 @@ void RuleTable::dequeue(RuleEntry& entry) noexcept {
   entry.node->waiting[static_cast<std::size_t>(index_of(entry.mode()))].erase(entry);
 }
 
-bool RuleTable::acquire(RuleRequest& request) {
+bool RuleTable::acquire(RuleRequest& request, EntryCache* cache) {
   assert(request.rule_ != nullptr && !request.in_table_);
   std::lock_guard lock(mutex_);
   request.ticket_ = ++next_ticket_;
-  request.entries_.clear();
   request.held_ = false;
-  request.has_custom_ = false;
-  add_atom(request, *request.rule_, false);
+  if (cache != nullptr && cache->same_rule && cache->table == this && cache->generation == node_generation_ &&
+      !request.entries_.empty()) {
+    for (RuleEntry& entry : request.entries_) entry.set(request.ticket_, entry.mode());
+  } else {
+    request.entries_.clear();
+    request.has_custom_ = false;
+    add_atom(request, *request.rule_, false);
+    if (cache != nullptr) *cache = EntryCache{this, node_generation_, false};
+  }
 
   const bool custom_blocked = (request.has_custom_ || !customs_.empty()) && blocked_by_custom(request);
   std::uint32_t unclear = 0;
@@ -318,14 +324,16 @@ void RuleTable::recheck_custom_blocked(Grants& grants) {
 void RuleTable::prune(RuleNode& node) {
   constexpr std::size_t kept_identity_nodes = 1024;
   constexpr std::size_t kept_path_nodes = 16384;
-  if (&node == &root_ || !node.is_unused()) return;
   if (node.identity != nullptr) {
-    if (identities_.size() > kept_identity_nodes) identities_.erase(node.identity);
-  } else if (path_nodes_ > kept_path_nodes) {
+    if (identities_.size() <= kept_identity_nodes || !node.is_unused()) return;
+    identities_.erase(node.identity);
+  } else {
+    if (path_nodes_ <= kept_path_nodes || &node == &root_ || !node.is_unused()) return;
     RuleNode& parent = *node.parent;
     parent.children.erase(parent.children.find(std::string_view(node.segment)));
     --path_nodes_;
   }
+  ++node_generation_;
 }
 
 void RuleTable::unlink_waiting(RuleRequest& request) noexcept {
@@ -355,9 +363,9 @@ void RuleTable::leave(RuleRequest& request, Grants& grants) {
 
   for (RuleEntry& entry : request.entries_) walk(*entry.node, grants);
   if (!blocked_.empty()) recheck_custom_blocked(grants);
-  // Children come after their parents in entries_, so pruning backwards frees leaves first.
+  // Children come after their parents in entries_, so pruning backwards frees leaves first. The
+  // entries stay with the request, for an EntryCache to reuse; the next acquire rebuilds them.
   for (auto entry = request.entries_.rbegin(); entry != request.entries_.rend(); ++entry) prune(*entry->node);
-  request.entries_.clear();
 }
 
 void RuleTable::release(RuleRequest& request, Grants& grants) {

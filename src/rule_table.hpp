@@ -205,6 +205,15 @@ struct RuleNode {
   bool is_unused() const noexcept;
 };
 
+/// A request's resolved entries kept between acquisitions (for a thread's recycled begin_rule
+/// request): they are reused when the table has freed no node since and the owner vouches that the
+/// rule is the same object as the last time.
+struct EntryCache {
+  const RuleTable* table = nullptr;
+  std::uint64_t generation = 0;
+  bool same_rule = false;  // set by the owner before each acquire
+};
+
 /// Requests newly granted by a release or cancellation, to notify outside the lock.
 using Grants = boost::container::small_vector<RuleRequest*, 4>;
 
@@ -217,7 +226,7 @@ class RuleTable {
 
   /// Enters a request for request.rule() (not null). True when granted at once; otherwise it waits
   /// and its granted() is called when its turn comes. Calls custom rules' checks under the lock.
-  bool acquire(RuleRequest& request);
+  bool acquire(RuleRequest& request, EntryCache* cache = nullptr);
 
   /// Releases a held request and notifies the requests that this lets through (outside the lock).
   void release(RuleRequest& request);
@@ -279,7 +288,8 @@ class RuleTable {
   std::uint64_t next_ticket_ = 0;
   std::size_t held_ = 0;
   RuleNode root_;
-  std::size_t path_nodes_ = 0;  // trie nodes below the root
+  std::size_t path_nodes_ = 0;         // trie nodes below the root
+  std::uint64_t node_generation_ = 0;  // nodes freed so far (EntryCache validity)
   std::unordered_map<const SchedulingRule*, std::unique_ptr<RuleNode>> identities_;
   RequestSet live_;                    // every held or waiting request
   RequestSet customs_;                 // the live requests with custom parts

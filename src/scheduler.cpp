@@ -592,13 +592,13 @@ bool Scheduler::Impl::yield_rule(Tasklet& tasklet) {
   detail::RuleRequest* hold = TaskletAccess::hold(tasklet);
   if (hold == nullptr || !manager_.table_.has_conflicting_waiter(*hold)) return false;
   // Release, then queue again behind whoever waits: the same FIFO as everyone else.
-  detail::ThreadHold* again = detail::ThreadHold::make(tasklet.rule().get());
+  detail::ThreadHold* again = detail::ThreadHold::make(tasklet.rule());
   detail::Grants grants;
   manager_.table_.release(*hold, grants);
   delete hold;
   TaskletAccess::hold(tasklet) = again;
   detail::RuleTable::notify(grants);
-  if (!manager_.table_.acquire(*again) && !again->wait()) {
+  if (!again->acquire(manager_.table_) && !again->wait()) {
     TaskletAccess::hold(tasklet) = nullptr;
     detail::ThreadHold::recycle(again);
     throw IllegalState("yield_rule: the job manager shut down while " + tasklet.name() +
@@ -723,8 +723,8 @@ void Scheduler::Impl::with(const TaskletPtr& tasklet) {
   active_.fetch_add(1, std::memory_order_relaxed);
   if (const Rule& rule = tasklet->rule()) {
     // The phase runs here and now, so the caller waits for the rule like a thread in begin_rule.
-    detail::ThreadHold* hold = detail::ThreadHold::make(rule.get());
-    if (!manager_.table_.acquire(*hold) && !hold->wait()) {
+    detail::ThreadHold* hold = detail::ThreadHold::make(rule);
+    if (!hold->acquire(manager_.table_) && !hold->wait()) {
       detail::ThreadHold::recycle(hold);
       finish(tasklet, nullptr);
       throw IllegalState("with(" + tasklet->name() + "): the job manager shut down while it waited for " +

@@ -2,6 +2,8 @@
 // rules, and a randomized comparison against a from-scratch reference model.
 #include "rule_table.hpp"
 
+#include "job_manager_impl.hpp"
+
 #include <algorithm>
 #include <memory>
 #include <random>
@@ -203,6 +205,47 @@ TEST_F(RuleTableTest, DeepPathsWork) {
   table_.release(b);
   EXPECT_EQ(c.grants, 1);
   table_.release(c);
+}
+
+// A thread's recycled begin_rule request keeps its resolved entries; they must be reused only for
+// the very same rule, and re-resolved for any other (even one made where the last one was).
+TEST_F(RuleTableTest, RecycledThreadRequestsReResolveADifferentRule) {
+  {
+    const Rule first = rules::path("/a");
+    ThreadHold* hold = ThreadHold::make(first);
+    EXPECT_TRUE(hold->acquire(table_));
+    table_.release(*hold);
+    ThreadHold::recycle(hold);
+  }
+  Probe blocker(rules::path("/b"));
+  ASSERT_TRUE(table_.acquire(blocker));
+  for (int round = 0; round < 3; ++round) {
+    const Rule other = rules::path("/b/c");
+    ThreadHold* hold = ThreadHold::make(other);
+    EXPECT_FALSE(hold->acquire(table_)) << "round " << round << ": /b/c waits for the holder of /b";
+    EXPECT_TRUE(table_.withdraw(*hold));
+    ThreadHold::recycle(hold);
+  }
+  table_.release(blocker);
+}
+
+TEST_F(RuleTableTest, RecycledThreadRequestsReuseTheirEntriesForTheSameRule) {
+  const Rule rule = rules::path("/a/b/c");
+  for (int round = 0; round < 3; ++round) {
+    ThreadHold* hold = ThreadHold::make(rule);
+    ASSERT_TRUE(hold->acquire(table_));
+    Probe inside(rules::path("/a/b/c/d")), sibling(rules::path("/a/b/x")), above(rules::path("/a"));
+    EXPECT_FALSE(table_.acquire(inside)) << "round " << round;
+    EXPECT_TRUE(table_.acquire(sibling)) << "round " << round;
+    EXPECT_FALSE(table_.acquire(above)) << "round " << round;
+    table_.release(*hold);
+    ThreadHold::recycle(hold);
+    EXPECT_EQ(inside.grants, 1);
+    table_.release(inside);
+    table_.release(sibling);
+    EXPECT_EQ(above.grants, 1);
+    table_.release(above);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
