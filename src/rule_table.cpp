@@ -20,6 +20,18 @@ constexpr bool compatible[lock_mode_count][lock_mode_count] = {
     /* x   */ {false, false, false, false, false},
 };
 
+// Per mode, the bit mask of the modes it is incompatible with.
+constexpr std::uint8_t incompatible_modes(int mode) noexcept {
+  std::uint8_t mask = 0;
+  for (int other = 0; other < lock_mode_count; ++other) {
+    if (!compatible[mode][other]) mask = static_cast<std::uint8_t>(mask | (1u << other));
+  }
+  return mask;
+}
+constexpr std::uint8_t incompatible_mask[lock_mode_count] = {incompatible_modes(0), incompatible_modes(1),
+                                                             incompatible_modes(2), incompatible_modes(3),
+                                                             incompatible_modes(4)};
+
 // The weakest mode that is at least as strong as both (for one request's entries on one node).
 constexpr LockMode supremum(LockMode a, LockMode b) noexcept {
   if (a == b) return a;
@@ -63,15 +75,7 @@ std::size_t entry_count_hint(const SchedulingRule& rule) noexcept {
   return 0;
 }
 
-bool RuleNode::is_unused() const noexcept {
-  for (std::size_t mode = 0; mode < lock_mode_count; ++mode) {
-    if (granted[mode] != 0 || clear_waiting[mode] != 0) return false;
-  }
-  for (const WaitQueue& queue : waiting) {
-    if (!queue.empty()) return false;
-  }
-  return children.empty();
-}
+bool RuleNode::is_unused() const noexcept { return occupied == 0 && children.empty(); }
 
 RuleTable::RuleTable() = default;
 
@@ -204,6 +208,7 @@ bool RuleTable::blocked_by_custom(const RuleRequest& request) const noexcept {
 // `node`. Node-local: a clear waiting entry of an incompatible mode is always older than an entry
 // that is not clear yet (see the header), and so is older than every newcomer.
 bool RuleTable::clear_at(const RuleNode& node, LockMode mode, std::uint64_t ticket) noexcept {
+  if ((node.occupied & incompatible_mask[index_of(mode)]) == 0) return true;  // nothing in the way
   for (std::size_t other = 0; other < lock_mode_count; ++other) {
     if (compatible[index_of(mode)][other]) continue;
     if (node.granted[other] != 0 || node.clear_waiting[other] != 0) return false;
@@ -213,11 +218,15 @@ bool RuleTable::clear_at(const RuleNode& node, LockMode mode, std::uint64_t tick
 }
 
 void RuleTable::enqueue(RuleEntry& entry) noexcept {
-  entry.node->waiting[static_cast<std::size_t>(index_of(entry.mode()))].push_back(entry);
+  const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
+  entry.node->waiting[mode].push_back(entry);
+  entry.node->refresh(mode);
 }
 
 void RuleTable::dequeue(RuleEntry& entry) noexcept {
-  entry.node->waiting[static_cast<std::size_t>(index_of(entry.mode()))].erase(entry);
+  const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
+  entry.node->waiting[mode].erase(entry);
+  entry.node->refresh(mode);
 }
 
 bool RuleTable::acquire(RuleRequest& request, EntryCache* cache) {
@@ -246,8 +255,11 @@ bool RuleTable::acquire(RuleRequest& request, EntryCache* cache) {
   if (request.has_custom_) insert(customs_, request, &RuleRequest::custom_index_);
 
   if (unclear == 0 && !custom_blocked) {
-    for (RuleEntry& entry : request.entries_)
-      ++entry.node->granted[static_cast<std::size_t>(index_of(entry.mode()))];
+    for (RuleEntry& entry : request.entries_) {
+      const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
+      ++entry.node->granted[mode];
+      entry.node->refresh(mode);
+    }
     request.held_ = true;
     ++held_;
     return true;
@@ -256,7 +268,9 @@ bool RuleTable::acquire(RuleRequest& request, EntryCache* cache) {
   request.custom_blocked_ = custom_blocked;
   for (RuleEntry& entry : request.entries_) {
     if (entry.clear()) {
-      ++entry.node->clear_waiting[static_cast<std::size_t>(index_of(entry.mode()))];
+      const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
+      ++entry.node->clear_waiting[mode];
+      entry.node->refresh(mode);
     } else {
       enqueue(entry);
     }
@@ -275,6 +289,7 @@ void RuleTable::grant(RuleRequest& request, Grants& grants) {
     assert(entry.clear() && node.clear_waiting[mode] != 0);
     --node.clear_waiting[mode];
     ++node.granted[mode];
+    node.refresh(mode);
   }
   request.held_ = true;
   ++held_;
@@ -284,6 +299,7 @@ void RuleTable::grant(RuleRequest& request, Grants& grants) {
 // Takes the entries that have become clear off the fronts of the queues at `node`, granting the
 // requests that are now clear everywhere. Amortised O(1) per entry: an entry is dequeued once.
 void RuleTable::walk(RuleNode& node, Grants& grants) {
+  if (node.queued == 0) return;
   for (std::size_t mode = 0; mode < lock_mode_count; ++mode) {
     WaitQueue& queue = node.waiting[mode];
     while (!queue.empty() && clear_at(node, static_cast<LockMode>(mode), queue.front_ticket())) {
@@ -295,6 +311,7 @@ void RuleTable::walk(RuleNode& node, Grants& grants) {
       queue.pop_front();
       entry.set_clear(true);
       ++node.clear_waiting[mode];
+      node.refresh(mode);
       RuleRequest& request = *entry.request;
       if (--request.unclear_ == 0 && !request.custom_blocked_) grant(request, grants);
     }
@@ -339,7 +356,9 @@ void RuleTable::prune(RuleNode& node) {
 void RuleTable::unlink_waiting(RuleRequest& request) noexcept {
   for (RuleEntry& entry : request.entries_) {
     if (entry.clear()) {
-      --entry.node->clear_waiting[static_cast<std::size_t>(index_of(entry.mode()))];
+      const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
+      --entry.node->clear_waiting[mode];
+      entry.node->refresh(mode);
     } else {
       dequeue(entry);
     }
@@ -349,8 +368,11 @@ void RuleTable::unlink_waiting(RuleRequest& request) noexcept {
 
 void RuleTable::leave(RuleRequest& request, Grants& grants) {
   if (request.held_) {
-    for (RuleEntry& entry : request.entries_)
-      --entry.node->granted[static_cast<std::size_t>(index_of(entry.mode()))];
+    for (RuleEntry& entry : request.entries_) {
+      const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
+      --entry.node->granted[mode];
+      entry.node->refresh(mode);
+    }
     --held_;
   } else {
     unlink_waiting(request);

@@ -24,6 +24,8 @@
 // pairwise only against requests with custom parts. Those calls run under the table's lock.
 #pragma once
 
+#include <pthread.h>
+
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -33,7 +35,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include <oneapi/tbb/mutex.h>
 #include <boost/container/flat_map.hpp>
 #include <boost/container/small_vector.hpp>
 
@@ -44,6 +45,27 @@ namespace tasklet::detail {
 
 class RuleTable;
 struct RuleNode;
+
+/// The table's lock. It is held for a few hundred nanoseconds at a time by the posting thread and
+/// the releasing workers: a plain mutex turns every collision into a futex sleep and wake-up,
+/// which costs more than the work, and a pure spin lock wastes the CPU whenever its holder is
+/// preempted (oversubscribed machines). glibc's adaptive mutex spins briefly, then sleeps.
+class TableMutex {
+ public:
+  TableMutex() noexcept = default;
+  TableMutex(const TableMutex&) = delete;
+  TableMutex& operator=(const TableMutex&) = delete;
+  ~TableMutex() { pthread_mutex_destroy(&mutex_); }
+  void lock() noexcept { pthread_mutex_lock(&mutex_); }
+  void unlock() noexcept { pthread_mutex_unlock(&mutex_); }
+
+ private:
+#ifdef PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP
+  pthread_mutex_t mutex_ = PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP;
+#else
+  pthread_mutex_t mutex_ = PTHREAD_MUTEX_INITIALIZER;
+#endif
+};
 
 /// Multi-granularity lock modes.
 enum class LockMode : std::uint8_t { is, ix, s, six, x };
@@ -196,6 +218,17 @@ struct RuleNode {
   std::array<std::uint32_t, lock_mode_count> granted{};
   std::array<std::uint32_t, lock_mode_count> clear_waiting{};  // clear entries of waiting requests
   std::array<WaitQueue, lock_mode_count> waiting;              // entries not clear yet, ticket order
+  std::uint8_t occupied = 0;  // bit per mode: some entry of that mode is granted or waits here
+  std::uint8_t queued = 0;    // bit per mode: waiting[mode] is not empty
+
+  /// Recomputes the mode's bits after its counts or queue changed.
+  void refresh(std::size_t mode) noexcept {
+    const auto bit = static_cast<std::uint8_t>(1u << mode);
+    const bool is_queued = !waiting[mode].empty();
+    queued = static_cast<std::uint8_t>(is_queued ? queued | bit : queued & ~bit);
+    const bool is_occupied = is_queued || granted[mode] != 0 || clear_waiting[mode] != 0;
+    occupied = static_cast<std::uint8_t>(is_occupied ? occupied | bit : occupied & ~bit);
+  }
   // Path trie links (identity nodes have none; they remember their rule instead).
   const SchedulingRule* identity = nullptr;
   RuleNode* parent = nullptr;
@@ -280,11 +313,7 @@ class RuleTable {
   void leave(RuleRequest& request, Grants& grants);
   void prune(RuleNode& node);
 
-  // Held for a few hundred nanoseconds at a time by the posting thread and the releasing workers.
-  // std::mutex turns every collision into a futex sleep and wake-up, which costs more than the
-  // work; a pure spin lock wastes the CPU when its holder is preempted (oversubscribed machines).
-  // oneTBB's mutex spins briefly, then waits on the address.
-  mutable oneapi::tbb::mutex mutex_;
+  mutable TableMutex mutex_;
   std::uint64_t next_ticket_ = 0;
   std::size_t held_ = 0;
   RuleNode root_;
