@@ -11,7 +11,7 @@
 //   begin/end      begin_rule + end_rule on one thread, uncontended (a mutex rule, a path rule),
 //                  against std::mutex lock + unlock                                  (<= 3x)
 //   memory         bytes per job queued behind a held rule, beyond the user's callable
-//                  (malloc statistics)                                               (<= 256)
+//                  (growth of resident memory)                                       (<= 256)
 //
 // Every workload checks itself, so a broken engine cannot post a good number: every job ran, jobs
 // on one mutex rule (and on one path) ran in the order they were scheduled, and, in an untimed
@@ -19,8 +19,6 @@
 // really excludes a second thread.
 //
 // Usage: tasklet_bench_rules [--repeats=K] [--max-n=N] [--quick] [--only=WORD]
-#include <malloc.h>
-
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -481,13 +479,8 @@ void bench_begin_end(Report& report, const Options& options, const std::shared_p
 // ---------------------------------------------------------------------------------------------
 // 4. Memory per job queued behind a held rule
 
-std::size_t heap_in_use() {
-  const struct mallinfo2 info = mallinfo2();
-  return info.uordblks + info.hblkhd;  // small chunks in use + mmap'd blocks (large vectors)
-}
-
 // Queues `n` sync tasklets, each with rule_of(i), while this thread holds `holder` (so they all
-// wait in the rule table), and reports the heap they take per job beyond the user's callable. Then
+// wait in the rule table), and reports the memory they take per job beyond the user's callable. Then
 // releases the holder and runs them, checking that every one ran.
 template <class RuleOf>
 void measure_queued(Report& report, const std::shared_ptr<JobManager>& manager, const std::string& label,
@@ -499,10 +492,10 @@ void measure_queued(Report& report, const std::shared_ptr<JobManager>& manager, 
   };
   const auto scheduler = Scheduler::create(SchedulerOptions{manager, nullptr, 0});
   manager->begin_rule(holder);
-  const std::size_t before = heap_in_use();
+  const std::size_t before = tasklet::bench::resident_bytes();
   for (std::size_t i = 0; i < n; ++i)
     scheduler->schedule(tasklet::make_tasklet(job, rule_of(i)), Directive::sync);
-  const std::size_t after = heap_in_use();
+  const std::size_t after = tasklet::bench::resident_bytes();
   const auto stats = manager->rule_stats();
   if (stats.waiting != n)
     fail(label + ": " + std::to_string(stats.waiting) + " of " + std::to_string(n) + " wait");
@@ -546,10 +539,10 @@ int main(int argc, char** argv) {
   Report::print_header(std::cout);
 
   Report report("tasklet rule benchmarks (ns/op: medians; ratio: median of paired ours/baseline)");
+  if (options.selected("memory")) bench_memory(report, options, manager);  // first: see resident_bytes()
   if (options.selected("mutex")) bench_mutex_rule(report, options, manager);
   if (options.selected("path")) bench_path_rules(report, options, manager);
   if (options.selected("begin")) bench_begin_end(report, options, manager);
-  if (options.selected("memory")) bench_memory(report, options, manager);
 
   report.print_table(std::cout);
   std::cout << "load average at end: " << tasklet::bench::load_average() << "\n";

@@ -6,11 +6,9 @@
 //   round trip     one tasklet alternating sync -> async -> sync, against two threads
 //                  ping-ponging through a std::mutex and std::condition_variable          (<= 2x)
 //   memory         bytes per tasklet queued for sync or parked in wait, beyond the user's
-//                  callable (malloc statistics)                                           (<= 256)
+//                  callable (growth of resident memory)                                   (<= 256)
 //
 // Usage: tasklet_bench_scheduler [--repeats=K] [--max-n=N] [--quick] [--only=WORD]
-#include <malloc.h>
-
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -191,11 +189,6 @@ void bench_round_trip(Report& report, const Options& options) {
 // ---------------------------------------------------------------------------------------------
 // c) Memory per queued tasklet
 
-std::size_t heap_in_use() {
-  const struct mallinfo2 info = mallinfo2();
-  return info.uordblks + info.hblkhd;  // small chunks in use + mmap'd blocks (large vectors)
-}
-
 // The user's part of every tasklet below: a callable without state.
 constexpr auto trivial_job = [] { return Directive::done; };
 using TrivialTasklet = tasklet::FunctionTasklet<std::decay_t<decltype(trivial_job)>>;
@@ -214,10 +207,10 @@ void bench_memory(Report& report, const Options& options) {
   {
     // Queued for sync on a scheduler whose run() has not started yet.
     const auto scheduler = tasklet::Scheduler::create();
-    const std::size_t before = heap_in_use();
+    const std::size_t before = tasklet::bench::resident_bytes();
     for (std::size_t i = 0; i < n; ++i)
       scheduler->schedule(tasklet::make_tasklet(trivial_job), Directive::sync);
-    const std::size_t after = heap_in_use();
+    const std::size_t after = tasklet::bench::resident_bytes();
     if (scheduler->active_count() != n) fail("not every tasklet was queued");
     report.add(figure_row("memory: queued for sync, per tasklet", size_label(n),
                           per_tasklet(before, after, n), "bytes", 256.0));
@@ -226,10 +219,10 @@ void bench_memory(Report& report, const Options& options) {
   {
     // Parked with wait; the scheduler's destructor drops them.
     const auto scheduler = tasklet::Scheduler::create();
-    const std::size_t before = heap_in_use();
+    const std::size_t before = tasklet::bench::resident_bytes();
     for (std::size_t i = 0; i < n; ++i)
       scheduler->schedule(tasklet::make_tasklet(trivial_job), Directive::wait);
-    const std::size_t after = heap_in_use();
+    const std::size_t after = tasklet::bench::resident_bytes();
     if (scheduler->active_count() != n) fail("not every tasklet was parked");
     report.add(figure_row("memory: parked in wait, per tasklet", size_label(n), per_tasklet(before, after, n),
                           "bytes", 256.0));
@@ -250,9 +243,9 @@ int main(int argc, char** argv) {
   Report::print_header(std::cout);
 
   Report report("tasklet scheduler benchmarks (ns/op: medians; ratio: median of paired ours/baseline)");
+  if (options.selected("memory")) bench_memory(report, options);  // first: see resident_bytes()
   if (options.selected("throughput")) bench_throughput(report, options);
   if (options.selected("round")) bench_round_trip(report, options);
-  if (options.selected("memory")) bench_memory(report, options);
 
   report.print_table(std::cout);
   std::cout << "\nMarkdown (for docs/performance.md):\n";

@@ -26,6 +26,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -274,6 +275,11 @@ class RuleTable {
   template <class Predicate>
   std::size_t withdraw_waiting(const SchedulingRule& rule, Predicate&& matches);
 
+  /// Withdraws every waiting request that `matches` accepts, calls their cancelled() outside the
+  /// lock, and returns how many. `matches` runs under the lock. O(live requests).
+  template <class Predicate>
+  std::size_t withdraw_waiting_if(Predicate&& matches);
+
   /// Whether some waiting request conflicts with `held` (a held request).
   bool has_conflicting_waiter(const RuleRequest& held) const;
 
@@ -350,6 +356,30 @@ std::size_t RuleTable::withdraw_waiting(const SchedulingRule& rule, Predicate&& 
     } else {
       for (RuleRequest* request : live_) consider(*request);
     }
+    auto kept = withdrawn.begin();
+    for (RuleRequest* request : withdrawn) {
+      if (request->held_) continue;  // let through by an earlier withdrawal: it runs after all
+      leave(*request, grants);
+      *kept++ = request;
+    }
+    withdrawn.erase(kept, withdrawn.end());
+  }
+  notify(grants);
+  for (RuleRequest* request : withdrawn) request->cancelled();
+  return withdrawn.size();
+}
+
+template <class Predicate>
+std::size_t RuleTable::withdraw_waiting_if(Predicate&& matches) {
+  std::vector<RuleRequest*> withdrawn;
+  Grants grants;
+  {
+    std::lock_guard lock(mutex_);
+    for (RuleRequest* request : live_) {
+      if (!request->held_ && matches(static_cast<const RuleRequest&>(*request))) withdrawn.push_back(request);
+    }
+    std::sort(withdrawn.begin(), withdrawn.end(),
+              [](const RuleRequest* a, const RuleRequest* b) { return a->ticket_ < b->ticket_; });
     auto kept = withdrawn.begin();
     for (RuleRequest* request : withdrawn) {
       if (request->held_) continue;  // let through by an earlier withdrawal: it runs after all

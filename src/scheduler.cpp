@@ -213,33 +213,33 @@ struct Scheduler::Impl::BatchTask {
   }
 };
 
-// A tasklet's request for its rule. While it waits it owns the tasklet (and keeps the scheduler
-// alive); once granted it continues the tasklet with the directive it was started with. Its entries
-// are in place for rules of up to N entries (make() picks N), so one block holds the whole request.
+// A tasklet's request for its rule. While it waits it owns the tasklet; once granted it continues
+// the tasklet with the directive it was started with. Its entries are in place for rules of up to
+// N entries (start() picks N), so one block holds the whole request. It is counted in the
+// scheduler's holds_ until it is done with the scheduler, which the destructor waits for.
 template <std::size_t N>
 struct Scheduler::Impl::TaskletHold final : detail::InlineRuleRequest<N>, detail::PooledObject {
-  TaskletHold(Impl& scheduler, TaskletPtr waiting, Directive first)
-      : impl(scheduler), tasklet(std::move(waiting)), pending(first) {
+  TaskletHold(TaskletPtr waiting, Directive first) : tasklet(std::move(waiting)), pending(first) {
     this->set_rule(tasklet->rule().get());  // the tasklet's rule cannot change while it is active
   }
   const void* owner() const noexcept override { return tasklet.get(); }
+  Impl& scheduler() const noexcept { return TaskletAccess::scheduler(*tasklet)->impl(); }
   void granted() noexcept override {
-    const std::shared_ptr<Scheduler> alive = std::move(keep_alive);
+    Impl& impl = scheduler();
     impl.dispatch(std::move(tasklet), pending);
+    impl.holds_.fetch_sub(1, std::memory_order_release);  // the scheduler may go now
   }
   void cancelled() noexcept override {
-    const std::shared_ptr<Scheduler> alive = std::move(keep_alive);
+    Impl& impl = scheduler();
     TaskletPtr ended = std::move(tasklet);
     TaskletAccess::hold(*ended) = nullptr;  // it never held the rule: nothing to release
-    Impl& scheduler = impl;
     delete this;
-    scheduler.finish(std::move(ended), nullptr);
+    impl.finish(std::move(ended), nullptr);
+    impl.holds_.fetch_sub(1, std::memory_order_release);
   }
 
-  Impl& impl;
   TaskletPtr tasklet;
   Directive pending;
-  std::shared_ptr<Scheduler> keep_alive;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -252,6 +252,13 @@ Scheduler::Impl::Impl(Scheduler& self, SchedulerOptions options)
       workers_(options_.workers->impl()) {}
 
 Scheduler::Impl::~Impl() {
+  // Tasklets still waiting for their rules end unrun; one whose grant is being delivered right now
+  // (by a releasing thread, outside the table's lock) is let through first.
+  manager_.table_.withdraw_waiting_if([this](const detail::RuleRequest& request) {
+    const auto* tasklet = static_cast<const Tasklet*>(request.owner());
+    return tasklet != nullptr && TaskletAccess::scheduler(*tasklet) == &self_;
+  });
+  while (holds_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
   drop_pending();
   if (spawned_.load(std::memory_order_acquire)) {
     // Wait for the tails of our oneTBB tasks (the phase that finished last may still be leaving).
@@ -380,12 +387,12 @@ void Scheduler::Impl::start(TaskletPtr tasklet, Directive directive) {
 template <std::size_t N>
 void Scheduler::Impl::start_holding(TaskletPtr tasklet, Directive directive) {
   Tasklet& raw = *tasklet;
-  auto* hold = new TaskletHold<N>(*this, std::move(tasklet), directive);
+  auto* hold = new TaskletHold<N>(std::move(tasklet), directive);
   TaskletAccess::hold(raw) = hold;
-  hold->keep_alive = self_.shared_from_this();
+  holds_.fetch_add(1, std::memory_order_relaxed);
   if (!manager_.table_.acquire(*hold)) return;  // granted() continues it; it may already have
-  hold->keep_alive.reset();
   dispatch(std::move(hold->tasklet), directive);
+  holds_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 void Scheduler::Impl::release_rule(Tasklet& tasklet) noexcept {

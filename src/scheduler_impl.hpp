@@ -69,6 +69,7 @@ struct Scheduler::Impl {
   oneapi::tbb::task_group group_;
 
   std::atomic<std::size_t> active_{0};
+  std::atomic<std::size_t> holds_{0};  // TaskletHolds not yet done with this scheduler
   std::atomic<bool> running_{false};
   bool background_ = false;
 

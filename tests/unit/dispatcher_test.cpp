@@ -318,6 +318,38 @@ TEST_P(DispatcherTest, ThreadRulesExcludeTasklets) {
   EXPECT_FALSE(ran_too_early.load());
 }
 
+TEST_P(DispatcherTest, DroppingASchedulerEndsItsWaitingTaskletsUnrun) {
+  // Every tasklet owns a Counted; its destruction shows that the tasklet was let go.
+  struct Counted {
+    explicit Counted(std::atomic<int>& n) : count(n) {}
+    Counted(const Counted&) = delete;
+    Counted& operator=(const Counted&) = delete;
+    ~Counted() { count.fetch_add(1); }
+    std::atomic<int>& count;
+  };
+  std::atomic<int> released{0};
+  std::atomic<int> ran{0};
+  const Rule rule = rules::mutex("held by the test");
+  manager_->begin_rule(rule);
+  {
+    auto dropped = Scheduler::create(SchedulerOptions{manager_, nullptr, 0});
+    for (int i = 0; i < 100; ++i) {
+      dropped->schedule(make_tasklet(
+                            [&ran, counted = std::make_shared<Counted>(released)] {
+                              ran.fetch_add(1);
+                              return Directive::done;
+                            },
+                            rule),
+                        Directive::sync);
+    }
+    EXPECT_EQ(manager_->rule_stats().waiting, 100u);
+  }
+  EXPECT_EQ(manager_->rule_stats().waiting, 0u) << "the scheduler withdrew its requests";
+  EXPECT_EQ(released.load(), 100) << "and let go of every tasklet";
+  manager_->end_rule(rule);
+  EXPECT_EQ(ran.load(), 0);
+}
+
 TEST_P(DispatcherTest, SyncPhasesWithRulesRunOnTheSyncThread) {
   const auto sync_thread = std::this_thread::get_id();
   std::atomic<int> elsewhere{0};
