@@ -71,7 +71,8 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   /// A new scheduler (api::new_scheduler() uses the thread's configured options).
   static std::shared_ptr<Scheduler> create(SchedulerOptions options = {});
 
-  /// Drops what never started (queued and parked tasklets), waits for running phases to end.
+  /// Drops what never started (queued, parked and rule-waiting tasklets), waits for running phases
+  /// to end.
   /// Never throws. Must not be called from one of this scheduler's own phases.
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
