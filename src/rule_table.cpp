@@ -229,7 +229,42 @@ void RuleTable::dequeue(RuleEntry& entry) noexcept {
   entry.node->refresh(mode);
 }
 
-bool RuleTable::acquire(RuleRequest& request, EntryCache* cache) {
+// Adds the entries of request.rule(), taking a path rule's nodes from resolved_ when they are known.
+void RuleTable::add_rule(RuleRequest& request, const Rule* shared) {
+  const SchedulingRule& rule = *request.rule_;
+  if (shared == nullptr || shared->get() != &rule) {
+    add_atom(request, rule, false);
+    return;
+  }
+  const RuleKey key = rule.key();
+  if (key.kind != RuleKey::Kind::path) {
+    add_atom(request, rule, false);
+    return;
+  }
+  const LockMode intent = key.shared ? LockMode::is : LockMode::ix;
+  const LockMode target = key.shared ? LockMode::s : LockMode::x;
+  auto found = resolved_.find(&rule);
+  if (found != resolved_.end() && found->second.generation == node_generation_ &&
+      !found->second.rule.owner_before(*shared) && !shared->owner_before(found->second.rule)) {
+    const auto& nodes = found->second.nodes;
+    request.entries_.reserve(nodes.size());
+    for (std::size_t i = 0; i < nodes.size(); ++i)
+      add_entry(request, *nodes[i], i + 1 == nodes.size() ? target : intent, false);
+    return;
+  }
+  add_atom(request, rule, false);
+  if (found == resolved_.end() && resolved_.size() >= resolved_limit) {
+    resolved_.clear();
+    found = resolved_.end();
+  }
+  ResolvedPath& remembered = found != resolved_.end() ? found->second : resolved_[&rule];
+  remembered.rule = *shared;
+  remembered.generation = node_generation_;
+  remembered.nodes.clear();
+  for (const RuleEntry& entry : request.entries_) remembered.nodes.push_back(entry.node);
+}
+
+bool RuleTable::acquire(RuleRequest& request, EntryCache* cache, const Rule* shared) {
   assert(request.rule_ != nullptr && !request.in_table_);
   std::lock_guard lock(mutex_);
   request.ticket_ = ++next_ticket_;
@@ -240,7 +275,7 @@ bool RuleTable::acquire(RuleRequest& request, EntryCache* cache) {
   } else {
     request.entries_.clear();
     request.has_custom_ = false;
-    add_atom(request, *request.rule_, false);
+    add_rule(request, shared);
     if (cache != nullptr) *cache = EntryCache{this, node_generation_, false};
   }
 

@@ -260,7 +260,10 @@ class RuleTable {
 
   /// Enters a request for request.rule() (not null). True when granted at once; otherwise it waits
   /// and its granted() is called when its turn comes. Calls custom rules' checks under the lock.
-  bool acquire(RuleRequest& request, EntryCache* cache = nullptr);
+  /// `shared`, when given, is the owning pointer of request.rule(): the table then remembers the
+  /// nodes of a path rule (weakly, for up to resolved_limit rules), so that the next request for
+  /// the same rule object skips the lookups of its segments.
+  bool acquire(RuleRequest& request, EntryCache* cache = nullptr, const Rule* shared = nullptr);
 
   /// Releases a held request and notifies the requests that this lets through (outside the lock).
   void release(RuleRequest& request);
@@ -302,6 +305,7 @@ class RuleTable {
   static void erase(RequestSet& set, RuleRequest& request, std::uint32_t RuleRequest::*index) noexcept;
 
   void add_atom(RuleRequest& request, const SchedulingRule& atom, bool merge);
+  void add_rule(RuleRequest& request, const Rule* shared);
   static void add_entry(RuleRequest& request, RuleNode& node, LockMode mode, bool merge);
   // Out of memory while queueing terminates: a half-queued request would break the table.
   static void enqueue(RuleEntry& entry) noexcept;
@@ -325,6 +329,15 @@ class RuleTable {
   RuleNode root_;
   std::size_t path_nodes_ = 0;         // trie nodes below the root
   std::uint64_t node_generation_ = 0;  // nodes freed so far (EntryCache validity)
+  // Path rules' nodes, by rule object; valid while node_generation_ is unchanged. The weak
+  // reference keeps another rule from taking a dead one's address while it is remembered.
+  struct ResolvedPath {
+    std::weak_ptr<const SchedulingRule> rule;
+    std::uint64_t generation = 0;
+    boost::container::small_vector<RuleNode*, 5> nodes;  // root first
+  };
+  static constexpr std::size_t resolved_limit = 4096;
+  std::unordered_map<const SchedulingRule*, ResolvedPath> resolved_;
   std::unordered_map<const SchedulingRule*, std::unique_ptr<RuleNode>> identities_;
   RequestSet live_;                    // every held or waiting request
   RequestSet customs_;                 // the live requests with custom parts

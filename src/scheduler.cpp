@@ -390,7 +390,7 @@ void Scheduler::Impl::start_holding(TaskletPtr tasklet, Directive directive) {
   auto* hold = new TaskletHold<N>(std::move(tasklet), directive);
   TaskletAccess::hold(raw) = hold;
   holds_.fetch_add(1, std::memory_order_relaxed);
-  if (!manager_.table_.acquire(*hold)) return;  // granted() continues it; it may already have
+  if (!manager_.table_.acquire(*hold, nullptr, &raw.rule())) return;  // granted() continues it
   dispatch(std::move(hold->tasklet), directive);
   holds_.fetch_sub(1, std::memory_order_relaxed);
 }

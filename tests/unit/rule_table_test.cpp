@@ -248,6 +248,28 @@ TEST_F(RuleTableTest, RecycledThreadRequestsReuseTheirEntriesForTheSameRule) {
   }
 }
 
+// Requests that pass the owning pointer let the table remember a path rule's nodes; the remembered
+// nodes must give the same decisions as resolving the path again.
+TEST_F(RuleTableTest, RememberedPathNodesGiveTheSameDecisions) {
+  const Rule file = rules::path("/src/lib/a.cpp");
+  const Rule dir = rules::path("/src/lib");
+  const Rule other = rules::path("/src/bin/main.cpp");
+  for (int round = 0; round < 3; ++round) {
+    Probe first(file), second(file), parent(dir), sibling(other);
+    EXPECT_TRUE(table_.acquire(first, nullptr, &first.rule())) << "round " << round;
+    EXPECT_FALSE(table_.acquire(second, nullptr, &second.rule())) << "round " << round;
+    EXPECT_FALSE(table_.acquire(parent, nullptr, &parent.rule())) << "round " << round;
+    EXPECT_TRUE(table_.acquire(sibling, nullptr, &sibling.rule())) << "round " << round;
+    table_.release(first);
+    EXPECT_EQ(second.grants, 1);
+    EXPECT_EQ(parent.grants, 0);
+    table_.release(second);
+    EXPECT_EQ(parent.grants, 1);
+    table_.release(parent);
+    table_.release(sibling);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Randomized: after every operation the held set must equal what the specification says, computed
 // from scratch: in ticket order, a request holds iff it conflicts with no holder and no earlier
