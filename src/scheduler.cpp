@@ -217,6 +217,26 @@ struct Scheduler::Impl::BatchTask {
 // the tasklet with the directive it was started with. Its entries are in place for rules of up to
 // N entries (start() picks N), so one block holds the whole request. It is counted in the
 // scheduler's holds_ until it is done with the scheduler, which the destructor waits for.
+//
+// Delivering a grant or a cancellation can run user code (a tasklet ended by it is destroyed), and
+// that code may drop the last reference to this very scheduler. Its destructor, on this thread,
+// must not wait for the delivery it is nested in: each delivery in progress is on a thread-local
+// list, which the destructor marks instead (and the delivery then leaves the count alone).
+struct Scheduler::Impl::Delivery {
+  explicit Delivery(Impl& scheduler) noexcept : impl(&scheduler), outer(innermost) { innermost = this; }
+  Delivery(const Delivery&) = delete;
+  Delivery& operator=(const Delivery&) = delete;
+  ~Delivery() {
+    innermost = outer;
+    if (impl != nullptr) impl->holds_.fetch_sub(1, std::memory_order_release);  // it may go now
+  }
+  Impl* impl;  // null once its destructor has counted this delivery out
+  Delivery* outer;
+  static thread_local Delivery* innermost;
+};
+
+thread_local Scheduler::Impl::Delivery* Scheduler::Impl::Delivery::innermost = nullptr;
+
 template <std::size_t N>
 struct Scheduler::Impl::TaskletHold final : detail::InlineRuleRequest<N>, detail::PooledObject {
   TaskletHold(TaskletPtr waiting, Directive first) : tasklet(std::move(waiting)), pending(first) {
@@ -226,16 +246,16 @@ struct Scheduler::Impl::TaskletHold final : detail::InlineRuleRequest<N>, detail
   Impl& scheduler() const noexcept { return TaskletAccess::scheduler(*tasklet)->impl(); }
   void granted() noexcept override {
     Impl& impl = scheduler();
+    const Delivery delivery(impl);
     impl.dispatch(std::move(tasklet), pending);
-    impl.holds_.fetch_sub(1, std::memory_order_release);  // the scheduler may go now
   }
   void cancelled() noexcept override {
     Impl& impl = scheduler();
+    const Delivery delivery(impl);
     TaskletPtr ended = std::move(tasklet);
     TaskletAccess::hold(*ended) = nullptr;  // it never held the rule: nothing to release
     delete this;
     impl.finish(std::move(ended), nullptr);
-    impl.holds_.fetch_sub(1, std::memory_order_release);
   }
 
   TaskletPtr tasklet;
@@ -258,6 +278,14 @@ Scheduler::Impl::~Impl() {
     const auto* tasklet = static_cast<const Tasklet*>(request.owner());
     return tasklet != nullptr && TaskletAccess::scheduler(*tasklet) == &self_;
   });
+  std::size_t nested = 0;  // deliveries on this thread that led here: not waited for
+  for (Delivery* delivery = Delivery::innermost; delivery != nullptr; delivery = delivery->outer) {
+    if (delivery->impl == this) {
+      delivery->impl = nullptr;
+      ++nested;
+    }
+  }
+  holds_.fetch_sub(nested, std::memory_order_relaxed);
   while (holds_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
   drop_pending();
   if (spawned_.load(std::memory_order_acquire)) {
@@ -391,8 +419,8 @@ void Scheduler::Impl::start_holding(TaskletPtr tasklet, Directive directive) {
   TaskletAccess::hold(raw) = hold;
   holds_.fetch_add(1, std::memory_order_relaxed);
   if (!manager_.table_.acquire(*hold, nullptr, &raw.rule())) return;  // granted() continues it
+  holds_.fetch_sub(1, std::memory_order_relaxed);  // granted at once: no delivery to wait for
   dispatch(std::move(hold->tasklet), directive);
-  holds_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 void Scheduler::Impl::release_rule(Tasklet& tasklet) noexcept {

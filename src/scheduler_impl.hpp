@@ -107,6 +107,7 @@ struct Scheduler::Impl {
   struct RunnerTask;
   template <std::size_t N>
   struct TaskletHold;
+  struct Delivery;
 
   void claim(Tasklet& tasklet, const char* action);
   void unclaim(Tasklet& tasklet) noexcept;
