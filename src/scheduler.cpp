@@ -401,14 +401,22 @@ void Scheduler::Impl::start(TaskletPtr tasklet, Directive directive) {
     return;
   }
   const std::size_t entries = detail::entry_count_hint(*tasklet->rule());
-  if (entries <= 1) {
-    start_holding<1>(std::move(tasklet), directive);
-  } else if (entries <= 3) {
-    start_holding<3>(std::move(tasklet), directive);
-  } else if (entries <= 5) {
-    start_holding<5>(std::move(tasklet), directive);
-  } else {
-    start_holding<8>(std::move(tasklet), directive);
+  // A mutex rule takes 1 entry, a path rule of depth d takes d + 1; larger rules (deep paths, multi
+  // rules) get 8 in place and the rest on the heap.
+  switch (entries) {
+    case 0:
+    case 1:
+      return start_holding<1>(std::move(tasklet), directive);
+    case 2:
+      return start_holding<2>(std::move(tasklet), directive);
+    case 3:
+      return start_holding<3>(std::move(tasklet), directive);
+    case 4:
+      return start_holding<4>(std::move(tasklet), directive);
+    case 5:
+      return start_holding<5>(std::move(tasklet), directive);
+    default:
+      return start_holding<8>(std::move(tasklet), directive);
   }
 }
 
