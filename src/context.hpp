@@ -22,6 +22,13 @@ struct RuleFrame {
   ThreadHold* hold = nullptr;
 };
 
+/// A listener call in progress (Jobs::deliver), innermost first: a listener that removes itself
+/// does not wait for its own call.
+struct ListenerCall {
+  const void* slot;
+  const ListenerCall* outer;
+};
+
 /// What the engine knows about the code running now. One per thread, plus one per oneTBB task of
 /// ours: a task suspended in begin_rule may resume on another thread, so what it knows travels with
 /// it (see ThreadHold::wait) instead of living in the thread.
@@ -53,6 +60,8 @@ struct TaskState {
 
   /// The job whose run() this is (JobManager::current_job).
   Job* job = nullptr;
+  /// The listener calls this code is inside of.
+  const ListenerCall* listener_call = nullptr;
 
   /// The thread's state to go back to when this task leaves the thread.
   TaskState* outer = nullptr;

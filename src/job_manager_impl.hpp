@@ -6,10 +6,9 @@
 #include <mutex>
 #include <string>
 
-#include <oneapi/tbb/task.h>
-
 #include "context.hpp"
 #include "rule_table.hpp"
+#include "task_condition.hpp"
 #include "tasklet/job_manager.hpp"
 #include "tasklet/scheduler.hpp"
 #include "tasklet/workers.hpp"
@@ -21,7 +20,8 @@ namespace detail {
 class Jobs;
 
 /// A thread's request in begin_rule. wait() blocks an ordinary thread; on a worker it suspends the
-/// oneTBB task, so the worker goes on with other work (waiting callers never starve the pool).
+/// oneTBB task, so the worker goes on with other work (waiting callers never starve the pool), and
+/// a job runner leaves its runner limit while it waits (see Wakeup).
 class ThreadHold final : public RuleRequest {
  public:
   /// A request for `rule`, which must outlive it (the begin_rule frame or the tasklet keeps it).
@@ -35,11 +35,8 @@ class ThreadHold final : public RuleRequest {
 
  private:
   void wake(bool granted) noexcept;
-  std::mutex mutex_;
-  std::condition_variable woken_;
-  bool done_ = false;
+  Wakeup wakeup_;
   bool granted_ = false;
-  oneapi::tbb::task::suspend_point suspended_ = nullptr;
 };
 
 /// Ends the begin_rule frames above `base` (a phase's leftovers), innermost first, releasing
@@ -61,8 +58,12 @@ struct JobManager::Impl {
   Scheduler& background();
   /// The same for jobs, whose async phases wait in priority (deadline) order for a runner.
   Scheduler& job_scheduler();
-  /// The job side of the manager. Made on first use.
+  /// The job side of the manager. Made on first use; jobs share it, so it outlives the manager
+  /// (detached) while jobs of the manager are left.
   detail::Jobs& jobs();
+  std::shared_ptr<detail::Jobs> shared_jobs();
+  /// The job side if it was made, else null (for the destructor).
+  detail::Jobs* made_jobs() const noexcept { return jobs_.get(); }
 
   JobManager& self_;
   std::shared_ptr<Workers> workers_;
@@ -75,7 +76,7 @@ struct JobManager::Impl {
   std::shared_ptr<Scheduler> background_;
   std::once_flag jobs_once_;
   std::shared_ptr<Scheduler> job_scheduler_;
-  std::unique_ptr<detail::Jobs> jobs_;
+  std::shared_ptr<detail::Jobs> jobs_;
 };
 
 }  // namespace tasklet
