@@ -201,6 +201,18 @@ void Jobs::withdraw_waiting(Job& job) {
   if (tasklet) scheduler_->impl().withdraw(*tasklet);
 }
 
+// Throttled jobs of the group that its max_threads lets in now (under the group's lock).
+std::vector<std::shared_ptr<Job>> Jobs::take_admissible(JobGroup& group) {
+  auto& g = group.impl();
+  std::vector<std::shared_ptr<Job>> let_in;
+  while (g.state != JobGroup::State::canceling && !g.throttled.empty() &&
+         (group.max_threads() <= 0 || g.running + static_cast<int>(let_in.size()) < group.max_threads())) {
+    let_in.push_back(std::move(g.throttled.front()));
+    g.throttled.pop_front();
+  }
+  return let_in;
+}
+
 // The job's run (or its wait to run) is over: state none, result kept, group told. Called under
 // the lock; what needs user code (the group's hooks) or listeners is left in the returned RunEnd
 // for complete(), outside the lock.
@@ -233,12 +245,6 @@ RunEnd Jobs::finish_run(Job& job, Status result, std::vector<std::shared_ptr<Job
       g.results.push_back(result);
       if (result.is_error()) ++g.failed;
       if (result.is_canceled()) ++g.canceled;
-      while (
-          g.state != JobGroup::State::canceling && !g.throttled.empty() &&
-          (group->max_threads() <= 0 || g.running + static_cast<int>(let_in.size()) < group->max_threads())) {
-        let_in.push_back(std::move(g.throttled.front()));
-        g.throttled.pop_front();
-      }
       end.group = state.group;
       end.group_over = g.active.empty() && g.throttled.empty() && g.seeds_done >= g.seeds_expected;
       if (end.group_over) {
@@ -249,6 +255,8 @@ RunEnd Jobs::finish_run(Job& job, Status result, std::vector<std::shared_ptr<Job
       }
       end.failed = g.failed;
       end.canceled = g.canceled;
+      // After a failure, should_cancel() decides (in complete()) before a throttled job starts.
+      if (!end.ask_should_cancel) let_in = take_admissible(*group);
     }
     for (auto& next : let_in) enter_waiting(next, to_start);
   }
@@ -285,7 +293,21 @@ void Jobs::complete(RunEnd end) {
       cancel_group = end.group->should_cancel(end.done.result, end.failed, end.canceled);
     } catch (...) {
     }
-    if (cancel_group) group_cancel(*end.group);
+    if (cancel_group) {
+      group_cancel(*end.group);
+    } else {
+      std::vector<std::shared_ptr<JobTasklet>> to_start;
+      {
+        std::lock_guard lock(mutex);
+        std::vector<std::shared_ptr<Job>> let_in;
+        {
+          std::lock_guard group_lock(end.group->impl().mutex);
+          let_in = take_admissible(*end.group);
+        }
+        for (auto& next : let_in) enter_waiting(next, to_start);
+      }
+      start(to_start);
+    }
   }
   {
     std::lock_guard lock(mutex);
@@ -575,7 +597,16 @@ void Jobs::run(JobTasklet& tasklet) noexcept {
     monitor->done();
   } catch (...) {
   }
-  detail::state().job = outer;  // the run may have moved to another thread (begin_rule, yield_rule)
+  TaskState& after = detail::state();  // the run may have moved to another thread (begin_rule, yield_rule)
+  after.job = outer;
+  // Rules begun in run() and left open are released now, before join() can return, and fail the run.
+  if (const std::string open = end_frames_above(after, after.phase_base);
+      !open.empty() && !result.is_error()) {
+    const std::string message = "job '" + job->name() + "' began " + open +
+                                " in run() and did not end it; rules begun in a run must be ended in it "
+                                "(they have been released)";
+    result = Status::error(message, std::make_exception_ptr(RuleMismatch(message)));
+  }
   release_rule();
 
   {

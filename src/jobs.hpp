@@ -147,6 +147,7 @@ class Jobs final : public WaitTimer {
   void deliver(Job& job) noexcept;
   void withdraw_waiting(Job& job);
   void release_group_slot(Job& job, std::vector<std::shared_ptr<JobTasklet>>& to_start);
+  static std::vector<std::shared_ptr<Job>> take_admissible(JobGroup& group);
   void deliver_before_run(Job& job) noexcept;
   void arm_timer(Job& job, Clock::time_point when);
   void disarm_timer(Job& job);
