@@ -219,6 +219,55 @@ TEST(JobManagerLifetime, AManagerDroppedInsideOneOfItsJobsIsDestroyedAfterThatRu
   EXPECT_THROW(behind->schedule(), IllegalState);
 }
 
+TEST(JobManagerLifetime, AManagerOwnedOnlyByItsJobIsDestroyedWhenTheJobIs) {
+  Gate gone, in_run, release;
+  std::weak_ptr<JobManager> watch;
+  {
+    auto manager = JobManager::create(JobManager::Options{1, nullptr});
+    watch = manager;
+    manager->add_listener(std::make_shared<Farewell>(gone));
+    auto owner = make_job(
+        "owner",
+        [&in_run, &release, manager](ProgressMonitor&) {  // the job's body owns the manager
+          in_run.open();
+          release.wait();
+          return manager->current_job() ? Status::ok() : Status::error("no current job");
+        },
+        manager);
+    owner->schedule();
+    ASSERT_TRUE(in_run.wait());
+  }
+  EXPECT_FALSE(watch.expired()) << "alive while its job runs";
+  release.open();  // the run ends, the job is dropped on its runner, and the manager with it
+  EXPECT_TRUE(gone.wait());
+  EXPECT_TRUE(watch.expired());
+}
+
+TEST(JobManagerLifetime, AManagerDroppedInADoneListenerIsDestroyed) {
+  struct Dropper final : JobListener {
+    void done(const JobEvent&) override {
+      std::lock_guard lock(mutex);
+      manager.reset();
+    }
+    std::mutex mutex;
+    std::shared_ptr<JobManager> manager;
+  };
+  Gate gone;
+  auto dropper = std::make_shared<Dropper>();
+  auto manager = JobManager::create(JobManager::Options{1, nullptr});
+  const std::weak_ptr<JobManager> watch = manager;
+  manager->add_listener(std::make_shared<Farewell>(gone));
+  auto j = make_job(
+      "told", [](ProgressMonitor&) { return Status::ok(); }, manager);
+  j->add_listener(dropper);
+  dropper->manager = std::move(manager);
+  j->schedule();
+  EXPECT_TRUE(gone.wait());
+  EXPECT_TRUE(watch.expired());
+  EXPECT_EQ(j->state(), JobState::none);
+  EXPECT_TRUE(j->result().is_ok());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Runners: a job that waits (join, begin_rule, yield_rule, a group or family join) frees its runner
 
