@@ -91,6 +91,7 @@ TEST_F(JobTest, ScheduleWhileRunningRunsOnceMoreAndWhileWaitingDoesNothing) {
   manager_->begin_rule(rule);
   j->schedule();
   j->schedule();
+  j->schedule(std::chrono::hours(1));  // no delay is imposed on a waiting job either
   EXPECT_EQ(j->state(), JobState::waiting);
   manager_->end_rule(rule);
   j->join();
@@ -259,7 +260,7 @@ TEST_F(JobTest, ListenerEventsArriveInOrder) {
   sleepy->join();
   EXPECT_TRUE(manager_->join(nullptr, 30s));
   // join() returns when the run is over; the done events may still be on their way.
-  while (recorder->of("sleepy").size() < 5 || recorder->of("observed").size() < 4) std::this_thread::yield();
+  ASSERT_TRUE(recorder->dones.wait_for(2));
   manager_->remove_listener(recorder);
   EXPECT_EQ(recorder->of("observed"),
             (std::vector<std::string>{"scheduled", "about_to_run", "running", "done"}));
@@ -395,22 +396,38 @@ TEST_F(JobTest, CurrentJobIsTheRunningJob) {
 }
 
 TEST_F(JobTest, JobGroupThrottlesAndCombinesResults) {
+  auto wide = JobManager::create(JobManager::Options{4, nullptr});  // more runners than the group may use
   auto group = std::make_shared<JobGroup>("pair", 2, 6);
+  Gate release;
+  Counter entered;
   std::atomic<int> running{0}, most{0};
+  std::vector<std::shared_ptr<Job>> jobs;
   for (int i = 0; i < 6; ++i) {
-    auto j = job("g" + std::to_string(i), [&](ProgressMonitor&) {
-      const int now = running.fetch_add(1) + 1;
-      int seen = most.load();
-      while (now > seen && !most.compare_exchange_weak(seen, now)) {
-      }
-      std::this_thread::sleep_for(2ms);  // long enough for siblings to overlap if allowed
-      running.fetch_sub(1);
-      return Status::ok();
-    });
+    auto j = make_job(
+        "g" + std::to_string(i),
+        [&](ProgressMonitor&) {
+          const int now = running.fetch_add(1) + 1;
+          int seen = most.load();
+          while (now > seen && !most.compare_exchange_weak(seen, now)) {
+          }
+          entered.add();
+          release.wait();
+          running.fetch_sub(1);
+          return Status::ok();
+        },
+        wide);
     j->set_group(group);
     j->schedule();
+    jobs.push_back(j);
   }
-  EXPECT_TRUE(group->join(30s));
+  ASSERT_TRUE(entered.wait_for(2));
+  int throttled = 0;
+  for (auto& j : jobs) throttled += j->state() == JobState::waiting ? 1 : 0;
+  EXPECT_EQ(throttled, 4) << "two runners are free, but the group lets two in";
+  EXPECT_EQ(entered.get(), 2);
+  release.open();
+  EXPECT_TRUE(group->join(patience));
+  EXPECT_EQ(entered.get(), 6);
   EXPECT_LE(most.load(), 2);
   EXPECT_TRUE(group->result().is_ok());
   EXPECT_EQ(group->state(), JobGroup::State::none);
@@ -456,7 +473,8 @@ TEST_F(JobTest, YieldRuleLetsAConflictingJobGoFirst) {
   std::atomic<bool> yielded{false};
   auto a = job("a", [&](ProgressMonitor&) {
     note("a starts");
-    while (manager_->rule_stats().waiting == 0) std::this_thread::yield();
+    if (!eventually([&] { return manager_->rule_stats().waiting != 0; }))
+      return Status::error("b never came");
     yielded = manager_->current_job()->yield_rule();
     note("a resumes");
     return Status::ok();
@@ -527,11 +545,11 @@ TEST_F(JobTest, DelayedJobsWakeOnTimeWhileEveryWorkerIsBusy) {
     busy.back()->schedule();
   }
   for (auto& b : busy) {
-    while (b->state() != JobState::running) std::this_thread::yield();
+    ASSERT_TRUE(eventually([&] { return b->state() == JobState::running; }));
   }
   auto delayed = job("delayed", [](ProgressMonitor&) { return Status::ok(); });
   delayed->schedule(5ms);
-  while (delayed->state() == JobState::sleeping) std::this_thread::yield();
+  EXPECT_TRUE(eventually([&] { return delayed->state() != JobState::sleeping; }));
   EXPECT_EQ(delayed->state(), JobState::waiting) << "woken while both workers were busy";
   release.open();
   delayed->join();
