@@ -1,9 +1,12 @@
 // The job manager's life and its runners: a manager dies when its users drop it (jobs refer to it
 // without owning it), a job that waits frees its runner, and a removed listener stays removed.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -268,6 +271,49 @@ TEST(JobManagerLifetime, AManagerDroppedInADoneListenerIsDestroyed) {
   EXPECT_TRUE(j->result().is_ok());
 }
 
+// Managers dropped with random mixes of running, waiting, sleeping and grouped jobs: every job
+// ends, none runs after the manager is gone, nothing hangs.
+TEST(JobManagerLifetime, ManagersDroppedWithMixedPendingWorkEndEveryJob) {
+  std::mt19937 random(20261122);
+  for (int round = 0; round < 30; ++round) {
+    auto manager = JobManager::create(JobManager::Options{1 + round % 3, nullptr});
+    const std::weak_ptr<JobManager> watch = manager;
+    auto recorder = std::make_shared<Recorder>();
+    manager->add_listener(recorder);
+    const std::vector<Rule> rules_used{rules::path("/a"), rules::path("/a/b"), rules::mutex("m"), nullptr};
+    auto group = std::make_shared<JobGroup>("g", 1, 0);
+    std::vector<std::shared_ptr<Job>> jobs;
+    const int count = 20 + static_cast<int>(random() % 40);
+    for (int i = 0; i < count; ++i) {
+      auto j = make_job(
+          "r" + std::to_string(round) + "j" + std::to_string(i),
+          [](ProgressMonitor& monitor) { return monitor.is_canceled() ? Status::cancel() : Status::ok(); },
+          manager);
+      j->set_rule(rules_used[random() % rules_used.size()]);
+      if (random() % 4 == 0) j->set_group(group);
+      switch (random() % 3) {
+        case 0:
+          j->schedule();
+          break;
+        case 1:
+          j->schedule(std::chrono::milliseconds(random() % 3));
+          break;
+        default:
+          j->schedule(std::chrono::hours(1));
+          break;
+      }
+      jobs.push_back(j);
+    }
+    manager.reset();
+    ASSERT_TRUE(watch.expired());
+    for (auto& j : jobs) {
+      EXPECT_EQ(j->state(), JobState::none) << j->name();
+      EXPECT_THROW(j->schedule(), IllegalState);
+    }
+    EXPECT_EQ(recorder->dones.get(), count) << "one done event per job";
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Runners: a job that waits (join, begin_rule, yield_rule, a group or family join) frees its runner
 
@@ -308,6 +354,25 @@ TEST_P(JobRunnerTest, JobsJoiningLaterJobsOnEveryRunnerDoNotDeadlock) {
     EXPECT_TRUE(joiner->join(patience + patience)) << joiner->name();
     EXPECT_TRUE(joiner->result().is_ok()) << joiner->name() << ": " << joiner->result().message;
   }
+}
+
+// Job i schedules job i+1 and joins it: `depth` jobs wait at once, each freeing its runner.
+TEST_P(JobRunnerTest, AChainOfJobsEachJoiningTheNextCompletes) {
+  constexpr int depth = 40;
+  std::atomic<int> deepest{0};
+  std::function<Status(int)> link = [&](int i) {
+    deepest = std::max(deepest.load(), i);
+    if (i == depth) return Status::ok();
+    auto next = job("link" + std::to_string(i + 1), [&link, i](ProgressMonitor&) { return link(i + 1); });
+    next->schedule();
+    next->join();
+    return next->result();
+  };
+  auto first = job("link0", [&](ProgressMonitor&) { return link(0); });
+  first->schedule();
+  EXPECT_TRUE(first->join(patience));
+  EXPECT_TRUE(first->result().is_ok()) << first->result().message;
+  EXPECT_EQ(deepest.load(), depth);
 }
 
 TEST_P(JobRunnerTest, TimedJoinInAJobTimesOutWithoutHoldingItsRunner) {
@@ -550,6 +615,53 @@ TEST(JobListenerRemoval, AListenerCanRemoveItselfFromItsOwnCall) {
   second->schedule();
   ASSERT_TRUE(recorder->dones.wait_for(2));
   EXPECT_EQ(self_removing->calls.get(), 1);
+}
+
+// Listeners are added and removed while other threads deliver events: none is called after its
+// remove_listener returned.
+TEST(JobListenerRemoval, NoCallAfterRemovalWhileEventsAreDelivered) {
+  struct Watched final : JobListener {
+    void scheduled(const JobEvent&) override { check(); }
+    void about_to_run(const JobEvent&) override { check(); }
+    void running(const JobEvent&) override { check(); }
+    void done(const JobEvent&) override { check(); }
+    void check() {
+      calls.fetch_add(1);
+      if (removed.load()) late.fetch_add(1);
+    }
+    std::atomic<bool> removed{false};
+    std::atomic<int> calls{0};
+    std::atomic<int> late{0};
+  };
+  auto manager = JobManager::create(JobManager::Options{2, nullptr});
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> schedulers;
+  for (int t = 0; t < 2; ++t) {
+    schedulers.emplace_back([&, t] {
+      auto busy = make_job(
+          "busy" + std::to_string(t), [](ProgressMonitor&) { return Status::ok(); }, manager);
+      while (!stop.load()) {
+        busy->schedule();
+        busy->join();
+      }
+    });
+  }
+  int calls = 0, late = 0;
+  for (int round = 0; round < 200; ++round) {
+    auto watched = std::make_shared<Watched>();
+    manager->add_listener(watched);
+    // Let it hear something before it goes (bounded: the schedulers keep events coming).
+    eventually([&] { return watched->calls.load() > 0; });
+    manager->remove_listener(watched);
+    watched->removed = true;
+    calls += watched->calls.load();
+    late += watched->late.load();
+  }
+  stop = true;
+  for (auto& thread : schedulers) thread.join();
+  EXPECT_TRUE(manager->join(nullptr, patience));
+  EXPECT_GT(calls, 0);
+  EXPECT_EQ(late, 0) << "a listener was called after remove_listener returned";
 }
 
 TEST(JobListenerRemoval, AJobsOwnListenerIsRemovedTheSameWay) {
