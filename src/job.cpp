@@ -174,17 +174,22 @@ void JobGroup::cancel() {
 }
 
 bool JobGroup::join(std::chrono::milliseconds timeout) {
-  // A job joining a group waits without holding its runner; its manager's timer ends a timed wait.
-  Job* current = detail::state().job;
-  detail::WaitTimer* timer = current != nullptr ? current->impl().jobs.get() : nullptr;
   const auto now = detail::Clock::now();
   const auto deadline =
       timeout >= std::chrono::duration_cast<std::chrono::milliseconds>(detail::Clock::time_point::max() - now)
           ? detail::Clock::time_point::max()
           : now + timeout;
   std::unique_lock lock(impl_->mutex);
+  // A job (or another task of ours) joining a group waits without holding its worker; the timer of
+  // the manager of one of the group's jobs ends a timed wait.
+  std::shared_ptr<detail::Jobs> timer;
+  if (!impl_->active.empty()) {
+    timer = impl_->active.front()->impl().jobs;
+  } else if (Job* current = detail::state().job; current != nullptr) {
+    timer = current->impl().jobs;
+  }
   return impl_->changed.wait_until(
-      lock, deadline, [this] { return impl_->state == State::none; }, timer);
+      lock, deadline, [this] { return impl_->state == State::none; }, timer.get());
 }
 
 std::vector<std::shared_ptr<Job>> JobGroup::active_jobs() const {

@@ -505,6 +505,44 @@ TEST_P(JobRunnerTest, JobsJoiningAGroupAndAFamilyFreeTheirRunners) {
   EXPECT_TRUE(group->result().is_ok());
 }
 
+// An ASYNC tasklet phase on the manager's only worker joins a job, a family and a group: it is
+// suspended rather than holding the worker the jobs need.
+TEST(JobJoinFromATasklet, AnAsyncPhaseJoiningJobsDoesNotHoldTheOnlyWorker) {
+  static const int family = 0;
+  struct Member final : Job {
+    using Job::Job;
+    bool belongs_to(Family f) const override { return f == &family; }
+    Status run(ProgressMonitor&) override { return Status::ok(); }
+  };
+  auto manager = JobManager::create(JobManager::Options{1, nullptr});
+  auto scheduler = Scheduler::create(SchedulerOptions{manager, nullptr, 0});
+  std::vector<std::string> outcome;
+  auto tasklet = make_tasklet([&, phase = 0]() mutable {
+    if (phase++ == 0) return Directive::async;
+    auto a = make_job(
+        "joined untimed", [](ProgressMonitor&) { return Status::ok(); }, manager);
+    a->schedule();
+    a->join();
+    outcome.push_back(a->result().is_ok() ? "job" : "job failed");
+    auto b = make_job(
+        "joined timed", [](ProgressMonitor&) { return Status::ok(); }, manager);
+    b->schedule();
+    outcome.push_back(b->join(patience) ? "timed job" : "timed job timed out");
+    std::make_shared<Member>("member", manager)->schedule();
+    outcome.push_back(manager->join(&family, patience) ? "family" : "family timed out");
+    auto group = std::make_shared<JobGroup>("group", 1, 1);
+    auto c = make_job(
+        "grouped", [](ProgressMonitor&) { return Status::ok(); }, manager);
+    c->set_group(group);
+    c->schedule();
+    outcome.push_back(group->join(patience) ? "group" : "group timed out");
+    return Directive::done;
+  });
+  scheduler->schedule(tasklet, Directive::sync).run();
+  EXPECT_EQ(outcome, (std::vector<std::string>{"job", "timed job", "family", "group"}));
+  EXPECT_TRUE(manager->join(nullptr, patience));
+}
+
 std::string runner_count_name(const ::testing::TestParamInfo<int>& param) {
   return "Runners" + std::to_string(param.param);
 }
