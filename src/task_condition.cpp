@@ -49,7 +49,6 @@ void Wakeup::wake() noexcept {
 }
 
 void Wakeup::reset() noexcept {
-  std::lock_guard lock(mutex_);
   done_ = false;
   suspended_ = nullptr;
   alarm_armed = false;

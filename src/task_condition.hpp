@@ -27,7 +27,8 @@ class Wakeup {
   /// Ends the wait; later calls do nothing. Unless the caller holds a lock that the waiter takes
   /// after waking, the waiter may be gone once this returns: touch nothing of it afterwards.
   void wake() noexcept;
-  /// Makes it usable for another wait.
+  /// Makes it usable for another wait. Only while nobody else can reach it (no lock: it is on the
+  /// uncontended begin_rule path).
   void reset() noexcept;
 
   /// Set while a WaitTimer holds an alarm for it; guarded by the timer's lock.
