@@ -65,11 +65,15 @@ JobManager::Impl::Impl(JobManager& self, Options options)
     : self_(self),
       workers_(options.workers ? std::move(options.workers) : Workers::create(options.concurrency)) {}
 
-JobManager::Impl::~Impl() {
+JobManager::Impl::~Impl() = default;
+
+void JobManager::Impl::shut_down() noexcept {
   // Jobs that have not started are canceled and running ones waited for; then every other waiting
   // request is cancelled (tasklets end unrun, threads are told); running background work is
   // waited for by the background schedulers' destructors (the job scheduler's also lets the last
-  // runners deliver their done events). The job side outlives us while jobs refer to it: detached.
+  // runners deliver their done events), or, when one of their own tasks lets them go, by the task
+  // that finishes their destruction, which keeps us (and so the rule table) alive until then. The
+  // job side outlives us while jobs refer to it: detached.
   if (jobs_) jobs_->shutdown();
   table_.cancel_all_waiting();
   job_scheduler_.reset();
@@ -80,8 +84,9 @@ JobManager::Impl::~Impl() {
 
 std::shared_ptr<Scheduler> JobManager::Impl::make_background() {
   // The manager owns its background schedulers, so they must not own the manager back: an
-  // aliasing pointer that shares no ownership.
-  std::shared_ptr<JobManager> unowned(std::shared_ptr<JobManager>{}, &self_);
+  // aliasing pointer that owns this Impl (shut_down lets the schedulers go, breaking the cycle),
+  // so the rule table outlives the schedulers' last tasks.
+  std::shared_ptr<JobManager> unowned(shared_from_this(), &self_);
   auto scheduler = Scheduler::create(SchedulerOptions{std::move(unowned), workers_, 0});
   scheduler->impl().make_background();
   return scheduler;
@@ -187,7 +192,7 @@ Rule JobManager::Impl::current_rule() const {
   return innermost_from(0, base);
 }
 
-JobManager::JobManager(Key, Options options) : impl_(std::make_unique<Impl>(*this, std::move(options))) {}
+JobManager::JobManager(Key, Options options) : impl_(std::make_shared<Impl>(*this, std::move(options))) {}
 
 JobManager::~JobManager() {
   detail::Jobs* jobs = impl_->made_jobs();
@@ -195,7 +200,9 @@ JobManager::~JobManager() {
     // Dropped inside the run() of one of its own jobs, which the destructor would wait for: the
     // job's runner finishes destroying it once that run is over.
     jobs->destroy_after_this_run(std::move(impl_));
+    return;
   }
+  impl_->shut_down();
 }
 
 std::shared_ptr<JobManager> JobManager::create(Options options) {

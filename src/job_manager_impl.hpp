@@ -45,9 +45,15 @@ std::string end_frames_above(TaskState& ctx, std::size_t base) noexcept;
 
 }  // namespace detail
 
-struct JobManager::Impl {
+/// Owned by its JobManager and by the manager's own (background and job) schedulers, so the rule
+/// table outlives every task of theirs, even one still finishing after the manager is gone.
+struct JobManager::Impl : std::enable_shared_from_this<JobManager::Impl> {
   Impl(JobManager& self, Options options);
   ~Impl();
+
+  /// The manager is being destroyed: cancels what has not started, waits for what runs (see
+  /// ~JobManager), lets its schedulers go and detaches the job side. Once.
+  void shut_down() noexcept;
 
   void begin_rule(const Rule& rule);
   void end_rule(const Rule& rule);

@@ -86,9 +86,17 @@ void Jobs::shutdown() noexcept {
   timer_changed_.notify_all();
   if (timer_.joinable()) timer_.join();
   for (auto& job : pending) cancel(*job);
+  // Not for what this code is inside of: its own run, or the end of a run (a done listener).
   const Job* here = runs_a_job_here() ? detail::state().job : nullptr;
+  int ending_here = 0;
+  for (const CallFrame* call = detail::state().completing_run; call != nullptr; call = call->outer) {
+    if (call->owner == this) ++ending_here;
+  }
   std::unique_lock lock(mutex);
-  changed_.wait(lock, [&] { return live_.empty() || (live_.size() == 1 && live_.count(here) == 1); });
+  changed_.wait(lock, [&] {
+    return starting_ == 0 && ending_ <= ending_here &&
+           (live_.empty() || (live_.size() == 1 && live_.count(here) == 1));
+  });
 }
 
 void Jobs::detach() noexcept {
@@ -111,7 +119,7 @@ bool Jobs::runs_a_job_here() const noexcept {
   return job != nullptr && job->impl_->jobs.get() == this;
 }
 
-void Jobs::destroy_after_this_run(std::unique_ptr<JobManager::Impl> manager) noexcept {
+void Jobs::destroy_after_this_run(std::shared_ptr<JobManager::Impl> manager) noexcept {
   shutdown();
   std::lock_guard lock(mutex);
   dying_after_ = detail::state().job;
@@ -167,12 +175,20 @@ void Jobs::enter_waiting(const std::shared_ptr<Job>& job,
   tasklet->set_name(job->name());
   state.tasklet = tasklet;
   to_start.push_back(std::move(tasklet));
+  ++starting_;
 }
 
+// Hands the runs made under the lock to the job scheduler, outside it. The job may have been
+// canceled meanwhile (its run then finds itself stale); shutdown waits for these hand-offs, so the
+// scheduler outlives them.
 void Jobs::start(std::vector<std::shared_ptr<JobTasklet>>& to_start) {
-  // Only jobs that became waiting get here, which no detached manager's jobs do.
+  if (to_start.empty()) return;
+  const int started = static_cast<int>(to_start.size());
   for (auto& tasklet : to_start) scheduler_->schedule(std::move(tasklet), Directive::async);
   to_start.clear();
+  std::lock_guard lock(mutex);
+  starting_ -= started;
+  if (starting_ == 0) notify_changed();
 }
 
 void Jobs::withdraw_waiting(Job& job) {
@@ -225,6 +241,7 @@ RunEnd Jobs::finish_run(Job& job, Status result, std::vector<std::shared_ptr<Job
   state.tasklet = nullptr;
   state.result = result;
   ++state.ends;
+  ++ending_;  // until complete() has told the listeners
   RunEnd end;
   end.job = owned(job);
   end.rerun = state.rerun && !stopping_;
@@ -271,6 +288,16 @@ RunEnd Jobs::finish_run(Job& job, Status result, std::vector<std::shared_ptr<Job
 
 // The part of a run's end that runs user code: the group's hooks, then the done event.
 void Jobs::complete(RunEnd end) {
+  CallFrame frame{this, detail::state().completing_run};
+  detail::state().completing_run = &frame;
+  complete_run(std::move(end));
+  detail::state().completing_run = frame.outer;  // the listeners may have moved it to another thread
+  std::lock_guard lock(mutex);
+  --ending_;
+  if (stopping_) notify_changed();  // only shutdown waits for it
+}
+
+void Jobs::complete_run(RunEnd end) {
   if (end.group && end.group_over) {
     Status combined;
     try {
@@ -617,7 +644,7 @@ void Jobs::run(JobTasklet& tasklet) noexcept {
   start(to_start);
   complete(std::move(*ended));
 
-  std::unique_ptr<JobManager::Impl> dying;
+  std::shared_ptr<JobManager::Impl> dying;
   {
     std::lock_guard lock(mutex);
     if (dying_after_ == job.get()) {
@@ -625,7 +652,7 @@ void Jobs::run(JobTasklet& tasklet) noexcept {
       dying_after_ = nullptr;
     }
   }
-  dying.reset();  // the manager dropped inside this run: finish destroying it now that it is over
+  if (dying) dying->shut_down();  // the manager dropped inside this run: finish it now that it is over
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -642,7 +669,7 @@ void call_listener(ListenerSlot& slot, const PendingEvent& pending) noexcept {
   // count (both sequentially consistent): either it waits for this call, or this call sees it.
   slot.calls.fetch_add(1);
   if (!slot.removed.load()) {
-    ListenerCall frame{&slot, detail::state().listener_call};
+    CallFrame frame{&slot, detail::state().listener_call};
     detail::state().listener_call = &frame;
     JobListener& listener = *slot.listener;
     try {
@@ -907,8 +934,8 @@ void Jobs::remove_from(Listeners& listeners, const std::shared_ptr<JobListener>&
     slot->removed.store(true);
     // Calls in progress elsewhere end first; the ones this code is inside of cannot.
     int mine = 0;
-    for (const ListenerCall* call = detail::state().listener_call; call != nullptr; call = call->outer) {
-      if (call->slot == slot.get()) ++mine;
+    for (const CallFrame* call = detail::state().listener_call; call != nullptr; call = call->outer) {
+      if (call->owner == slot.get()) ++mine;
     }
     for (int now = slot->calls.load(); now > mine; now = slot->calls.load()) slot->calls.wait(now);
   }

@@ -99,7 +99,7 @@ class Jobs final : public WaitTimer {
   bool runs_a_job_here() const noexcept;
   /// The manager was dropped inside the run() of one of its jobs, on this thread: its remains are
   /// destroyed by that job's runner once the run is over.
-  void destroy_after_this_run(std::unique_ptr<JobManager::Impl> manager) noexcept;
+  void destroy_after_this_run(std::shared_ptr<JobManager::Impl> manager) noexcept;
 
   // Job operations (Job's public methods land here).
   void schedule(Job& job, std::chrono::milliseconds delay, bool is_rerun);
@@ -143,6 +143,7 @@ class Jobs final : public WaitTimer {
   void start(std::vector<std::shared_ptr<JobTasklet>>& to_start);
   RunEnd finish_run(Job& job, Status result, std::vector<std::shared_ptr<JobTasklet>>& to_start);
   void complete(RunEnd end);
+  void complete_run(RunEnd end);
   void post(Job& job, PendingEvent::Kind kind, JobEvent event);
   void deliver(Job& job) noexcept;
   void withdraw_waiting(Job& job);
@@ -160,6 +161,8 @@ class Jobs final : public WaitTimer {
   Scheduler* scheduler_;   // null once detached
   TaskCondition changed_;  // any job state change (join)
   std::uint64_t changes_ = 0;
+  int starting_ = 0;  // runs made by enter_waiting and not yet handed to the scheduler (start)
+  int ending_ = 0;    // runs over (finish_run) whose listeners complete() has not yet told
   std::unordered_map<const Job*, std::shared_ptr<Job>> live_;  // waiting, sleeping, running
   // Waiting while suspended: jobs that had entered the rule table before the suspension first
   // (they asked earlier), then jobs scheduled during it.
@@ -177,7 +180,7 @@ class Jobs final : public WaitTimer {
   bool stopping_ = false;
   bool detached_ = false;
   // Set by destroy_after_this_run: the manager's remains and the job whose run they wait for.
-  std::unique_ptr<JobManager::Impl> dying_;
+  std::shared_ptr<JobManager::Impl> dying_;
   const Job* dying_after_ = nullptr;
 };
 

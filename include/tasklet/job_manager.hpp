@@ -121,7 +121,7 @@ class JobManager {
   JobManager(Key, Options options);  // use create()
 
  private:
-  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<Impl> impl_;  // shared with the manager's own schedulers until their tasks end
 };
 
 /// Begins a rule on construction and ends it on destruction (also when begin_rule threw, which is
