@@ -22,6 +22,14 @@ struct RuleFrame {
   ThreadHold* hold = nullptr;
 };
 
+/// A call in progress on this task, innermost first, so that code it calls does not wait for it:
+/// a listener's call (Jobs::deliver: a listener that removes itself), or the end of a job's run
+/// (Jobs::complete: a manager destroyed from a done listener).
+struct CallFrame {
+  const void* owner;
+  const CallFrame* outer;
+};
+
 /// What the engine knows about the code running now. One per thread, plus one per oneTBB task of
 /// ours: a task suspended in begin_rule may resume on another thread, so what it knows travels with
 /// it (see ThreadHold::wait) instead of living in the thread.
@@ -53,6 +61,9 @@ struct TaskState {
 
   /// The job whose run() this is (JobManager::current_job).
   Job* job = nullptr;
+  /// The listener calls, and the ends of job runs, that this code is inside of.
+  const CallFrame* listener_call = nullptr;
+  const CallFrame* completing_run = nullptr;
 
   /// The thread's state to go back to when this task leaves the thread.
   TaskState* outer = nullptr;

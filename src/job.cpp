@@ -14,14 +14,15 @@ namespace tasklet {
 // Job
 
 Job::Job(std::string name, std::shared_ptr<JobManager> manager)
-    : name_(std::move(name)),
-      manager_(manager ? std::move(manager) : JobManager::global()),
-      impl_(std::make_unique<Impl>()) {}
+    : name_(std::move(name)), impl_(std::make_unique<Impl>()) {
+  if (!manager) manager = JobManager::global();
+  manager_ = manager;
+  impl_->jobs = manager->impl().shared_jobs();
+}
 
 Job::~Job() = default;
 
 namespace {
-detail::Jobs& jobs_of(const Job& job) { return job.manager()->impl().jobs(); }
 
 // Settings that are fixed while the job is scheduled.
 void require_none(const Job& job, const Job::Impl& state, const char* what) {
@@ -32,81 +33,81 @@ void require_none(const Job& job, const Job::Impl& state, const char* what) {
 }
 }  // namespace
 
-void Job::schedule(std::chrono::milliseconds delay) { jobs_of(*this).schedule(*this, delay, false); }
-bool Job::cancel() { return jobs_of(*this).cancel(*this); }
-void Job::join() { jobs_of(*this).join(*this, std::chrono::milliseconds::max()); }
-bool Job::join(std::chrono::milliseconds timeout) { return jobs_of(*this).join(*this, timeout); }
-bool Job::sleep() { return jobs_of(*this).sleep(*this); }
-void Job::wake_up(std::chrono::milliseconds delay) { jobs_of(*this).wake_up(*this, delay); }
-bool Job::yield_rule() { return jobs_of(*this).yield_rule(*this); }
+void Job::schedule(std::chrono::milliseconds delay) { impl_->jobs->schedule(*this, delay, false); }
+bool Job::cancel() { return impl_->jobs->cancel(*this); }
+void Job::join() { impl_->jobs->join(*this, std::chrono::milliseconds::max()); }
+bool Job::join(std::chrono::milliseconds timeout) { return impl_->jobs->join(*this, timeout); }
+bool Job::sleep() { return impl_->jobs->sleep(*this); }
+void Job::wake_up(std::chrono::milliseconds delay) { impl_->jobs->wake_up(*this, delay); }
+bool Job::yield_rule() { return impl_->jobs->yield_rule(*this); }
 
 JobState Job::state() const {
-  std::lock_guard lock(jobs_of(*this).mutex);
+  std::lock_guard lock(impl_->jobs->mutex);
   return impl_->state;
 }
 
 Status Job::result() const {
-  std::lock_guard lock(jobs_of(*this).mutex);
+  std::lock_guard lock(impl_->jobs->mutex);
   return impl_->result;
 }
 
 void Job::set_rule(Rule rule) {
   validate_rule(rule);
-  std::lock_guard lock(jobs_of(*this).mutex);
+  std::lock_guard lock(impl_->jobs->mutex);
   require_none(*this, *impl_, "the rule");
   impl_->rule = std::move(rule);
 }
 
 Rule Job::rule() const {
-  std::lock_guard lock(jobs_of(*this).mutex);
+  std::lock_guard lock(impl_->jobs->mutex);
   return impl_->rule;
 }
 
 void Job::set_priority(Priority priority) {
-  std::lock_guard lock(jobs_of(*this).mutex);
+  std::lock_guard lock(impl_->jobs->mutex);
   impl_->priority = priority;  // a waiting job keeps its place; the next wait uses the new one
 }
 
 Priority Job::priority() const {
-  std::lock_guard lock(jobs_of(*this).mutex);
+  std::lock_guard lock(impl_->jobs->mutex);
   return impl_->priority;
 }
 
 void Job::set_system(bool system) {
-  std::lock_guard lock(jobs_of(*this).mutex);
+  std::lock_guard lock(impl_->jobs->mutex);
   require_none(*this, *impl_, "the system flag");
   impl_->system = system;
 }
 
 bool Job::is_system() const {
-  std::lock_guard lock(jobs_of(*this).mutex);
+  std::lock_guard lock(impl_->jobs->mutex);
   return impl_->system;
 }
 
 void Job::set_user(bool user) {
-  std::lock_guard lock(jobs_of(*this).mutex);
+  std::lock_guard lock(impl_->jobs->mutex);
   require_none(*this, *impl_, "the user flag");
   impl_->user = user;
 }
 
 bool Job::is_user() const {
-  std::lock_guard lock(jobs_of(*this).mutex);
+  std::lock_guard lock(impl_->jobs->mutex);
   return impl_->user;
 }
 
 void Job::set_group(std::shared_ptr<JobGroup> group) {
-  std::lock_guard lock(jobs_of(*this).mutex);
+  std::lock_guard lock(impl_->jobs->mutex);
   require_none(*this, *impl_, "the group");
   impl_->group = std::move(group);
 }
 
 std::shared_ptr<JobGroup> Job::group() const {
-  std::lock_guard lock(jobs_of(*this).mutex);
+  std::lock_guard lock(impl_->jobs->mutex);
   return impl_->group;
 }
 
 void Job::set_property(const std::string& key, std::any value) {
-  std::lock_guard lock(jobs_of(*this).mutex);
+  std::lock_guard lock(impl_->jobs->mutex);
   if (value.has_value()) {
     impl_->properties[key] = std::move(value);
   } else {
@@ -115,19 +116,18 @@ void Job::set_property(const std::string& key, std::any value) {
 }
 
 std::any Job::property(const std::string& key) const {
-  std::lock_guard lock(jobs_of(*this).mutex);
+  std::lock_guard lock(impl_->jobs->mutex);
   auto found = impl_->properties.find(key);
   return found == impl_->properties.end() ? std::any{} : found->second;
 }
 
 void Job::add_listener(std::shared_ptr<JobListener> listener) {
-  std::lock_guard lock(jobs_of(*this).mutex);
-  impl_->listeners.push_back(std::move(listener));
+  std::lock_guard lock(impl_->jobs->mutex);
+  detail::Jobs::add_to(impl_->listeners, std::move(listener));
 }
 
 void Job::remove_listener(const std::shared_ptr<JobListener>& listener) {
-  std::lock_guard lock(jobs_of(*this).mutex);
-  std::erase(impl_->listeners, listener);
+  impl_->jobs->remove_from(impl_->listeners, listener);
 }
 
 bool Job::belongs_to(Family /*family*/) const { return false; }
@@ -170,17 +170,26 @@ JobGroup::State JobGroup::state() const {
 void JobGroup::cancel() {
   std::vector<std::shared_ptr<Job>> jobs = active_jobs();
   if (jobs.empty()) return;
-  jobs.front()->manager()->impl().jobs().group_cancel(*this);
+  jobs.front()->impl().jobs->group_cancel(*this);
 }
 
 bool JobGroup::join(std::chrono::milliseconds timeout) {
+  const auto now = detail::Clock::now();
+  const auto deadline =
+      timeout >= std::chrono::duration_cast<std::chrono::milliseconds>(detail::Clock::time_point::max() - now)
+          ? detail::Clock::time_point::max()
+          : now + timeout;
   std::unique_lock lock(impl_->mutex);
-  const auto over = [this] { return impl_->state == State::none; };
-  if (timeout == std::chrono::milliseconds::max()) {
-    impl_->changed.wait(lock, over);
-    return true;
+  // A job (or another task of ours) joining a group waits without holding its worker; the timer of
+  // the manager of one of the group's jobs ends a timed wait.
+  std::shared_ptr<detail::Jobs> timer;
+  if (!impl_->active.empty()) {
+    timer = impl_->active.front()->impl().jobs;
+  } else if (Job* current = detail::state().job; current != nullptr) {
+    timer = current->impl().jobs;
   }
-  return impl_->changed.wait_for(lock, timeout, over);
+  return impl_->changed.wait_until(
+      lock, deadline, [this] { return impl_->state == State::none; }, timer.get());
 }
 
 std::vector<std::shared_ptr<Job>> JobGroup::active_jobs() const {

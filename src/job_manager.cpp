@@ -22,9 +22,8 @@ ThreadHold* ThreadHold::make(const Rule& rule) {
   if (!same) hold->last_rule_ = rule;
   hold->cache_.same_rule = same;
   hold->set_rule(rule.get());
-  hold->done_ = false;
+  hold->wakeup_.reset();
   hold->granted_ = false;
-  hold->suspended_ = nullptr;
   return hold;
 }
 
@@ -37,41 +36,13 @@ void ThreadHold::recycle(ThreadHold* hold) noexcept {
 }
 
 bool ThreadHold::wait() {
-  if (TaskState* mine = context().state; mine->worker_of != nullptr) {
-    // Suspend the task, not the thread: the worker runs other work meanwhile, and resumes us on
-    // whichever worker is free once the rule is granted. What this task knows leaves the thread
-    // with it and comes back on the thread that resumes it.
-    context().state = mine->outer;
-    oneapi::tbb::task::suspend([this](oneapi::tbb::task::suspend_point point) {
-      std::unique_lock lock(mutex_);
-      if (done_) {
-        lock.unlock();
-        oneapi::tbb::task::resume(point);
-      } else {
-        suspended_ = point;
-      }
-    });
-    auto& resumed_on = context();
-    mine->outer = resumed_on.state;
-    resumed_on.state = mine;
-  } else {
-    std::unique_lock lock(mutex_);
-    woken_.wait(lock, [this] { return done_; });
-  }
-  std::lock_guard lock(mutex_);
+  wakeup_.wait();
   return granted_;
 }
 
 void ThreadHold::wake(bool granted) noexcept {
-  std::unique_lock lock(mutex_);
-  done_ = true;
   granted_ = granted;
-  if (oneapi::tbb::task::suspend_point point = suspended_) {
-    lock.unlock();
-    oneapi::tbb::task::resume(point);  // the waiter may be gone once this returns: touch nothing
-  } else {
-    woken_.notify_one();
-  }
+  wakeup_.wake();  // the waiter may be gone once this returns: touch nothing
 }
 
 // Ends the frames a phase left open, innermost first; returns their names for the report.
@@ -98,21 +69,28 @@ JobManager::Impl::Impl(JobManager& self, Options options)
     : self_(self),
       workers_(options.workers ? std::move(options.workers) : Workers::create(options.concurrency)) {}
 
-JobManager::Impl::~Impl() {
+JobManager::Impl::~Impl() = default;
+
+void JobManager::Impl::shut_down() noexcept {
   // Jobs that have not started are canceled and running ones waited for; then every other waiting
   // request is cancelled (tasklets end unrun, threads are told); running background work is
-  // waited for by the background schedulers' destructors.
+  // waited for by the background schedulers' destructors (the job scheduler's also lets the last
+  // runners deliver their done events), or, when one of their own tasks lets them go, by the task
+  // that finishes their destruction, which keeps us (and so the rule table) alive until then. The
+  // job side outlives us while jobs refer to it: detached.
   if (jobs_) jobs_->shutdown();
   table_.cancel_all_waiting();
-  jobs_.reset();
   job_scheduler_.reset();
   background_.reset();
+  if (jobs_) jobs_->detach();
+  jobs_.reset();
 }
 
 std::shared_ptr<Scheduler> JobManager::Impl::make_background() {
   // The manager owns its background schedulers, so they must not own the manager back: an
-  // aliasing pointer that shares no ownership.
-  std::shared_ptr<JobManager> unowned(std::shared_ptr<JobManager>{}, &self_);
+  // aliasing pointer that owns this Impl (shut_down lets the schedulers go, breaking the cycle),
+  // so the rule table outlives the schedulers' last tasks.
+  std::shared_ptr<JobManager> unowned(shared_from_this(), &self_);
   auto scheduler = Scheduler::create(SchedulerOptions{std::move(unowned), workers_, 0});
   scheduler->impl().make_background();
   return scheduler;
@@ -132,9 +110,14 @@ detail::Jobs& JobManager::Impl::jobs() {
   std::call_once(jobs_once_, [this] {
     job_scheduler_ = make_background();
     job_scheduler_->impl().order_async_phases_by(&detail::JobTasklet::deadline_of, workers_->concurrency());
-    jobs_ = std::make_unique<detail::Jobs>(*this, *job_scheduler_);
+    jobs_ = std::make_shared<detail::Jobs>(*job_scheduler_);
   });
   return *jobs_;
+}
+
+std::shared_ptr<detail::Jobs> JobManager::Impl::shared_jobs() {
+  jobs();
+  return jobs_;
 }
 
 void JobManager::Impl::begin_rule(const Rule& rule) {
@@ -213,9 +196,18 @@ Rule JobManager::Impl::current_rule() const {
   return innermost_from(0, base);
 }
 
-JobManager::JobManager(Key, Options options) : impl_(std::make_unique<Impl>(*this, std::move(options))) {}
+JobManager::JobManager(Key, Options options) : impl_(std::make_shared<Impl>(*this, std::move(options))) {}
 
-JobManager::~JobManager() = default;
+JobManager::~JobManager() {
+  detail::Jobs* jobs = impl_->made_jobs();
+  if (jobs != nullptr && jobs->runs_a_job_here()) {
+    // Dropped inside the run() of one of its own jobs, which the destructor would wait for: the
+    // job's runner finishes destroying it once that run is over.
+    jobs->destroy_after_this_run(std::move(impl_));
+    return;
+  }
+  impl_->shut_down();
+}
 
 std::shared_ptr<JobManager> JobManager::create(Options options) {
   return std::make_shared<JobManager>(Key{}, std::move(options));

@@ -6,10 +6,9 @@
 #include <mutex>
 #include <string>
 
-#include <oneapi/tbb/task.h>
-
 #include "context.hpp"
 #include "rule_table.hpp"
+#include "task_condition.hpp"
 #include "tasklet/job_manager.hpp"
 #include "tasklet/scheduler.hpp"
 #include "tasklet/workers.hpp"
@@ -21,7 +20,8 @@ namespace detail {
 class Jobs;
 
 /// A thread's request in begin_rule. wait() blocks an ordinary thread; on a worker it suspends the
-/// oneTBB task, so the worker goes on with other work (waiting callers never starve the pool).
+/// oneTBB task, so the worker goes on with other work (waiting callers never starve the pool), and
+/// a job runner leaves its runner limit while it waits (see Wakeup).
 class ThreadHold final : public InlineRuleRequest<4> {
  public:
   /// A request for `rule`, which must outlive it (the begin_rule frame or the tasklet keeps it).
@@ -38,11 +38,8 @@ class ThreadHold final : public InlineRuleRequest<4> {
 
  private:
   void wake(bool granted) noexcept;
-  std::mutex mutex_;
-  std::condition_variable woken_;
-  bool done_ = false;
+  Wakeup wakeup_;
   bool granted_ = false;
-  oneapi::tbb::task::suspend_point suspended_ = nullptr;
   // The rule of the last request: a weak reference, so that a new rule cannot take its address
   // while the entries for the old one are kept.
   std::weak_ptr<const SchedulingRule> last_rule_;
@@ -55,9 +52,15 @@ std::string end_frames_above(TaskState& ctx, std::size_t base) noexcept;
 
 }  // namespace detail
 
-struct JobManager::Impl {
+/// Owned by its JobManager and by the manager's own (background and job) schedulers, so the rule
+/// table outlives every task of theirs, even one still finishing after the manager is gone.
+struct JobManager::Impl : std::enable_shared_from_this<JobManager::Impl> {
   Impl(JobManager& self, Options options);
   ~Impl();
+
+  /// The manager is being destroyed: cancels what has not started, waits for what runs (see
+  /// ~JobManager), lets its schedulers go and detaches the job side. Once.
+  void shut_down() noexcept;
 
   void begin_rule(const Rule& rule);
   void end_rule(const Rule& rule);
@@ -68,8 +71,12 @@ struct JobManager::Impl {
   Scheduler& background();
   /// The same for jobs, whose async phases wait in priority (deadline) order for a runner.
   Scheduler& job_scheduler();
-  /// The job side of the manager. Made on first use.
+  /// The job side of the manager. Made on first use; jobs share it, so it outlives the manager
+  /// (detached) while jobs of the manager are left.
   detail::Jobs& jobs();
+  std::shared_ptr<detail::Jobs> shared_jobs();
+  /// The job side if it was made, else null (for the destructor).
+  detail::Jobs* made_jobs() const noexcept { return jobs_.get(); }
 
   JobManager& self_;
   std::shared_ptr<Workers> workers_;
@@ -82,7 +89,7 @@ struct JobManager::Impl {
   std::shared_ptr<Scheduler> background_;
   std::once_flag jobs_once_;
   std::shared_ptr<Scheduler> job_scheduler_;
-  std::unique_ptr<detail::Jobs> jobs_;
+  std::shared_ptr<detail::Jobs> jobs_;
 };
 
 }  // namespace tasklet

@@ -61,11 +61,20 @@ std::shared_ptr<Job> owned(Job& job) {
 
 }  // namespace
 
-Jobs::Jobs(JobManager::Impl& manager, Scheduler& scheduler) : manager_(manager), scheduler_(scheduler) {}
+Jobs::Jobs(Scheduler& scheduler) : scheduler_(&scheduler) {}
 
-Jobs::~Jobs() { shutdown(); }
+Jobs::~Jobs() {
+  // The manager shut us down before it let go; this is only the timer thread's last chance.
+  {
+    std::lock_guard lock(mutex);
+    stopping_ = true;
+  }
+  timer_changed_.notify_all();
+  if (timer_.joinable()) timer_.join();
+}
 
-// Cancels what has not started, stops the timer, waits for running jobs.
+// Cancels what has not started, stops the timer, waits for running jobs (but the one whose run()
+// is on this thread, when the manager is dropped inside it).
 void Jobs::shutdown() noexcept {
   std::vector<std::shared_ptr<Job>> pending;
   {
@@ -77,8 +86,49 @@ void Jobs::shutdown() noexcept {
   timer_changed_.notify_all();
   if (timer_.joinable()) timer_.join();
   for (auto& job : pending) cancel(*job);
+  // Not for what this code is inside of: its own run, or the end of a run (a done listener).
+  const Job* here = runs_a_job_here() ? detail::state().job : nullptr;
+  int ending_here = 0;
+  for (const CallFrame* call = detail::state().completing_run; call != nullptr; call = call->outer) {
+    if (call->owner == this) ++ending_here;
+  }
   std::unique_lock lock(mutex);
-  changed_.wait(lock, [this] { return live_.empty(); });
+  changed_.wait(lock, [&] {
+    return starting_ == 0 && ending_ <= ending_here &&
+           (live_.empty() || (live_.size() == 1 && live_.count(here) == 1));
+  });
+}
+
+void Jobs::detach() noexcept {
+  Listeners listeners;
+  JobManager::ProgressProvider provider;
+  {
+    std::lock_guard lock(mutex);
+    detached_ = true;
+    scheduler_ = nullptr;
+    listeners.swap(listeners_);
+    provider.swap(provider_);
+    held_.clear();
+    held_entered_.clear();
+  }
+  // Their destructors (user code) run here, outside the lock.
+}
+
+bool Jobs::runs_a_job_here() const noexcept {
+  const Job* job = detail::state().job;
+  return job != nullptr && job->impl_->jobs.get() == this;
+}
+
+void Jobs::destroy_after_this_run(std::shared_ptr<JobManager::Impl> manager) noexcept {
+  shutdown();
+  std::lock_guard lock(mutex);
+  dying_after_ = detail::state().job;
+  dying_ = std::move(manager);
+}
+
+void Jobs::schedule_refused(const Job& job) const {
+  throw IllegalState("schedule: job '" + job.name() + "' belongs to a job manager that " +
+                     (detached_ ? "has been destroyed" : "is shutting down"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -125,11 +175,20 @@ void Jobs::enter_waiting(const std::shared_ptr<Job>& job,
   tasklet->set_name(job->name());
   state.tasklet = tasklet;
   to_start.push_back(std::move(tasklet));
+  ++starting_;
 }
 
+// Hands the runs made under the lock to the job scheduler, outside it. The job may have been
+// canceled meanwhile (its run then finds itself stale); shutdown waits for these hand-offs, so the
+// scheduler outlives them.
 void Jobs::start(std::vector<std::shared_ptr<JobTasklet>>& to_start) {
-  for (auto& tasklet : to_start) scheduler_.schedule(std::move(tasklet), Directive::async);
+  if (to_start.empty()) return;
+  const int started = static_cast<int>(to_start.size());
+  for (auto& tasklet : to_start) scheduler_->schedule(std::move(tasklet), Directive::async);
   to_start.clear();
+  std::lock_guard lock(mutex);
+  starting_ -= started;
+  if (starting_ == 0) notify_changed();
 }
 
 void Jobs::withdraw_waiting(Job& job) {
@@ -155,7 +214,19 @@ void Jobs::withdraw_waiting(Job& job) {
   }
   // Let into the rule table: take its request back if it still waits there. If it was granted,
   // its run finds itself stale and just ends.
-  if (tasklet) scheduler_.impl().withdraw(*tasklet);
+  if (tasklet) scheduler_->impl().withdraw(*tasklet);
+}
+
+// Throttled jobs of the group that its max_threads lets in now (under the group's lock).
+std::vector<std::shared_ptr<Job>> Jobs::take_admissible(JobGroup& group) {
+  auto& g = group.impl();
+  std::vector<std::shared_ptr<Job>> let_in;
+  while (g.state != JobGroup::State::canceling && !g.throttled.empty() &&
+         (group.max_threads() <= 0 || g.running + static_cast<int>(let_in.size()) < group.max_threads())) {
+    let_in.push_back(std::move(g.throttled.front()));
+    g.throttled.pop_front();
+  }
+  return let_in;
 }
 
 // The job's run (or its wait to run) is over: state none, result kept, group told. Called under
@@ -170,6 +241,7 @@ RunEnd Jobs::finish_run(Job& job, Status result, std::vector<std::shared_ptr<Job
   state.tasklet = nullptr;
   state.result = result;
   ++state.ends;
+  ++ending_;  // until complete() has told the listeners
   RunEnd end;
   end.job = owned(job);
   end.rerun = state.rerun && !stopping_;
@@ -190,12 +262,6 @@ RunEnd Jobs::finish_run(Job& job, Status result, std::vector<std::shared_ptr<Job
       g.results.push_back(result);
       if (result.is_error()) ++g.failed;
       if (result.is_canceled()) ++g.canceled;
-      while (
-          g.state != JobGroup::State::canceling && !g.throttled.empty() &&
-          (group->max_threads() <= 0 || g.running + static_cast<int>(let_in.size()) < group->max_threads())) {
-        let_in.push_back(std::move(g.throttled.front()));
-        g.throttled.pop_front();
-      }
       end.group = state.group;
       end.group_over = g.active.empty() && g.throttled.empty() && g.seeds_done >= g.seeds_expected;
       if (end.group_over) {
@@ -206,6 +272,8 @@ RunEnd Jobs::finish_run(Job& job, Status result, std::vector<std::shared_ptr<Job
       }
       end.failed = g.failed;
       end.canceled = g.canceled;
+      // After a failure, should_cancel() decides (in complete()) before a throttled job starts.
+      if (!end.ask_should_cancel) let_in = take_admissible(*group);
     }
     for (auto& next : let_in) enter_waiting(next, to_start);
   }
@@ -214,12 +282,22 @@ RunEnd Jobs::finish_run(Job& job, Status result, std::vector<std::shared_ptr<Job
   } else {
     live_.erase(&job);
   }
-  changed_.notify_all();
+  notify_changed();
   return end;
 }
 
 // The part of a run's end that runs user code: the group's hooks, then the done event.
 void Jobs::complete(RunEnd end) {
+  CallFrame frame{this, detail::state().completing_run};
+  detail::state().completing_run = &frame;
+  complete_run(std::move(end));
+  detail::state().completing_run = frame.outer;  // the listeners may have moved it to another thread
+  std::lock_guard lock(mutex);
+  --ending_;
+  if (stopping_) notify_changed();  // only shutdown waits for it
+}
+
+void Jobs::complete_run(RunEnd end) {
   if (end.group && end.group_over) {
     Status combined;
     try {
@@ -233,8 +311,8 @@ void Jobs::complete(RunEnd end) {
       g.last_result = combined;
       g.state = JobGroup::State::none;
       g.failed = g.canceled = g.seeds_done = 0;
+      g.changed.notify_all();
     }
-    end.group->impl().changed.notify_all();
     end.done.group_result = std::make_shared<const Status>(std::move(combined));
   } else if (end.group && end.ask_should_cancel) {
     bool cancel_group = true;
@@ -242,7 +320,21 @@ void Jobs::complete(RunEnd end) {
       cancel_group = end.group->should_cancel(end.done.result, end.failed, end.canceled);
     } catch (...) {
     }
-    if (cancel_group) group_cancel(*end.group);
+    if (cancel_group) {
+      group_cancel(*end.group);
+    } else {
+      std::vector<std::shared_ptr<JobTasklet>> to_start;
+      {
+        std::lock_guard lock(mutex);
+        std::vector<std::shared_ptr<Job>> let_in;
+        {
+          std::lock_guard group_lock(end.group->impl().mutex);
+          let_in = take_admissible(*end.group);
+        }
+        for (auto& next : let_in) enter_waiting(next, to_start);
+      }
+      start(to_start);
+    }
   }
   {
     std::lock_guard lock(mutex);
@@ -256,7 +348,7 @@ void Jobs::complete(RunEnd end) {
       std::lock_guard lock(mutex);
       end.job->impl().rerun_pending = false;
       live_.erase(end.job.get());
-      changed_.notify_all();
+      notify_changed();
     }
   }
 }
@@ -267,6 +359,10 @@ void Jobs::complete(RunEnd end) {
 void Jobs::schedule(Job& job, std::chrono::milliseconds delay, bool is_rerun) {
   if (delay.count() < 0) throw IllegalState("schedule(" + job.name() + "): the delay is negative");
   std::shared_ptr<Job> self = owned(job);
+  {
+    std::lock_guard lock(mutex);
+    if (stopping_ && !is_rerun) schedule_refused(job);
+  }
   const bool wanted = job.should_schedule();
   std::vector<std::shared_ptr<JobTasklet>> to_start;
   bool canceled_at_once = false;
@@ -278,7 +374,7 @@ void Jobs::schedule(Job& job, std::chrono::milliseconds delay, bool is_rerun) {
       state.rerun_pending = false;
       if (!wanted) {
         live_.erase(&job);
-        changed_.notify_all();
+        notify_changed();
         return;
       }
     } else if (!wanted) {
@@ -290,7 +386,7 @@ void Jobs::schedule(Job& job, std::chrono::milliseconds delay, bool is_rerun) {
       return;
     }
     if (state.state != JobState::none) return;  // already waiting or sleeping (even for a re-run)
-    if (stopping_) throw IllegalState("schedule(" + job.name() + "): the job manager has shut down");
+    if (stopping_) schedule_refused(job);
     live_[&job] = self;
     if (JobGroup* group = state.group.get()) {
       std::lock_guard group_lock(group->impl().mutex);
@@ -364,6 +460,18 @@ bool Jobs::cancel(Job& job) {
   return true;
 }
 
+namespace {
+Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+  if (timeout == std::chrono::milliseconds::max()) return Clock::time_point::max();
+  const Clock::time_point now = Clock::now();
+  return timeout >= std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now)
+             ? Clock::time_point::max()
+             : now + timeout;
+}
+}  // namespace
+
+// On a worker (a job joining another job) the wait suspends the task and leaves the runner limit,
+// so the job joined can run even when every runner is taken by joiners.
 bool Jobs::join(Job& job, std::chrono::milliseconds timeout) {
   if (detail::state().job == &job) {
     throw IllegalState("join: job '" + job.name() + "' cannot join itself");
@@ -372,12 +480,8 @@ bool Jobs::join(Job& job, std::chrono::milliseconds timeout) {
   Job::Impl& state = job.impl();
   if (state.state == JobState::none) return true;
   const std::uint64_t ends = state.ends;
-  const auto over = [&] { return state.ends != ends; };
-  if (timeout == std::chrono::milliseconds::max()) {
-    changed_.wait(lock, over);
-    return true;
-  }
-  return changed_.wait_for(lock, timeout, over);
+  return changed_.wait_until(
+      lock, deadline_after(timeout), [&] { return state.ends != ends; }, this);
 }
 
 bool Jobs::sleep(Job& job) {
@@ -520,7 +624,16 @@ void Jobs::run(JobTasklet& tasklet) noexcept {
     monitor->done();
   } catch (...) {
   }
-  detail::state().job = outer;  // the run may have moved to another thread (begin_rule, yield_rule)
+  TaskState& after = detail::state();  // the run may have moved to another thread (begin_rule, yield_rule)
+  after.job = outer;
+  // Rules begun in run() and left open are released now, before join() can return, and fail the run.
+  if (const std::string open = end_frames_above(after, after.phase_base);
+      !open.empty() && !result.is_error()) {
+    const std::string message = "job '" + job->name() + "' began " + open +
+                                " in run() and did not end it; rules begun in a run must be ended in it "
+                                "(they have been released)";
+    result = Status::error(message, std::make_exception_ptr(RuleMismatch(message)));
+  }
   release_rule();
 
   {
@@ -530,6 +643,16 @@ void Jobs::run(JobTasklet& tasklet) noexcept {
   }
   start(to_start);
   complete(std::move(*ended));
+
+  std::shared_ptr<JobManager::Impl> dying;
+  {
+    std::lock_guard lock(mutex);
+    if (dying_after_ == job.get()) {
+      dying = std::move(dying_);
+      dying_after_ = nullptr;
+    }
+  }
+  if (dying) dying->shut_down();  // the manager dropped inside this run: finish it now that it is over
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -539,6 +662,48 @@ void Jobs::post(Job& job, PendingEvent::Kind kind, JobEvent event) {
   job.impl().events.push_back(PendingEvent{kind, std::move(event)});
 }
 
+namespace {
+
+void call_listener(ListenerSlot& slot, const PendingEvent& pending) noexcept {
+  // Counted before the removed flag is read, and remove_listener sets the flag before it reads the
+  // count (both sequentially consistent): either it waits for this call, or this call sees it.
+  slot.calls.fetch_add(1);
+  if (!slot.removed.load()) {
+    CallFrame frame{&slot, detail::state().listener_call};
+    detail::state().listener_call = &frame;
+    JobListener& listener = *slot.listener;
+    try {
+      switch (pending.kind) {
+        case PendingEvent::Kind::scheduled:
+          listener.scheduled(pending.event);
+          break;
+        case PendingEvent::Kind::about_to_run:
+          listener.about_to_run(pending.event);
+          break;
+        case PendingEvent::Kind::running:
+          listener.running(pending.event);
+          break;
+        case PendingEvent::Kind::done:
+          listener.done(pending.event);
+          break;
+        case PendingEvent::Kind::sleeping:
+          listener.sleeping(pending.event);
+          break;
+        case PendingEvent::Kind::awake:
+          listener.awake(pending.event);
+          break;
+      }
+    } catch (...) {
+      // A listener's failure is its own; the job and the other listeners go on.
+    }
+    detail::state().listener_call = frame.outer;  // the call may have moved to another thread
+  }
+  slot.calls.fetch_sub(1);
+  if (slot.removed.load()) slot.calls.notify_all();
+}
+
+}  // namespace
+
 void Jobs::deliver(Job& job) noexcept {
   std::unique_lock lock(mutex);
   Job::Impl& state = job.impl();
@@ -547,35 +712,11 @@ void Jobs::deliver(Job& job) noexcept {
   while (!state.events.empty()) {
     PendingEvent pending = std::move(state.events.front());
     state.events.pop_front();
-    std::vector<std::shared_ptr<JobListener>> listeners = listeners_;
+    Listeners listeners = listeners_;
     listeners.insert(listeners.end(), state.listeners.begin(), state.listeners.end());
     lock.unlock();
-    for (const auto& listener : listeners) {
-      try {
-        switch (pending.kind) {
-          case PendingEvent::Kind::scheduled:
-            listener->scheduled(pending.event);
-            break;
-          case PendingEvent::Kind::about_to_run:
-            listener->about_to_run(pending.event);
-            break;
-          case PendingEvent::Kind::running:
-            listener->running(pending.event);
-            break;
-          case PendingEvent::Kind::done:
-            listener->done(pending.event);
-            break;
-          case PendingEvent::Kind::sleeping:
-            listener->sleeping(pending.event);
-            break;
-          case PendingEvent::Kind::awake:
-            listener->awake(pending.event);
-            break;
-        }
-      } catch (...) {
-        // A listener's failure is its own; the job and the other listeners go on.
-      }
-    }
+    for (const auto& slot : listeners) call_listener(*slot, pending);
+    listeners.clear();  // a removed listener may be destroyed here, outside the lock
     lock.lock();
   }
   state.delivering = false;
@@ -594,13 +735,33 @@ void Jobs::deliver_before_run(Job& job) noexcept {
 // ---------------------------------------------------------------------------------------------
 // Timer: delayed schedules and wake-ups, on one thread, sleeping until the earliest is due
 
+void Jobs::start_timer_thread() {
+  if (!timer_.joinable()) timer_ = std::thread([this] { timer_loop(); });
+  timer_changed_.notify_all();
+}
+
 void Jobs::arm_timer(Job& job, Clock::time_point when) {
   Job::Impl& state = job.impl();
   disarm_timer(job);
   state.timer = timers_.emplace(when, owned(job));
   state.has_timer = true;
-  if (!timer_.joinable()) timer_ = std::thread([this] { timer_loop(); });
-  timer_changed_.notify_all();
+  start_timer_thread();
+}
+
+std::optional<WaitTimer::Alarms::iterator> Jobs::wake_at(Clock::time_point when, Wakeup& wakeup) {
+  std::lock_guard lock(mutex);
+  if (stopping_) return std::nullopt;
+  auto alarm = alarms_.emplace(when, &wakeup);
+  wakeup.alarm_armed = true;
+  start_timer_thread();
+  return alarm;
+}
+
+void Jobs::cancel_wake(Wakeup& wakeup, Alarms::iterator alarm) noexcept {
+  std::lock_guard lock(mutex);
+  if (!wakeup.alarm_armed) return;  // it fired (under this lock, so the wakeup is done with)
+  alarms_.erase(alarm);
+  wakeup.alarm_armed = false;
 }
 
 void Jobs::disarm_timer(Job& job) {
@@ -613,15 +774,26 @@ void Jobs::disarm_timer(Job& job) {
 void Jobs::timer_loop() {
   std::unique_lock lock(mutex);
   while (!stopping_) {
-    if (timers_.empty()) {
+    Clock::time_point due = Clock::time_point::max();
+    if (!timers_.empty()) due = timers_.begin()->first;
+    if (!alarms_.empty()) due = std::min(due, alarms_.begin()->first);
+    if (due == Clock::time_point::max()) {
       timer_changed_.wait(lock);
       continue;
     }
-    const Clock::time_point due = timers_.begin()->first;
-    if (Clock::now() < due) {
+    const Clock::time_point now = Clock::now();
+    if (now < due) {
       timer_changed_.wait_until(lock, due);
       continue;
     }
+    // Timed waits whose time is up: woken under the lock, which they take before they end.
+    while (!alarms_.empty() && alarms_.begin()->first <= now) {
+      Wakeup* wakeup = alarms_.begin()->second;
+      alarms_.erase(alarms_.begin());
+      wakeup->alarm_armed = false;
+      wakeup->wake();
+    }
+    if (timers_.empty() || timers_.begin()->first > now) continue;
     std::shared_ptr<Job> job = timers_.begin()->second;
     timers_.erase(timers_.begin());
     job->impl().has_timer = false;
@@ -632,10 +804,21 @@ void Jobs::timer_loop() {
     deliver(*job);
     lock.lock();
   }
+  // Stopped: the timed waits still armed go on as thread waits (TaskCondition::wait_until).
+  for (auto& [when, wakeup] : alarms_) {
+    wakeup->alarm_armed = false;
+    wakeup->wake();
+  }
+  alarms_.clear();
 }
 
 // ---------------------------------------------------------------------------------------------
 // Families and the manager
+
+void Jobs::notify_changed() noexcept {
+  ++changes_;
+  changed_.notify_all();
+}
 
 bool Jobs::is_live(const Job& job) const { return live_.count(&job) != 0; }
 
@@ -666,24 +849,24 @@ bool Jobs::join(Family family, std::chrono::milliseconds timeout) {
     throw IllegalState("join(family) from job '" + current->name() +
                        "' of that family would wait for itself");
   }
-  const auto deadline =
-      timeout == std::chrono::milliseconds::max() ? Clock::time_point::max() : Clock::now() + timeout;
+  const Clock::time_point deadline = deadline_after(timeout);
   for (;;) {
     // Membership is user code (belongs_to): decide it outside the lock, then wait for any change.
     std::vector<std::shared_ptr<Job>> members = find(family);
     std::unique_lock lock(mutex);
-    const bool busy = std::any_of(members.begin(), members.end(), [&](const auto& job) {
-      const JobState now = job->impl().state;
-      if (!is_live(*job)) return false;
-      if (suspended_) return now == JobState::running;
-      return now != JobState::none || job->impl().rerun_pending;
-    });
-    if (!busy) return true;
-    if (deadline == Clock::time_point::max()) {
-      changed_.wait(lock);
-    } else if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
+    const auto busy = [&] {
+      return std::any_of(members.begin(), members.end(), [&](const auto& job) {
+        const JobState now = job->impl().state;
+        if (!is_live(*job)) return false;
+        if (suspended_) return now == JobState::running;
+        return now != JobState::none || job->impl().rerun_pending;
+      });
+    };
+    if (!busy()) return true;
+    const std::uint64_t seen = changes_;
+    if (!changed_.wait_until(
+            lock, deadline, [&] { return changes_ != seen; }, this))
       return false;
-    }
   }
 }
 
@@ -723,12 +906,39 @@ bool Jobs::is_idle() const {
 
 void Jobs::add_listener(std::shared_ptr<JobListener> listener) {
   std::lock_guard lock(mutex);
-  listeners_.push_back(std::move(listener));
+  add_to(listeners_, std::move(listener));
 }
 
 void Jobs::remove_listener(const std::shared_ptr<JobListener>& listener) {
-  std::lock_guard lock(mutex);
-  std::erase(listeners_, listener);
+  remove_from(listeners_, listener);
+}
+
+void Jobs::add_to(Listeners& listeners, std::shared_ptr<JobListener> listener) {
+  if (listener) listeners.push_back(std::make_shared<ListenerSlot>(std::move(listener)));
+}
+
+void Jobs::remove_from(Listeners& listeners, const std::shared_ptr<JobListener>& listener) {
+  Listeners removed;
+  {
+    std::lock_guard lock(mutex);
+    for (auto slot = listeners.begin(); slot != listeners.end();) {
+      if ((*slot)->listener == listener) {
+        removed.push_back(std::move(*slot));
+        slot = listeners.erase(slot);
+      } else {
+        ++slot;
+      }
+    }
+  }
+  for (const auto& slot : removed) {
+    slot->removed.store(true);
+    // Calls in progress elsewhere end first; the ones this code is inside of cannot.
+    int mine = 0;
+    for (const CallFrame* call = detail::state().listener_call; call != nullptr; call = call->outer) {
+      if (call->owner == slot.get()) ++mine;
+    }
+    for (int now = slot->calls.load(); now > mine; now = slot->calls.load()) slot->calls.wait(now);
+  }
 }
 
 void Jobs::set_progress_provider(JobManager::ProgressProvider provider) {

@@ -4,8 +4,14 @@
 //
 // All job, group and registry state is guarded by Jobs::mutex (one lock, as in Eclipse); a group's
 // own mutex is only ever taken inside it. No listener, hook or job body runs under either.
+//
+// Ownership: the manager owns its Jobs through a shared_ptr, and every Job of the manager shares
+// it too (never the manager itself), so a manager dies when its users drop it. Its destructor
+// shuts the Jobs down (cancels what waits or sleeps, waits for what runs, stops the timer) and
+// then detaches it: the Jobs lives on as the lock and state of the jobs left, refusing schedule().
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -13,10 +19,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "task_condition.hpp"
 #include "tasklet/job.hpp"
 #include "tasklet/job_group.hpp"
 #include "tasklet/job_manager.hpp"
@@ -26,7 +34,6 @@
 namespace tasklet::detail {
 
 class Jobs;
-using Clock = std::chrono::steady_clock;
 
 /// What is left to do once a run is over, outside the lock.
 struct RunEnd {
@@ -49,6 +56,16 @@ struct PendingEvent {
   JobEvent event;
 };
 
+/// A registered listener. remove_listener waits until no call of it is in progress, so a removed
+/// listener is never called after remove_listener returns (except by a call it is inside of).
+struct ListenerSlot {
+  explicit ListenerSlot(std::shared_ptr<JobListener> registered) : listener(std::move(registered)) {}
+  const std::shared_ptr<JobListener> listener;
+  std::atomic<bool> removed{false};
+  std::atomic<int> calls{0};  // in progress
+};
+using Listeners = std::vector<std::shared_ptr<ListenerSlot>>;
+
 /// One run of a job: a tasklet holding the job's rule, whose only phase runs the job.
 class JobTasklet final : public Tasklet {
  public:
@@ -66,12 +83,23 @@ class JobTasklet final : public Tasklet {
   std::int64_t deadline_;
 };
 
-class Jobs {
+class Jobs final : public WaitTimer {
  public:
-  Jobs(JobManager::Impl& manager, Scheduler& scheduler);
+  explicit Jobs(Scheduler& scheduler);
   ~Jobs();
 
+  /// The manager is being destroyed: cancels what has not started, stops the timer, waits for
+  /// what runs (except a run on this thread: see destroy_after_this_run). schedule() throws from
+  /// now on.
   void shutdown() noexcept;
+  /// After the manager's schedulers are gone: forgets them and drops the manager's listeners and
+  /// provider. The jobs keep their state; nothing runs any more.
+  void detach() noexcept;
+  /// Whether the calling code is the run() of one of these jobs.
+  bool runs_a_job_here() const noexcept;
+  /// The manager was dropped inside the run() of one of its jobs, on this thread: its remains are
+  /// destroyed by that job's runner once the run is over.
+  void destroy_after_this_run(std::shared_ptr<JobManager::Impl> manager) noexcept;
 
   // Job operations (Job's public methods land here).
   void schedule(Job& job, std::chrono::milliseconds delay, bool is_rerun);
@@ -93,12 +121,20 @@ class Jobs {
   bool is_idle() const;
   void add_listener(std::shared_ptr<JobListener> listener);
   void remove_listener(const std::shared_ptr<JobListener>& listener);
+  /// Job listeners (under the lock)
+  static void add_to(Listeners& listeners, std::shared_ptr<JobListener> listener);
+  /// Removes it from `listeners`, then waits for its calls in progress (outside the lock).
+  void remove_from(Listeners& listeners, const std::shared_ptr<JobListener>& listener);
   void set_progress_provider(JobManager::ProgressProvider provider);
 
   /// One run of a job, as the JobTasklet's only phase.
   void run(JobTasklet& tasklet) noexcept;
 
   void group_cancel(JobGroup& group);
+
+  // WaitTimer: alarms for suspended timed waits, on the timer thread.
+  std::optional<Alarms::iterator> wake_at(Clock::time_point when, Wakeup& wakeup) override;
+  void cancel_wake(Wakeup& wakeup, Alarms::iterator alarm) noexcept override;
 
   mutable std::mutex mutex;
 
@@ -107,33 +143,45 @@ class Jobs {
   void start(std::vector<std::shared_ptr<JobTasklet>>& to_start);
   RunEnd finish_run(Job& job, Status result, std::vector<std::shared_ptr<JobTasklet>>& to_start);
   void complete(RunEnd end);
+  void complete_run(RunEnd end);
   void post(Job& job, PendingEvent::Kind kind, JobEvent event);
   void deliver(Job& job) noexcept;
   void withdraw_waiting(Job& job);
   void release_group_slot(Job& job, std::vector<std::shared_ptr<JobTasklet>>& to_start);
+  static std::vector<std::shared_ptr<Job>> take_admissible(JobGroup& group);
   void deliver_before_run(Job& job) noexcept;
   void arm_timer(Job& job, Clock::time_point when);
   void disarm_timer(Job& job);
+  void start_timer_thread();
   void timer_loop();
   bool is_live(const Job& job) const;
+  void notify_changed() noexcept;  // under the lock
+  void schedule_refused(const Job& job) const;
 
-  JobManager::Impl& manager_;
-  Scheduler& scheduler_;
-  std::condition_variable changed_;                            // any job state change (join)
+  Scheduler* scheduler_;   // null once detached
+  TaskCondition changed_;  // any job state change (join)
+  std::uint64_t changes_ = 0;
+  int starting_ = 0;  // runs made by enter_waiting and not yet handed to the scheduler (start)
+  int ending_ = 0;    // runs over (finish_run) whose listeners complete() has not yet told
   std::unordered_map<const Job*, std::shared_ptr<Job>> live_;  // waiting, sleeping, running
   // Waiting while suspended: jobs that had entered the rule table before the suspension first
   // (they asked earlier), then jobs scheduled during it.
   std::deque<std::shared_ptr<Job>> held_entered_;
   std::deque<std::shared_ptr<Job>> held_;
-  std::condition_variable delivered_;  // a job's event queue ran empty
+  TaskCondition delivered_;  // a job's event queue ran empty
   bool suspended_ = false;
-  std::vector<std::shared_ptr<JobListener>> listeners_;
+  Listeners listeners_;
   JobManager::ProgressProvider provider_;
 
   std::multimap<Clock::time_point, std::shared_ptr<Job>> timers_;
+  Alarms alarms_;
   std::condition_variable timer_changed_;
   std::thread timer_;
   bool stopping_ = false;
+  bool detached_ = false;
+  // Set by destroy_after_this_run: the manager's remains and the job whose run they wait for.
+  std::shared_ptr<JobManager::Impl> dying_;
+  const Job* dying_after_ = nullptr;
 };
 
 }  // namespace tasklet::detail
@@ -141,6 +189,7 @@ class Jobs {
 namespace tasklet {
 
 struct Job::Impl {
+  std::shared_ptr<detail::Jobs> jobs;  // the manager's job side: its lock guards what follows
   JobState state = JobState::none;
   bool about_to_run = false;      // taken by a runner, not running yet
   bool cancel_requested = false;  // canceled while about to run
@@ -158,7 +207,7 @@ struct Job::Impl {
   bool user = false;
   std::shared_ptr<JobGroup> group;
   std::map<std::string, std::any> properties;
-  std::vector<std::shared_ptr<JobListener>> listeners;
+  detail::Listeners listeners;
   std::shared_ptr<detail::JobTasklet> tasklet;  // the current run's tasklet while waiting
   std::shared_ptr<ProgressMonitor> monitor;     // while running (cancel() may outlive the run)
   bool has_timer = false;
@@ -168,8 +217,8 @@ struct Job::Impl {
 };
 
 struct JobGroup::Impl {
-  mutable std::mutex mutex;  // taken only inside Jobs::mutex, or alone for reads
-  std::condition_variable changed;
+  mutable std::mutex mutex;       // taken only inside Jobs::mutex, or alone
+  detail::TaskCondition changed;  // notified under `mutex`
   State state = State::none;
   int seeds_expected = 0;
   int seeds_done = 0;

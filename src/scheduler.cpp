@@ -187,7 +187,7 @@ struct Scheduler::Impl::RunnerTask {
       TaskletPtr next;
       {
         std::lock_guard lock(impl->ready_mutex_);
-        if (impl->ready_.empty()) {
+        if (impl->ready_.empty() || impl->runners_ > impl->max_runners_) {
           --impl->runners_;
           return;
         }
@@ -629,6 +629,26 @@ void Scheduler::Impl::enqueue_async(TaskletPtr tasklet) {
 void Scheduler::Impl::order_async_phases_by(Deadline deadline, int runners) {
   deadline_ = deadline;
   max_runners_ = runners > 0 ? runners : 1;
+}
+
+void Scheduler::Impl::runner_blocks() noexcept {
+  if (deadline_ == nullptr) return;
+  bool start_runner = false;
+  {
+    std::lock_guard lock(ready_mutex_);
+    --runners_;
+    if (!ready_.empty() && runners_ < max_runners_) {
+      ++runners_;
+      start_runner = true;
+    }
+  }
+  if (start_runner) spawn(RunnerTask{this});
+}
+
+void Scheduler::Impl::runner_unblocks() noexcept {
+  if (deadline_ == nullptr) return;
+  std::lock_guard lock(ready_mutex_);
+  ++runners_;
 }
 
 bool Scheduler::Impl::yield_rule(Tasklet& tasklet) {

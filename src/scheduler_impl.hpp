@@ -55,6 +55,11 @@ struct Scheduler::Impl {
   /// at most `runners` worker tasks at once, instead of going straight to the arena. Set before use.
   using Deadline = std::int64_t (*)(const Tasklet&);
   void order_async_phases_by(Deadline deadline, int runners);
+  /// A runner of that queue whose phase is about to block (suspended in a wait) counts itself out
+  /// of the limit, starting another runner when phases are ready; back in once it goes on. A runner
+  /// that finds more runners than the limit leaves after its phase. No-op without the queue.
+  void runner_blocks() noexcept;
+  void runner_unblocks() noexcept;
   /// The tasklet whose phase runs here lets a waiting conflicting request go first and then takes
   /// its rule again (waiting as begin_rule does). False, at once, when nobody conflicting waits.
   bool yield_rule(Tasklet& tasklet);

@@ -6,7 +6,9 @@
 // conflicting requests), and it runs on the manager's workers.
 //
 // States: none -> (schedule) waiting or sleeping -> running -> none. Jobs are owned by
-// std::shared_ptr; the manager keeps a scheduled job alive until it is done.
+// std::shared_ptr; the manager keeps a scheduled job alive until it is done. A job does not keep
+// its manager alive: destroying the manager cancels its waiting and sleeping jobs, waits for its
+// running ones, and leaves every job in state none, usable but unable to be scheduled again.
 #pragma once
 
 #include <any>
@@ -67,7 +69,8 @@ class JobListener {
 
 class Job : public std::enable_shared_from_this<Job> {
  public:
-  /// A job of `manager` (the global manager when null).
+  /// A job of `manager` (the global manager when null). The job refers to its manager without
+  /// owning it.
   explicit Job(std::string name, std::shared_ptr<JobManager> manager = nullptr);
   virtual ~Job();
   Job(const Job&) = delete;
@@ -77,7 +80,8 @@ class Job : public std::enable_shared_from_this<Job> {
 
   /// Queues the job: waiting at once, or sleeping for `delay`. A running job runs once more after
   /// it ends (with the last delay given); a waiting or sleeping job is left as it is. Calls
-  /// should_schedule() first. Thread-safe. Throws IllegalState for a negative delay.
+  /// should_schedule() first. Thread-safe. Throws IllegalState for a negative delay, and when the
+  /// job's manager is shutting down or has been destroyed.
   void schedule(std::chrono::milliseconds delay = std::chrono::milliseconds{0});
 
   /// Waiting or sleeping: removed, done with a cancel result, returns true. Running: its monitor
@@ -86,7 +90,8 @@ class Job : public std::enable_shared_from_this<Job> {
 
   /// Waits until the job's current run (or its wait to run) is over; returns at once for a job in
   /// state none. Throws IllegalState when called from the job itself. join(timeout) returns false
-  /// when the time ran out.
+  /// when the time ran out. Called from another job, the joiner frees its runner while it waits
+  /// (the task is suspended), so the job joined can run even when every runner is taken.
   void join();
   bool join(std::chrono::milliseconds timeout);
 
@@ -120,6 +125,8 @@ class Job : public std::enable_shared_from_this<Job> {
   std::any property(const std::string& key) const;
 
   void add_listener(std::shared_ptr<JobListener> listener);
+  /// Once it returns, the listener is not called again: it waits for calls in progress on other
+  /// threads. Called from inside that listener's own call, it does not wait for that call.
   void remove_listener(const std::shared_ptr<JobListener>& listener);
 
   /// Lets a waiting job whose rule conflicts with this one's go first, then takes the rule back.
@@ -130,7 +137,8 @@ class Job : public std::enable_shared_from_this<Job> {
   /// Family membership; override it. The default belongs to no family.
   virtual bool belongs_to(Family family) const;
 
-  const std::shared_ptr<JobManager>& manager() const noexcept { return manager_; }
+  /// The job's manager; null once the manager has been destroyed (or while its destructor runs).
+  std::shared_ptr<JobManager> manager() const noexcept { return manager_.lock(); }
 
   struct Impl;
   Impl& impl() noexcept { return *impl_; }
@@ -150,7 +158,7 @@ class Job : public std::enable_shared_from_this<Job> {
   friend struct Impl;
   friend class detail::Jobs;
   std::string name_;
-  std::shared_ptr<JobManager> manager_;
+  std::weak_ptr<JobManager> manager_;
   std::unique_ptr<Impl> impl_;
 };
 

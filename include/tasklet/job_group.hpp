@@ -34,7 +34,8 @@ class JobGroup : public std::enable_shared_from_this<JobGroup> {
 
   /// Cancels every job of the group and refuses new ones until the group is over.
   void cancel();
-  /// Waits until the group is over; false when the time ran out.
+  /// Waits until the group is over; false when the time ran out. Called from a job, it frees that
+  /// job's runner while it waits.
   bool join(std::chrono::milliseconds timeout = std::chrono::milliseconds::max());
   /// Jobs waiting, sleeping or running.
   std::vector<std::shared_ptr<Job>> active_jobs() const;

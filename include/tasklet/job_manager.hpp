@@ -35,8 +35,13 @@ class JobManager {
   /// The process-wide manager, made on first use and never destroyed. Thread-safe.
   static const std::shared_ptr<JobManager>& global();
 
-  /// Cancels what has not started (jobs, serial tasks, tasklets and threads waiting for rules),
-  /// waits for what runs on its background scheduler. Never throws.
+  /// Jobs do not own their manager, so this runs when its users drop it, with jobs pending or
+  /// not. Cancels what has not started (waiting and sleeping jobs end with a cancel result and
+  /// their done listeners are called; serial tasks, tasklets and threads waiting for rules),
+  /// cancels the monitors of running jobs and waits for them and for other background work, stops
+  /// the timer. The jobs stay usable, in state none; schedule() on them throws IllegalState.
+  /// Dropped inside one of its own jobs' run(), it waits for everything but that run, and the
+  /// job's runner finishes the destruction after it. Never throws.
   ~JobManager();
   JobManager(const JobManager&) = delete;
   JobManager& operator=(const JobManager&) = delete;
@@ -45,7 +50,8 @@ class JobManager {
   /// begin_rule, or the rule of the tasklet whose phase it runs), `rule` must be contained by the
   /// outermost one and is pushed without waiting; otherwise RuleNotContained. A thread holding
   /// nothing waits, in FIFO order with tasklets and other threads, until `rule` is free: on one of
-  /// the library's worker threads the waiting task is suspended and the worker runs other work.
+  /// the library's worker threads the waiting task is suspended and the worker runs other work
+  /// (in a job, the job frees its runner meanwhile).
   /// A null rule pushes a no-op scope. The push happens before any check, so every begin_rule,
   /// even one that throws (RuleNotContained, InvalidRule, IllegalState for nesting across
   /// managers), must be balanced by end_rule; prefer RuleScope. Rules begun in a tasklet phase
@@ -70,7 +76,8 @@ class JobManager {
   void cancel(Family family);
   /// Waits until no job of the family is waiting, sleeping or running (while suspended: running),
   /// including jobs scheduled into it meanwhile. False when the timeout ran out. Must not be
-  /// called from a job of that family.
+  /// called from a job of that family (IllegalState); from another job it frees that job's runner
+  /// while it waits.
   bool join(Family family, std::chrono::milliseconds timeout = std::chrono::milliseconds::max());
   /// Puts every waiting job of the family to sleep; wakes every sleeping one.
   void sleep(Family family);
@@ -85,6 +92,8 @@ class JobManager {
 
   /// Listeners for every job of this manager, told before the job's own listeners.
   void add_listener(std::shared_ptr<JobListener> listener);
+  /// Once it returns, the listener is not called again: queued events skip it, and it waits for
+  /// its calls in progress on other threads (not for one it is called from inside of).
   void remove_listener(const std::shared_ptr<JobListener>& listener);
 
   /// Decides which monitor a job's run gets (a plain ProgressMonitor when unset or when it
@@ -112,7 +121,7 @@ class JobManager {
   JobManager(Key, Options options);  // use create()
 
  private:
-  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<Impl> impl_;  // shared with the manager's own schedulers until their tasks end
 };
 
 /// Begins a rule on construction and ends it on destruction (also when begin_rule threw, which is

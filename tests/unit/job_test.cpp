@@ -3,8 +3,10 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <future>
 #include <latch>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -12,7 +14,7 @@
 
 #include <gtest/gtest.h>
 
-#include "support/test_support.hpp"
+#include "support/job_support.hpp"
 #include "tasklet/tasklet.hpp"
 
 namespace tasklet {
@@ -20,24 +22,11 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// A gate a job can wait at, opened by the test (bounded wait so a bug fails instead of hanging).
-class Gate {
- public:
-  void open() {
-    std::lock_guard lock(mutex_);
-    open_ = true;
-    changed_.notify_all();
-  }
-  bool wait() {
-    std::unique_lock lock(mutex_);
-    return changed_.wait_for(lock, 30s, [this] { return open_; });
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  bool open_ = false;
-};
+using test::Counter;
+using test::eventually;
+using test::Gate;
+using test::patience;
+using test::Recorder;
 
 class JobTest : public ::testing::Test {
  protected:
@@ -58,33 +47,6 @@ class JobTest : public ::testing::Test {
   std::shared_ptr<Job> job(std::string name, std::function<Status(ProgressMonitor&)> fn) {
     return make_job(std::move(name), std::move(fn), manager_);
   }
-};
-
-// Records every event of the jobs it listens to, in order.
-class Recorder final : public JobListener {
- public:
-  void scheduled(const JobEvent& e) override { note(e, "scheduled"); }
-  void about_to_run(const JobEvent& e) override { note(e, "about_to_run"); }
-  void running(const JobEvent& e) override { note(e, "running"); }
-  void done(const JobEvent& e) override { note(e, "done"); }
-  void sleeping(const JobEvent& e) override { note(e, "sleeping"); }
-  void awake(const JobEvent& e) override { note(e, "awake"); }
-  std::vector<std::string> of(const std::string& name) {
-    std::lock_guard lock(mutex_);
-    std::vector<std::string> events;
-    for (const auto& [job, event] : events_) {
-      if (job == name) events.push_back(event);
-    }
-    return events;
-  }
-
- private:
-  void note(const JobEvent& e, const char* what) {
-    std::lock_guard lock(mutex_);
-    events_.emplace_back(e.job->name(), what);
-  }
-  std::mutex mutex_;
-  std::vector<std::pair<std::string, std::string>> events_;
 };
 
 TEST_F(JobTest, StatesThroughAJobsLife) {
@@ -129,6 +91,7 @@ TEST_F(JobTest, ScheduleWhileRunningRunsOnceMoreAndWhileWaitingDoesNothing) {
   manager_->begin_rule(rule);
   j->schedule();
   j->schedule();
+  j->schedule(std::chrono::hours(1));  // no delay is imposed on a waiting job either
   EXPECT_EQ(j->state(), JobState::waiting);
   manager_->end_rule(rule);
   j->join();
@@ -297,7 +260,7 @@ TEST_F(JobTest, ListenerEventsArriveInOrder) {
   sleepy->join();
   EXPECT_TRUE(manager_->join(nullptr, 30s));
   // join() returns when the run is over; the done events may still be on their way.
-  while (recorder->of("sleepy").size() < 5 || recorder->of("observed").size() < 4) std::this_thread::yield();
+  ASSERT_TRUE(recorder->dones.wait_for(2));
   manager_->remove_listener(recorder);
   EXPECT_EQ(recorder->of("observed"),
             (std::vector<std::string>{"scheduled", "about_to_run", "running", "done"}));
@@ -433,22 +396,38 @@ TEST_F(JobTest, CurrentJobIsTheRunningJob) {
 }
 
 TEST_F(JobTest, JobGroupThrottlesAndCombinesResults) {
+  auto wide = JobManager::create(JobManager::Options{4, nullptr});  // more runners than the group may use
   auto group = std::make_shared<JobGroup>("pair", 2, 6);
+  Gate release;
+  Counter entered;
   std::atomic<int> running{0}, most{0};
+  std::vector<std::shared_ptr<Job>> jobs;
   for (int i = 0; i < 6; ++i) {
-    auto j = job("g" + std::to_string(i), [&](ProgressMonitor&) {
-      const int now = running.fetch_add(1) + 1;
-      int seen = most.load();
-      while (now > seen && !most.compare_exchange_weak(seen, now)) {
-      }
-      std::this_thread::sleep_for(2ms);  // long enough for siblings to overlap if allowed
-      running.fetch_sub(1);
-      return Status::ok();
-    });
+    auto j = make_job(
+        "g" + std::to_string(i),
+        [&](ProgressMonitor&) {
+          const int now = running.fetch_add(1) + 1;
+          int seen = most.load();
+          while (now > seen && !most.compare_exchange_weak(seen, now)) {
+          }
+          entered.add();
+          release.wait();
+          running.fetch_sub(1);
+          return Status::ok();
+        },
+        wide);
     j->set_group(group);
     j->schedule();
+    jobs.push_back(j);
   }
-  EXPECT_TRUE(group->join(30s));
+  ASSERT_TRUE(entered.wait_for(2));
+  int throttled = 0;
+  for (auto& j : jobs) throttled += j->state() == JobState::waiting ? 1 : 0;
+  EXPECT_EQ(throttled, 4) << "two runners are free, but the group lets two in";
+  EXPECT_EQ(entered.get(), 2);
+  release.open();
+  EXPECT_TRUE(group->join(patience));
+  EXPECT_EQ(entered.get(), 6);
   EXPECT_LE(most.load(), 2);
   EXPECT_TRUE(group->result().is_ok());
   EXPECT_EQ(group->state(), JobGroup::State::none);
@@ -494,7 +473,8 @@ TEST_F(JobTest, YieldRuleLetsAConflictingJobGoFirst) {
   std::atomic<bool> yielded{false};
   auto a = job("a", [&](ProgressMonitor&) {
     note("a starts");
-    while (manager_->rule_stats().waiting == 0) std::this_thread::yield();
+    if (!eventually([&] { return manager_->rule_stats().waiting != 0; }))
+      return Status::error("b never came");
     yielded = manager_->current_job()->yield_rule();
     note("a resumes");
     return Status::ok();
@@ -565,11 +545,11 @@ TEST_F(JobTest, DelayedJobsWakeOnTimeWhileEveryWorkerIsBusy) {
     busy.back()->schedule();
   }
   for (auto& b : busy) {
-    while (b->state() != JobState::running) std::this_thread::yield();
+    ASSERT_TRUE(eventually([&] { return b->state() == JobState::running; }));
   }
   auto delayed = job("delayed", [](ProgressMonitor&) { return Status::ok(); });
   delayed->schedule(5ms);
-  while (delayed->state() == JobState::sleeping) std::this_thread::yield();
+  EXPECT_TRUE(eventually([&] { return delayed->state() != JobState::sleeping; }));
   EXPECT_EQ(delayed->state(), JobState::waiting) << "woken while both workers were busy";
   release.open();
   delayed->join();
@@ -614,6 +594,789 @@ TEST_F(JobTest, DestroyingAManagerCancelsWhatHasNotStarted) {
     j->cancel();
   }
   for (auto& j : jobs) EXPECT_NE(j->state(), JobState::running);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rescheduling (Eclipse's JobTest.testReschedule*)
+
+// Counts the `scheduled` events it hears.
+class ScheduledCounter final : public JobListener {
+ public:
+  void scheduled(const JobEvent&) override { count.add(); }
+  Counter count;
+};
+
+TEST_F(JobTest, ScheduleWhileSleepingKeepsTheJobAsleep) {
+  auto j = job("sleeper", [](ProgressMonitor&) { return Status::ok(); });
+  j->schedule(std::chrono::hours(1));
+  j->schedule();
+  j->schedule(1ms);
+  EXPECT_EQ(j->state(), JobState::sleeping) << "a sleeping job keeps its delay";
+  EXPECT_TRUE(j->cancel());
+}
+
+TEST_F(JobTest, RescheduleWithADelayWhileRunningSleepsAfterTheRun) {
+  Gate in_run, release;
+  std::atomic<int> runs{0};
+  auto scheduled = std::make_shared<ScheduledCounter>();
+  auto j = job("again later", [&](ProgressMonitor&) {
+    if (runs.fetch_add(1) == 0) {
+      in_run.open();
+      release.wait();
+    }
+    return Status::ok();
+  });
+  j->add_listener(scheduled);
+  j->schedule();
+  ASSERT_TRUE(in_run.wait());
+  j->schedule(std::chrono::hours(1));
+  release.open();
+  ASSERT_TRUE(scheduled->count.wait_for(2)) << "the re-run was queued";
+  EXPECT_EQ(j->state(), JobState::sleeping);
+  j->schedule();  // sleeping: no effect
+  EXPECT_EQ(j->state(), JobState::sleeping);
+  j->wake_up();
+  EXPECT_TRUE(manager_->join(nullptr, patience));
+  EXPECT_EQ(runs.load(), 2);
+}
+
+TEST_F(JobTest, SeveralSchedulesWhileRunningGiveOneMoreRunWithTheLastDelay) {
+  Gate in_run, release;
+  std::atomic<int> runs{0};
+  auto j = job("complex", [&](ProgressMonitor&) {
+    if (runs.fetch_add(1) == 0) {
+      in_run.open();
+      release.wait();
+    }
+    return Status::ok();
+  });
+  j->schedule();
+  ASSERT_TRUE(in_run.wait());
+  j->schedule(std::chrono::hours(2));
+  j->schedule(std::chrono::hours(1));
+  j->schedule(0ms);  // the last delay counts
+  release.open();
+  EXPECT_TRUE(manager_->join(nullptr, patience)) << "the re-run was not queued at once";
+  EXPECT_EQ(runs.load(), 2);
+}
+
+// Reschedules itself from run() until should_schedule() says no.
+class Repeating final : public Job {
+ public:
+  Repeating(std::chrono::milliseconds delay, int times, std::shared_ptr<JobManager> manager)
+      : Job("repeating", std::move(manager)), delay_(delay), times_(times) {}
+  std::atomic<int> runs{0};
+  std::atomic<int> running{0};
+  std::atomic<bool> overlapped{false};
+
+ protected:
+  Status run(ProgressMonitor&) override {
+    if (running.fetch_add(1) != 0) overlapped = true;
+    runs.fetch_add(1);
+    schedule(delay_);
+    running.fetch_sub(1);
+    return Status::ok();
+  }
+  bool should_schedule() override { return runs.load() < times_; }
+
+ private:
+  std::chrono::milliseconds delay_;
+  int times_;
+};
+
+TEST_F(JobTest, AJobReschedulingItselfRunsUntilShouldScheduleSaysNo) {
+  for (const auto delay : {0ms, 1ms}) {
+    auto j = std::make_shared<Repeating>(delay, 5, manager_);
+    j->schedule();
+    EXPECT_TRUE(manager_->join(nullptr, patience)) << "join(family) waits for every re-run";
+    EXPECT_EQ(j->runs.load(), 5) << "delay " << delay.count();
+    EXPECT_FALSE(j->overlapped.load());
+    EXPECT_EQ(j->state(), JobState::none);
+  }
+}
+
+TEST_F(JobTest, ScheduleFromADoneListenerRunsAgain) {
+  struct Again final : JobListener {
+    void done(const JobEvent& e) override {
+      if (dones.add() < 3) e.job->schedule();
+    }
+    Counter dones;
+  };
+  auto again = std::make_shared<Again>();
+  std::atomic<int> runs{0};
+  auto j = job("from done", [&](ProgressMonitor&) {
+    runs.fetch_add(1);
+    return Status::ok();
+  });
+  j->add_listener(again);
+  j->schedule();
+  ASSERT_TRUE(again->dones.wait_for(3));
+  EXPECT_EQ(runs.load(), 3);
+}
+
+TEST_F(JobTest, CancelThenScheduleWhileRunningRunsAgain) {
+  Gate in_run, release;
+  std::atomic<int> runs{0};
+  auto j = job("cancel then schedule", [&](ProgressMonitor& monitor) {
+    if (runs.fetch_add(1) == 0) {
+      in_run.open();
+      release.wait();
+    }
+    return monitor.is_canceled() ? Status::cancel() : Status::ok();
+  });
+  j->schedule();
+  ASSERT_TRUE(in_run.wait());
+  EXPECT_FALSE(j->cancel());
+  j->schedule();
+  release.open();
+  EXPECT_TRUE(manager_->join(nullptr, patience));
+  EXPECT_EQ(runs.load(), 2);
+  EXPECT_TRUE(j->result().is_ok()) << "the re-run has a fresh monitor";
+}
+
+TEST_F(JobTest, ScheduleAfterCancelingAWaitingJobQueuesItAgain) {
+  const Rule rule = rules::mutex("busy");
+  std::atomic<int> runs{0};
+  auto j = job("requeued", [&](ProgressMonitor&) {
+    runs.fetch_add(1);
+    return Status::ok();
+  });
+  j->set_rule(rule);
+  manager_->begin_rule(rule);
+  j->schedule();
+  EXPECT_TRUE(j->cancel());
+  EXPECT_TRUE(j->result().is_canceled());
+  j->schedule();
+  EXPECT_EQ(j->state(), JobState::waiting);
+  manager_->end_rule(rule);
+  EXPECT_TRUE(j->join(patience));
+  EXPECT_EQ(runs.load(), 1);
+  EXPECT_TRUE(j->result().is_ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Canceling in each state
+
+TEST_F(JobTest, CancelReturnsWhetherTheJobWasStopped) {
+  auto none = job("none", [](ProgressMonitor&) { return Status::ok(); });
+  EXPECT_TRUE(none->cancel());
+  EXPECT_EQ(none->state(), JobState::none);
+  EXPECT_TRUE(none->result().is_ok()) << "canceling a job in state none changes nothing";
+
+  auto sleeping = job("sleeping", [](ProgressMonitor&) { return Status::ok(); });
+  sleeping->schedule(std::chrono::hours(1));
+  EXPECT_TRUE(sleeping->cancel());
+
+  const Rule rule = rules::mutex("held");
+  manager_->begin_rule(rule);
+  auto waiting = job("waiting", [](ProgressMonitor&) { return Status::ok(); });
+  waiting->set_rule(rule);
+  waiting->schedule();
+  EXPECT_TRUE(waiting->cancel());
+  manager_->end_rule(rule);
+
+  Gate in_run;
+  auto running = job("running", [&](ProgressMonitor& monitor) {
+    in_run.open();
+    while (!monitor.is_canceled()) std::this_thread::yield();
+    return Status::cancel();
+  });
+  running->schedule();
+  ASSERT_TRUE(in_run.wait());
+  EXPECT_FALSE(running->cancel());
+  EXPECT_TRUE(running->join(patience));
+  for (const auto& j : {sleeping, waiting, running}) EXPECT_TRUE(j->result().is_canceled()) << j->name();
+}
+
+TEST_F(JobTest, CancelFromAboutToRunEndsTheRunUnrun) {
+  struct Canceler final : JobListener {
+    void about_to_run(const JobEvent& e) override { e.job->cancel(); }
+  };
+  auto recorder = std::make_shared<Recorder>();
+  std::atomic<int> runs{0};
+  auto j = job("stopped at the door", [&](ProgressMonitor&) {
+    runs.fetch_add(1);
+    return Status::ok();
+  });
+  j->add_listener(std::make_shared<Canceler>());
+  j->add_listener(recorder);
+  j->schedule();
+  ASSERT_TRUE(recorder->dones.wait_for(1));
+  EXPECT_EQ(runs.load(), 0);
+  EXPECT_TRUE(j->result().is_canceled());
+  EXPECT_EQ(recorder->of("stopped at the door"),
+            (std::vector<std::string>{"scheduled", "about_to_run", "done"}));
+}
+
+// should_run() does what the test asks of it.
+class Hooked final : public Job {
+ public:
+  Hooked(std::function<bool(Job&)> should_run, std::shared_ptr<JobManager> manager)
+      : Job("hooked", std::move(manager)), should_run_(std::move(should_run)) {}
+  std::atomic<int> runs{0};
+  std::atomic<int> running{0};
+  std::atomic<bool> overlapped{false};
+
+ protected:
+  Status run(ProgressMonitor&) override {
+    if (running.fetch_add(1) != 0) overlapped = true;
+    runs.fetch_add(1);
+    running.fetch_sub(1);
+    return Status::ok();
+  }
+  bool should_run() override { return should_run_(*this); }
+
+ private:
+  std::function<bool(Job&)> should_run_;
+};
+
+TEST_F(JobTest, CancelInsideShouldRunEndsTheRun) {
+  auto j = std::make_shared<Hooked>(
+      [](Job& self) {
+        self.cancel();
+        return true;
+      },
+      manager_);
+  j->schedule();
+  EXPECT_TRUE(j->join(patience));
+  EXPECT_EQ(j->runs.load(), 0);
+  EXPECT_TRUE(j->result().is_canceled());
+}
+
+TEST_F(JobTest, ShouldRunThatThrowsDropsTheRun) {
+  auto j = std::make_shared<Hooked>([](Job&) -> bool { throw std::runtime_error("hook failed"); }, manager_);
+  j->schedule();
+  EXPECT_TRUE(j->join(patience));
+  EXPECT_EQ(j->runs.load(), 0);
+  EXPECT_TRUE(j->result().is_canceled());
+  EXPECT_EQ(j->state(), JobState::none);
+}
+
+TEST_F(JobTest, ScheduleInsideShouldRunRunsOnceMoreNeverConcurrently) {
+  std::atomic<int> asked{0};
+  auto j = std::make_shared<Hooked>(
+      [&](Job& self) {
+        if (asked.fetch_add(1) == 0) self.schedule();  // about to run: counts as a re-run request
+        return true;
+      },
+      manager_);
+  j->schedule();
+  EXPECT_TRUE(manager_->join(nullptr, patience));
+  EXPECT_EQ(j->runs.load(), 2);
+  EXPECT_FALSE(j->overlapped.load());
+}
+
+TEST_F(JobTest, ScheduleAndCancelFromAScheduledListenerNeverRunConcurrently) {
+  struct Racer final : JobListener {
+    void scheduled(const JobEvent& e) override {
+      if (calls.fetch_add(1) % 2 == 0) {
+        e.job->cancel();
+        e.job->schedule();
+      } else {
+        e.job->schedule();
+      }
+    }
+    std::atomic<int> calls{0};
+  };
+  auto j = std::make_shared<Hooked>([](Job&) { return true; }, manager_);
+  j->add_listener(std::make_shared<Racer>());
+  for (int i = 0; i < 100; ++i) {
+    j->schedule();
+    EXPECT_TRUE(manager_->join(nullptr, patience));
+  }
+  EXPECT_FALSE(j->overlapped.load());
+  EXPECT_GE(j->runs.load(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Joining
+
+TEST_F(JobTest, JoinTimesOutWhileTheJobRuns) {
+  Gate in_run, release;
+  auto j = job("long", [&](ProgressMonitor&) {
+    in_run.open();
+    release.wait();
+    return Status::ok();
+  });
+  j->schedule();
+  ASSERT_TRUE(in_run.wait());
+  EXPECT_FALSE(j->join(1ms));
+  EXPECT_EQ(j->state(), JobState::running);
+  release.open();
+  EXPECT_TRUE(j->join(patience));
+}
+
+TEST_F(JobTest, JoinReturnsWhenAWaitingJobIsCanceled) {
+  const Rule rule = rules::mutex("held");
+  manager_->begin_rule(rule);
+  auto j = job("never runs", [](ProgressMonitor&) { return Status::ok(); });
+  j->set_rule(rule);
+  j->schedule();
+  auto joined = std::async(std::launch::async, [&] { return j->join(patience); });
+  EXPECT_TRUE(j->cancel());
+  ASSERT_EQ(joined.wait_for(patience), std::future_status::ready);
+  EXPECT_TRUE(joined.get());
+  manager_->end_rule(rule);
+}
+
+TEST_F(JobTest, JoinKeepsWaitingAcrossSleepAndWake) {
+  const Rule rule = rules::mutex("held");
+  manager_->begin_rule(rule);
+  std::atomic<bool> ran{false};
+  auto j = job("napper", [&](ProgressMonitor&) {
+    ran = true;
+    return Status::ok();
+  });
+  j->set_rule(rule);
+  j->schedule();
+  auto joined = std::async(std::launch::async, [&] {
+    j->join();
+    return ran.load();
+  });
+  EXPECT_TRUE(j->sleep());
+  j->wake_up(1ms);
+  EXPECT_NE(joined.wait_for(0ms), std::future_status::ready);
+  manager_->end_rule(rule);
+  ASSERT_EQ(joined.wait_for(patience), std::future_status::ready);
+  EXPECT_TRUE(joined.get()) << "join returned before the run";
+}
+
+TEST_F(JobTest, AFailingDoneListenerDoesNotHangJoin) {
+  struct Failing final : JobListener {
+    void running(const JobEvent&) override { throw std::runtime_error("listener broken"); }
+    void done(const JobEvent&) override { throw 42; }
+  };
+  auto recorder = std::make_shared<Recorder>();
+  manager_->add_listener(std::make_shared<Failing>());
+  manager_->add_listener(recorder);
+  auto j = job("observed", [](ProgressMonitor&) { return Status::ok(); });
+  j->schedule();
+  EXPECT_TRUE(j->join(patience));
+  EXPECT_TRUE(j->result().is_ok());
+  ASSERT_TRUE(recorder->dones.wait_for(1)) << "the listeners after the failing one were told";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sleeping, delays and rules
+
+TEST_F(JobTest, SleepInEachState) {
+  auto none = job("none", [](ProgressMonitor&) { return Status::ok(); });
+  EXPECT_TRUE(none->sleep());
+  EXPECT_EQ(none->state(), JobState::none);
+
+  auto sleeping = job("sleeping", [](ProgressMonitor&) { return Status::ok(); });
+  sleeping->schedule(std::chrono::hours(1));
+  EXPECT_TRUE(sleeping->sleep()) << "a sleeping job loses its wake-up time";
+  EXPECT_EQ(sleeping->state(), JobState::sleeping);
+  EXPECT_TRUE(sleeping->cancel());
+  EXPECT_EQ(sleeping->state(), JobState::none);
+
+  Gate in_run, release;
+  auto running = job("running", [&](ProgressMonitor&) {
+    in_run.open();
+    release.wait();
+    return Status::ok();
+  });
+  running->schedule();
+  ASSERT_TRUE(in_run.wait());
+  EXPECT_FALSE(running->sleep());
+  EXPECT_EQ(running->state(), JobState::running);
+  release.open();
+  EXPECT_TRUE(running->join(patience));
+}
+
+TEST_F(JobTest, AWaitingJobPutToSleepStaysAsleepAfterItsBlockerEnds) {
+  const Rule rule = rules::mutex("blocker");
+  std::atomic<bool> ran{false};
+  Gate in_blocker, release;
+  auto blocker = job("blocker", [&](ProgressMonitor&) {
+    in_blocker.open();
+    release.wait();
+    return Status::ok();
+  });
+  auto sleeper = job("sleeper", [&](ProgressMonitor&) {
+    ran = true;
+    return Status::ok();
+  });
+  blocker->set_rule(rule);
+  sleeper->set_rule(rule);
+  blocker->schedule();
+  ASSERT_TRUE(in_blocker.wait());
+  sleeper->schedule();
+  EXPECT_TRUE(sleeper->sleep());
+  release.open();
+  EXPECT_TRUE(blocker->join(patience));
+  EXPECT_EQ(sleeper->state(), JobState::sleeping);
+  EXPECT_EQ(manager_->rule_stats().waiting, 0u) << "its request left the rule table";
+  EXPECT_FALSE(ran.load());
+  sleeper->wake_up();
+  EXPECT_TRUE(sleeper->join(patience));
+  EXPECT_TRUE(ran.load());
+}
+
+TEST_F(JobTest, ALongDelayDoesNotHoldBackAShortOne) {
+  auto slow = job("in an hour", [](ProgressMonitor&) { return Status::ok(); });
+  auto soon = job("soon", [](ProgressMonitor&) { return Status::ok(); });
+  slow->schedule(std::chrono::hours(1));
+  soon->schedule(1ms);
+  EXPECT_TRUE(soon->join(patience));
+  EXPECT_TRUE(soon->result().is_ok());
+  EXPECT_EQ(slow->state(), JobState::sleeping);
+  EXPECT_TRUE(slow->cancel());
+}
+
+TEST_F(JobTest, DelayedConflictingJobsStartInDelayOrder) {
+  const Rule rule = rules::mutex("ordered");
+  std::vector<int> order;  // guarded by the rule
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (int i = 0; i <= 5; ++i) {  // later and with a longer delay: due strictly later
+    auto j = job("delay" + std::to_string(i), [&order, i](ProgressMonitor&) {
+      order.push_back(i);
+      return Status::ok();
+    });
+    j->set_rule(rule);
+    j->schedule(std::chrono::milliseconds((i + 1) * 5));  // all through the one timer thread
+    jobs.push_back(j);
+  }
+  EXPECT_TRUE(manager_->join(nullptr, patience));
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4, 5}));
+}
+
+TEST_F(JobTest, TheRuleCanChangeOnlyInStateNone) {
+  const Rule a = rules::mutex("a"), b = rules::mutex("b");
+  Gate in_run, release;
+  auto j = job("ruled", [&](ProgressMonitor&) {
+    in_run.open();
+    release.wait();
+    return Status::ok();
+  });
+  j->set_rule(a);
+  j->schedule(std::chrono::hours(1));
+  EXPECT_THROW(j->set_rule(b), TaskletActive);
+  j->wake_up();
+  ASSERT_TRUE(in_run.wait());
+  EXPECT_THROW(j->set_rule(b), TaskletActive);
+  EXPECT_THROW(j->set_group(std::make_shared<JobGroup>("g")), TaskletActive);
+  release.open();
+  EXPECT_TRUE(j->join(patience));
+  j->set_rule(b);
+  EXPECT_EQ(j->rule(), b);
+  j->set_rule(nullptr);
+  EXPECT_EQ(j->rule(), nullptr);
+}
+
+TEST_F(JobTest, ARuleBegunInAJobAndNotEndedIsReleasedWhenTheRunEnds) {
+  const Rule rule = rules::path("/left/open");
+  auto j = job("forgetful", [&](ProgressMonitor&) {
+    manager_->begin_rule(rule);
+    return Status::ok();
+  });
+  j->schedule();
+  EXPECT_TRUE(j->join(patience));
+  EXPECT_EQ(manager_->rule_stats().held, 0u) << "released by the time join() returns";
+  const Status result = j->result();
+  EXPECT_TRUE(result.is_error());
+  EXPECT_NE(result.message.find("/left/open"), std::string::npos) << result.message;
+  EXPECT_THROW(std::rethrow_exception(result.exception), RuleMismatch);
+  RuleScope scope(*manager_, rule);  // free again: does not wait
+  EXPECT_EQ(manager_->current_rule(), rule);
+}
+
+TEST_F(JobTest, YieldRuleOutsideTheJobsRunThrows) {
+  auto j = job("idle", [](ProgressMonitor&) { return Status::ok(); });
+  try {
+    j->yield_rule();
+    ADD_FAILURE() << "yield_rule outside run() did not throw";
+  } catch (const IllegalState& error) {
+    EXPECT_NE(std::string(error.what()).find("'idle'"), std::string::npos) << error.what();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rules between jobs (Eclipse's IJobManagerTest.testMutexRule)
+
+TEST_F(JobTest, OneOfTenJobsOnAMutexRuleRunsAndCancelingOneLetsTheNextGo) {
+  const Rule rule = rules::mutex("one at a time");
+  std::vector<std::unique_ptr<Gate>> releases;
+  std::vector<std::unique_ptr<Gate>> entered;
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (int i = 0; i < 10; ++i) {
+    releases.push_back(std::make_unique<Gate>());
+    entered.push_back(std::make_unique<Gate>());
+    Gate& release = *releases.back();
+    Gate& in = *entered.back();
+    jobs.push_back(job("m" + std::to_string(i), [&release, &in](ProgressMonitor&) {
+      in.open();
+      release.wait();
+      return Status::ok();
+    }));
+    jobs.back()->set_rule(rule);
+    jobs.back()->schedule();
+  }
+  ASSERT_TRUE(entered[0]->wait());
+  EXPECT_EQ(jobs[0]->state(), JobState::running);
+  for (int i = 1; i < 10; ++i) EXPECT_EQ(jobs[static_cast<std::size_t>(i)]->state(), JobState::waiting);
+  EXPECT_TRUE(jobs[1]->cancel());
+  releases[0]->open();
+  ASSERT_TRUE(entered[2]->wait()) << "the canceled job's successor runs next";
+  EXPECT_FALSE(entered[1]->is_open());
+  for (auto& release : releases) release->open();
+  EXPECT_TRUE(manager_->join(nullptr, patience));
+  EXPECT_TRUE(jobs[1]->result().is_canceled());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Families
+
+struct Member final : Job {
+  Member(std::string name, Family family, std::shared_ptr<JobManager> manager)
+      : Job(std::move(name), std::move(manager)), family_(family) {}
+  bool belongs_to(Family family) const override { return family == family_; }
+  Status run(ProgressMonitor&) override {
+    const int done = runs.fetch_add(1) + 1;
+    if (done < repeat) schedule();
+    return Status::ok();
+  }
+  Family family_;
+  int repeat = 1;
+  std::atomic<int> runs{0};
+};
+
+TEST_F(JobTest, JoiningAFamilyWaitsForEveryRunOfARepeatingMember) {
+  static const int family = 0;
+  auto repeating = std::make_shared<Member>("repeating", &family, manager_);
+  repeating->repeat = 25;
+  repeating->schedule();
+  EXPECT_TRUE(manager_->join(&family, patience));
+  EXPECT_EQ(repeating->runs.load(), 25);
+}
+
+TEST_F(JobTest, FamilyOperationsSkipEndedJobsAndAnEmptyFamilyJoinsAtOnce) {
+  static const int family = 0, nobody = 0;
+  const Rule rule = rules::mutex("held");
+  manager_->begin_rule(rule);
+  std::vector<std::shared_ptr<Member>> members;
+  for (int i = 0; i < 5; ++i) {
+    members.push_back(std::make_shared<Member>("member" + std::to_string(i), &family, manager_));
+    members.back()->set_rule(rule);
+    members.back()->schedule();
+  }
+  EXPECT_TRUE(manager_->join(&nobody, 0ms));
+  EXPECT_TRUE(manager_->find(&nobody).empty());
+  manager_->cancel(&family);
+  EXPECT_TRUE(manager_->find(&family).empty());
+  manager_->sleep(&family);
+  manager_->wake_up(&family);
+  for (auto& member : members) {
+    EXPECT_EQ(member->state(), JobState::none) << member->name();
+    EXPECT_TRUE(member->result().is_canceled());
+  }
+  manager_->end_rule(rule);
+  EXPECT_TRUE(manager_->join(&family, patience));
+  for (auto& member : members) EXPECT_EQ(member->runs.load(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Suspend and resume
+
+TEST_F(JobTest, ResumeStartsTheHeldJobsInScheduleOrder) {
+  const Rule rule = rules::mutex("ordered");
+  std::vector<int> order;  // guarded by the rule
+  manager_->suspend();
+  EXPECT_TRUE(manager_->is_suspended());
+  for (int i = 0; i < 20; ++i) {
+    auto j = job("held" + std::to_string(i), [&order, i](ProgressMonitor&) {
+      order.push_back(i);
+      return Status::ok();
+    });
+    j->set_rule(rule);
+    j->schedule();
+  }
+  EXPECT_FALSE(manager_->is_idle());
+  manager_->resume();
+  EXPECT_FALSE(manager_->is_suspended());
+  EXPECT_TRUE(manager_->join(nullptr, patience));
+  ASSERT_EQ(order.size(), 20u);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(order[static_cast<std::size_t>(i)], i);
+}
+
+TEST_F(JobTest, WhileSuspendedJoinWaitsForTheRunningJobsOnly) {
+  Gate in_run, release;
+  auto running = job("running", [&](ProgressMonitor&) {
+    in_run.open();
+    release.wait();
+    return Status::ok();
+  });
+  running->schedule();
+  ASSERT_TRUE(in_run.wait());
+  manager_->suspend();
+  auto held = job("held", [](ProgressMonitor&) { return Status::ok(); });
+  held->schedule();
+  auto joined = std::async(std::launch::async, [&] { return manager_->join(nullptr, patience); });
+  EXPECT_NE(joined.wait_for(0ms), std::future_status::ready) << "a running job is waited for";
+  release.open();
+  ASSERT_EQ(joined.wait_for(patience), std::future_status::ready);
+  EXPECT_TRUE(joined.get());
+  EXPECT_EQ(held->state(), JobState::waiting);
+  manager_->resume();
+  EXPECT_TRUE(held->join(patience));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Groups
+
+TEST_F(JobTest, CancelingAGroupCancelsItsJobsAndRefusesNewOnesUntilItIsOver) {
+  auto group = std::make_shared<JobGroup>("canceled", 1, 0);
+  Gate in_run, release;
+  auto first = job("first", [&](ProgressMonitor& monitor) {
+    in_run.open();
+    release.wait();  // the group stays canceling until it ends
+    return monitor.is_canceled() ? Status::cancel() : Status::error("not canceled");
+  });
+  auto throttled = job("throttled", [](ProgressMonitor&) { return Status::ok(); });
+  for (auto& j : {first, throttled}) {
+    j->set_group(group);
+    j->schedule();
+  }
+  ASSERT_TRUE(in_run.wait());
+  EXPECT_EQ(throttled->state(), JobState::waiting) << "behind max_threads = 1";
+  EXPECT_EQ(group->active_jobs().size(), 2u);
+  group->cancel();
+  EXPECT_EQ(group->state(), JobGroup::State::canceling);
+  auto late = job("late", [](ProgressMonitor&) { return Status::ok(); });
+  late->set_group(group);
+  late->schedule();
+  EXPECT_EQ(late->state(), JobState::none);
+  EXPECT_EQ(late->result().message, "the job's group is canceling");
+  release.open();
+  EXPECT_TRUE(group->join(patience));
+  EXPECT_EQ(group->state(), JobGroup::State::none);
+  EXPECT_TRUE(throttled->result().is_canceled());
+  EXPECT_TRUE(group->result().is_canceled());
+}
+
+// Never cancels; keeps what it was asked about.
+class Tolerant final : public JobGroup {
+ public:
+  Tolerant() : JobGroup("tolerant", 0, 3) {}
+  std::atomic<int> asked{0};
+
+ protected:
+  bool should_cancel(const Status&, int, int) override {
+    asked.fetch_add(1);
+    return false;
+  }
+};
+
+TEST_F(JobTest, AGroupCombinesItsResultsAndTellsTheLastDoneEvent) {
+  struct GroupResult final : JobListener {
+    void done(const JobEvent& e) override {
+      std::lock_guard lock(mutex);
+      if (e.group_result) result = *e.group_result;
+      dones.add();
+    }
+    std::mutex mutex;
+    std::optional<Status> result;
+    Counter dones;
+  };
+  auto listener = std::make_shared<GroupResult>();
+  manager_->add_listener(listener);
+  auto group = std::make_shared<Tolerant>();
+  std::vector<std::shared_ptr<Job>> jobs{
+      job("fails", [](ProgressMonitor&) { return Status::error("bad"); }),
+      job("cancels", [](ProgressMonitor&) { return Status::cancel("stopped"); }),
+      job("succeeds", [](ProgressMonitor&) { return Status::ok(); }),
+  };
+  for (auto& j : jobs) {
+    j->set_group(group);
+    j->schedule();
+  }
+  EXPECT_TRUE(group->join(patience));
+  const Status combined = group->result();
+  EXPECT_TRUE(combined.is_error());
+  EXPECT_EQ(combined.children.size(), 2u);
+  for (auto& j : jobs) EXPECT_EQ(j->state(), JobState::none) << "the group tolerated the failure";
+  EXPECT_GE(group->asked.load(), 1);
+  ASSERT_TRUE(listener->dones.wait_for(3));
+  std::lock_guard lock(listener->mutex);
+  ASSERT_TRUE(listener->result.has_value());
+  EXPECT_TRUE(listener->result->is_error());
+}
+
+TEST_F(JobTest, AGroupStaysActiveUntilItsSeedsHaveFinished) {
+  auto group = std::make_shared<JobGroup>("seeded", 0, 2);
+  auto one = job("one", [](ProgressMonitor&) { return Status::ok(); });
+  one->set_group(group);
+  one->schedule();
+  EXPECT_TRUE(one->join(patience));
+  EXPECT_EQ(group->state(), JobGroup::State::active) << "one seed of two has finished";
+  EXPECT_FALSE(group->join(1ms));
+  auto two = job("two", [](ProgressMonitor&) { return Status::ok(); });
+  two->set_group(group);
+  two->schedule();
+  EXPECT_TRUE(group->join(patience));
+  EXPECT_TRUE(group->result().is_ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Listener event order
+
+TEST_F(JobTest, ListenerEventSequencesForEachWayAJobEnds) {
+  auto recorder = std::make_shared<Recorder>();
+  manager_->add_listener(recorder);
+  const Rule rule = rules::mutex("held");
+  manager_->begin_rule(rule);
+  auto canceled = job("canceled while waiting", [](ProgressMonitor&) { return Status::ok(); });
+  canceled->set_rule(rule);
+  canceled->schedule();
+  canceled->cancel();
+  auto napper = job("slept and woken", [](ProgressMonitor&) { return Status::ok(); });
+  napper->set_rule(rule);
+  napper->schedule();
+  napper->sleep();
+  napper->wake_up();
+  manager_->end_rule(rule);
+  auto vetoed = std::make_shared<Vetoing>(true, false, manager_);
+  vetoed->schedule();
+  ASSERT_TRUE(recorder->dones.wait_for(3));
+  EXPECT_EQ(recorder->of("canceled while waiting"), (std::vector<std::string>{"scheduled", "done"}));
+  EXPECT_EQ(recorder->of("slept and woken"),
+            (std::vector<std::string>{"scheduled", "sleeping", "awake", "about_to_run", "running", "done"}));
+  EXPECT_EQ(recorder->of("veto"), (std::vector<std::string>{"scheduled", "done"}));
+}
+
+TEST_F(JobTest, ManagerListenersHearEachEventBeforeTheJobsOwn) {
+  struct Labeled final : JobListener {
+    Labeled(std::string tag, std::vector<std::string>& log, std::mutex& mutex)
+        : tag_(std::move(tag)), log_(log), mutex_(mutex) {}
+    void scheduled(const JobEvent&) override { note("scheduled"); }
+    void running(const JobEvent&) override { note("running"); }
+    void done(const JobEvent&) override {
+      note("done");
+      dones.add();
+    }
+    void note(const char* what) {
+      std::lock_guard lock(mutex_);
+      log_.push_back(tag_ + " " + what);
+    }
+    Counter dones;
+
+   private:
+    std::string tag_;
+    std::vector<std::string>& log_;
+    std::mutex& mutex_;
+  };
+  std::vector<std::string> log;
+  std::mutex mutex;
+  auto own = std::make_shared<Labeled>("job", log, mutex);
+  manager_->add_listener(std::make_shared<Labeled>("manager", log, mutex));
+  auto j = job("told twice", [](ProgressMonitor&) { return Status::ok(); });
+  j->add_listener(own);
+  j->schedule();
+  ASSERT_TRUE(own->dones.wait_for(1));
+  std::lock_guard lock(mutex);
+  EXPECT_EQ(log, (std::vector<std::string>{"manager scheduled", "job scheduled", "manager running",
+                                           "job running", "manager done", "job done"}));
 }
 
 }  // namespace

@@ -1,0 +1,63 @@
+#include "task_condition.hpp"
+
+#include "context.hpp"
+#include "scheduler_impl.hpp"
+
+namespace tasklet::detail {
+
+bool waits_suspend() noexcept { return state().worker_of != nullptr; }
+
+void Wakeup::wait() noexcept {
+  TaskState* mine = context().state;
+  if (mine->worker_of == nullptr) {
+    std::unique_lock lock(mutex_);
+    woken_.wait(lock, [this] { return done_; });
+    return;
+  }
+  // A job runner leaves its limit first, so the runner it may start is spawned on this worker,
+  // which is about to be free.
+  Scheduler::Impl* runner = mine->task_of;
+  if (runner != nullptr) runner->runner_blocks();
+  // What this task knows leaves the thread with it and comes back on the thread that resumes it.
+  context().state = mine->outer;
+  oneapi::tbb::task::suspend([this](oneapi::tbb::task::suspend_point point) {
+    std::unique_lock lock(mutex_);
+    if (done_) {
+      lock.unlock();
+      oneapi::tbb::task::resume(point);
+    } else {
+      suspended_ = point;
+    }
+  });
+  auto& resumed_on = context();
+  mine->outer = resumed_on.state;
+  resumed_on.state = mine;
+  if (runner != nullptr) runner->runner_unblocks();
+  std::lock_guard lock(mutex_);  // what the waker wrote before wake() is visible from here on
+}
+
+void Wakeup::wake() noexcept {
+  std::unique_lock lock(mutex_);
+  if (done_) return;
+  done_ = true;
+  if (oneapi::tbb::task::suspend_point point = suspended_) {
+    lock.unlock();
+    oneapi::tbb::task::resume(point);
+  } else {
+    woken_.notify_one();
+  }
+}
+
+void Wakeup::reset() noexcept {
+  done_ = false;
+  suspended_ = nullptr;
+  alarm_armed = false;
+}
+
+void TaskCondition::notify_all() noexcept {
+  threads_.notify_all();
+  for (Wakeup* wakeup : tasks_) wakeup->wake();
+  tasks_.clear();
+}
+
+}  // namespace tasklet::detail

@@ -1,0 +1,113 @@
+// Private: waiting without holding a worker. A job that joins another job, waits for a group or
+// for its rule must not keep a worker (or a job runner) busy while it waits: the job it waits for
+// may need that very worker. In one of our oneTBB tasks a wait suspends the task instead
+// (tbb::task::suspend), and a job runner counts itself out of its runner limit meanwhile, so
+// another waiting job can start (Eclipse grows its worker pool for the same reason).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include <oneapi/tbb/task.h>
+
+namespace tasklet::detail {
+
+using Clock = std::chrono::steady_clock;
+
+/// One wait of the calling code until wake(). On an ordinary thread it blocks on a condition
+/// variable; in one of our oneTBB tasks it suspends the task (the worker runs other work, and a job
+/// runner leaves its runner limit until the task goes on).
+class Wakeup {
+ public:
+  void wait() noexcept;
+  /// Ends the wait; later calls do nothing. Unless the caller holds a lock that the waiter takes
+  /// after waking, the waiter may be gone once this returns: touch nothing of it afterwards.
+  void wake() noexcept;
+  /// Makes it usable for another wait. Only while nobody else can reach it (no lock: it is on the
+  /// uncontended begin_rule path).
+  void reset() noexcept;
+
+  /// Set while a WaitTimer holds an alarm for it; guarded by the timer's lock.
+  bool alarm_armed = false;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable woken_;
+  bool done_ = false;
+  oneapi::tbb::task::suspend_point suspended_ = nullptr;
+};
+
+/// Wakes suspended timed waits when their time is up (a job manager's timer thread serves them).
+class WaitTimer {
+ public:
+  using Alarms = std::multimap<Clock::time_point, Wakeup*>;
+  /// Arms an alarm; nullopt when the timer has stopped (the waiter then blocks its thread).
+  virtual std::optional<Alarms::iterator> wake_at(Clock::time_point when, Wakeup& wakeup) = 0;
+  /// Disarms it unless it has fired.
+  virtual void cancel_wake(Wakeup& wakeup, Alarms::iterator alarm) noexcept = 0;
+
+ protected:
+  ~WaitTimer() = default;
+};
+
+/// True when waits of the calling code suspend a oneTBB task rather than block the thread.
+bool waits_suspend() noexcept;
+
+/// A condition variable over a std::mutex whose waiters in our oneTBB tasks suspend (see Wakeup)
+/// instead of blocking their worker.
+class TaskCondition {
+ public:
+  /// Wakes every waiter. Call it holding the waiters' mutex.
+  void notify_all() noexcept;
+
+  /// With `lock` held on entry and on return: waits until `done()` or until `deadline`
+  /// (Clock::time_point::max() for none); false when the time ran out first. A suspended task's
+  /// timed wait needs `timer`; without one it blocks its thread.
+  template <class Predicate>
+  bool wait_until(std::unique_lock<std::mutex>& lock, Clock::time_point deadline, Predicate done,
+                  WaitTimer* timer = nullptr);
+
+  template <class Predicate>
+  void wait(std::unique_lock<std::mutex>& lock, Predicate done) {
+    wait_until(lock, Clock::time_point::max(), std::move(done));
+  }
+
+ private:
+  std::condition_variable threads_;
+  std::vector<Wakeup*> tasks_;
+};
+
+template <class Predicate>
+bool TaskCondition::wait_until(std::unique_lock<std::mutex>& lock, Clock::time_point deadline, Predicate done,
+                               WaitTimer* timer) {
+  const bool timed = deadline != Clock::time_point::max();
+  bool suspend = waits_suspend() && (!timed || timer != nullptr);
+  for (;;) {
+    if (done()) return true;
+    if (timed && Clock::now() >= deadline) return false;
+    if (!suspend) {
+      if (timed) {
+        threads_.wait_until(lock, deadline);
+      } else {
+        threads_.wait(lock);
+      }
+      continue;
+    }
+    Wakeup wakeup;
+    tasks_.push_back(&wakeup);
+    lock.unlock();
+    std::optional<WaitTimer::Alarms::iterator> alarm;
+    if (timed && timer != nullptr) alarm = timer->wake_at(deadline, wakeup);
+    if (!timed || alarm) wakeup.wait();
+    if (alarm && timer != nullptr) timer->cancel_wake(wakeup, *alarm);
+    lock.lock();
+    std::erase(tasks_, &wakeup);
+    if (timed && !alarm) suspend = false;  // the timer has stopped: block the thread from now on
+  }
+}
+
+}  // namespace tasklet::detail

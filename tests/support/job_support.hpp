@@ -1,0 +1,116 @@
+// Fixtures for the job manager's tests: gates, counters and event recorders that rendezvous through
+// condition variables (bounded waits, so a bug fails the test instead of hanging it).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tasklet/tasklet.hpp"
+
+namespace tasklet::test {
+
+/// Generous: only a bug makes a test wait this long.
+inline constexpr std::chrono::seconds patience{30};
+
+/// A gate a job can wait at, opened by the test.
+class Gate {
+ public:
+  void open() {
+    std::lock_guard lock(mutex_);
+    open_ = true;
+    changed_.notify_all();
+  }
+  /// False when it stayed closed for `patience`.
+  bool wait() {
+    std::unique_lock lock(mutex_);
+    return changed_.wait_for(lock, patience, [this] { return open_; });
+  }
+  bool is_open() {
+    std::lock_guard lock(mutex_);
+    return open_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool open_ = false;
+};
+
+/// A count that can be waited for.
+class Counter {
+ public:
+  int add(int n = 1) {
+    std::lock_guard lock(mutex_);
+    count_ += n;
+    changed_.notify_all();
+    return count_;
+  }
+  int get() {
+    std::lock_guard lock(mutex_);
+    return count_;
+  }
+  /// False when it did not reach `n` within `patience`.
+  bool wait_for(int n) {
+    std::unique_lock lock(mutex_);
+    return changed_.wait_for(lock, patience, [&] { return count_ >= n; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  int count_ = 0;
+};
+
+/// Spins (yielding) until `done()`; false after `patience`. For states nothing notifies, such as
+/// the rule table's counts.
+inline bool eventually(const std::function<bool()>& done) {
+  const auto give_up = std::chrono::steady_clock::now() + patience;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > give_up) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+/// Records every event of the jobs it hears about, in order, and counts done events.
+class Recorder final : public JobListener {
+ public:
+  void scheduled(const JobEvent& e) override { note(e, "scheduled"); }
+  void about_to_run(const JobEvent& e) override { note(e, "about_to_run"); }
+  void running(const JobEvent& e) override { note(e, "running"); }
+  void done(const JobEvent& e) override {
+    note(e, "done");
+    dones.add();
+  }
+  void sleeping(const JobEvent& e) override { note(e, "sleeping"); }
+  void awake(const JobEvent& e) override { note(e, "awake"); }
+
+  std::vector<std::string> of(const std::string& name) {
+    std::lock_guard lock(mutex_);
+    std::vector<std::string> events;
+    for (const auto& [job, event] : events_) {
+      if (job == name) events.push_back(event);
+    }
+    return events;
+  }
+
+  Counter dones;
+
+ private:
+  void note(const JobEvent& e, const char* what) {
+    std::lock_guard lock(mutex_);
+    events_.emplace_back(e.job->name(), what);
+  }
+  std::mutex mutex_;
+  std::vector<std::pair<std::string, std::string>> events_;
+};
+
+}  // namespace tasklet::test
