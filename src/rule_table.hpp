@@ -304,6 +304,9 @@ class RuleTable {
   static void insert(RequestSet& set, RuleRequest& request, std::uint32_t RuleRequest::*index);
   static void erase(RequestSet& set, RuleRequest& request, std::uint32_t RuleRequest::*index) noexcept;
 
+  // Withdraws the waiting requests that collect(std::vector<RuleRequest*>&) lists under the lock.
+  template <class Collect>
+  std::size_t withdraw_collected(Collect&& collect);
   void add_atom(RuleRequest& request, const SchedulingRule& atom, bool merge);
   void add_rule(RuleRequest& request, const Rule* shared);
   static void add_entry(RuleRequest& request, RuleNode& node, LockMode mode, bool merge);
@@ -344,31 +347,17 @@ class RuleTable {
   std::vector<RuleRequest*> blocked_;  // waiting requests held back by a custom check, ticket order
 };
 
-template <class Predicate>
-std::size_t RuleTable::withdraw_waiting(const SchedulingRule& rule, Predicate&& matches) {
-  boost::container::small_vector<RuleRequest*, 8> withdrawn;
+template <class Collect>
+std::size_t RuleTable::withdraw_collected(Collect&& collect) {
+  std::vector<RuleRequest*> withdrawn;
   Grants grants;
   {
     std::lock_guard lock(mutex_);
-    const auto consider = [&](RuleRequest& request) {
-      if (!request.held_ && request.rule_ == &rule && matches(static_cast<const RuleRequest&>(request))) {
-        withdrawn.push_back(&request);
-      }
-    };
-    auto identity = identities_.end();
-    if (rule.key().kind == RuleKey::Kind::identity) identity = identities_.find(&rule);
-    if (identity != identities_.end()) {
-      // A request for exactly this rule has one entry, linked there unless it is clear, and a
-      // clear one waits only when a custom rule holds it back.
-      for (const WaitQueue& queue : identity->second->waiting) {
-        queue.for_each([&](const RuleEntry& entry) { consider(*entry.request); });
-      }
-      for (RuleRequest* request : blocked_) {
-        if (request->unclear_ == 0) consider(*request);
-      }
-    } else {
-      for (RuleRequest* request : live_) consider(*request);
-    }
+    collect(withdrawn);
+    // In the order they came: the owners hear of it in that order, and withdrawing one may let a
+    // later one through first.
+    std::sort(withdrawn.begin(), withdrawn.end(),
+              [](const RuleRequest* a, const RuleRequest* b) { return a->ticket_ < b->ticket_; });
     auto kept = withdrawn.begin();
     for (RuleRequest* request : withdrawn) {
       if (request->held_) continue;  // let through by an earlier withdrawal: it runs after all
@@ -383,27 +372,37 @@ std::size_t RuleTable::withdraw_waiting(const SchedulingRule& rule, Predicate&& 
 }
 
 template <class Predicate>
+std::size_t RuleTable::withdraw_waiting(const SchedulingRule& rule, Predicate&& matches) {
+  return withdraw_collected([&](std::vector<RuleRequest*>& withdrawn) {
+    const auto consider = [&](RuleRequest& request) {
+      if (!request.held_ && request.rule_ == &rule && matches(static_cast<const RuleRequest&>(request))) {
+        withdrawn.push_back(&request);
+      }
+    };
+    auto identity = identities_.end();
+    if (rule.key().kind == RuleKey::Kind::identity) identity = identities_.find(&rule);
+    if (identity != identities_.end()) {
+      // A request for exactly this rule has one entry, queued there unless it is clear, and a
+      // clear one waits only when a custom rule holds it back.
+      for (const WaitQueue& queue : identity->second->waiting) {
+        queue.for_each([&](const RuleEntry& entry) { consider(*entry.request); });
+      }
+      for (RuleRequest* request : blocked_) {
+        if (request->unclear_ == 0) consider(*request);
+      }
+    } else {
+      for (RuleRequest* request : live_) consider(*request);
+    }
+  });
+}
+
+template <class Predicate>
 std::size_t RuleTable::withdraw_waiting_if(Predicate&& matches) {
-  std::vector<RuleRequest*> withdrawn;
-  Grants grants;
-  {
-    std::lock_guard lock(mutex_);
+  return withdraw_collected([&](std::vector<RuleRequest*>& withdrawn) {
     for (RuleRequest* request : live_) {
       if (!request->held_ && matches(static_cast<const RuleRequest&>(*request))) withdrawn.push_back(request);
     }
-    std::sort(withdrawn.begin(), withdrawn.end(),
-              [](const RuleRequest* a, const RuleRequest* b) { return a->ticket_ < b->ticket_; });
-    auto kept = withdrawn.begin();
-    for (RuleRequest* request : withdrawn) {
-      if (request->held_) continue;  // let through by an earlier withdrawal: it runs after all
-      leave(*request, grants);
-      *kept++ = request;
-    }
-    withdrawn.erase(kept, withdrawn.end());
-  }
-  notify(grants);
-  for (RuleRequest* request : withdrawn) request->cancelled();
-  return withdrawn.size();
+  });
 }
 
 }  // namespace tasklet::detail

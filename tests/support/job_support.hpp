@@ -2,6 +2,7 @@
 // condition variables (bounded waits, so a bug fails the test instead of hanging it).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -43,6 +44,17 @@ class Gate {
   std::condition_variable changed_;
   bool open_ = false;
 };
+
+/// A job body whose first run opens `in_run` and waits for `release`; later runs return at once.
+inline auto first_run_waits(std::atomic<int>& runs, Gate& in_run, Gate& release) {
+  return [&runs, &in_run, &release](ProgressMonitor&) {
+    if (runs.fetch_add(1) == 0) {
+      in_run.open();
+      release.wait();
+    }
+    return Status::ok();
+  };
+}
 
 /// A count that can be waited for.
 class Counter {

@@ -70,13 +70,7 @@ TEST_F(JobTest, StatesThroughAJobsLife) {
 TEST_F(JobTest, ScheduleWhileRunningRunsOnceMoreAndWhileWaitingDoesNothing) {
   Gate in_run, release;
   std::atomic<int> runs{0};
-  auto j = job("again", [&](ProgressMonitor&) {
-    if (runs.fetch_add(1) == 0) {
-      in_run.open();
-      release.wait();
-    }
-    return Status::ok();
-  });
+  auto j = job("again", first_run_waits(runs, in_run, release));
   j->schedule();
   ASSERT_TRUE(in_run.wait());
   j->schedule();  // running: once more after it ends
@@ -619,13 +613,7 @@ TEST_F(JobTest, RescheduleWithADelayWhileRunningSleepsAfterTheRun) {
   Gate in_run, release;
   std::atomic<int> runs{0};
   auto scheduled = std::make_shared<ScheduledCounter>();
-  auto j = job("again later", [&](ProgressMonitor&) {
-    if (runs.fetch_add(1) == 0) {
-      in_run.open();
-      release.wait();
-    }
-    return Status::ok();
-  });
+  auto j = job("again later", first_run_waits(runs, in_run, release));
   j->add_listener(scheduled);
   j->schedule();
   ASSERT_TRUE(in_run.wait());
@@ -643,13 +631,7 @@ TEST_F(JobTest, RescheduleWithADelayWhileRunningSleepsAfterTheRun) {
 TEST_F(JobTest, SeveralSchedulesWhileRunningGiveOneMoreRunWithTheLastDelay) {
   Gate in_run, release;
   std::atomic<int> runs{0};
-  auto j = job("complex", [&](ProgressMonitor&) {
-    if (runs.fetch_add(1) == 0) {
-      in_run.open();
-      release.wait();
-    }
-    return Status::ok();
-  });
+  auto j = job("complex", first_run_waits(runs, in_run, release));
   j->schedule();
   ASSERT_TRUE(in_run.wait());
   j->schedule(std::chrono::hours(2));
