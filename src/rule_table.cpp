@@ -254,8 +254,10 @@ void RuleTable::add_rule(RuleRequest& request, const Rule* shared) {
   }
   add_atom(request, rule, false);
   if (found == resolved_.end() && resolved_.size() >= resolved_limit) {
-    resolved_.clear();
-    found = resolved_.end();
+    // Full: forget the rules that died. If that frees little, more live rules are in use than
+    // the limit and remembering cannot keep up: start over (O(limit), once per limit/4 rules).
+    std::erase_if(resolved_, [](const auto& item) { return item.second.rule.expired(); });
+    if (resolved_.size() > resolved_limit - resolved_limit / 4) resolved_.clear();
   }
   ResolvedPath& remembered = found != resolved_.end() ? found->second : resolved_[&rule];
   remembered.rule = *shared;
@@ -374,8 +376,6 @@ void RuleTable::recheck_custom_blocked(Grants& grants) {
 // kept identity node may outlive its rule: it is unused, so a new rule at the same address simply
 // takes it over.
 void RuleTable::prune(RuleNode& node) {
-  constexpr std::size_t kept_identity_nodes = 1024;
-  constexpr std::size_t kept_path_nodes = 16384;
   if (node.identity != nullptr) {
     if (identities_.size() <= kept_identity_nodes || !node.is_unused()) return;
     identities_.erase(node.identity);
@@ -422,7 +422,10 @@ void RuleTable::leave(RuleRequest& request, Grants& grants) {
   if (!blocked_.empty()) recheck_custom_blocked(grants);
   // Children come after their parents in entries_, so pruning backwards frees leaves first. The
   // entries stay with the request, for an EntryCache to reuse; the next acquire rebuilds them.
-  for (auto entry = request.entries_.rbegin(); entry != request.entries_.rend(); ++entry) prune(*entry->node);
+  if (path_nodes_ > kept_path_nodes || identities_.size() > kept_identity_nodes) {
+    for (auto entry = request.entries_.rbegin(); entry != request.entries_.rend(); ++entry)
+      prune(*entry->node);
+  }
 }
 
 void RuleTable::release(RuleRequest& request, Grants& grants) {

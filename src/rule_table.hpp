@@ -339,7 +339,10 @@ class RuleTable {
     std::uint64_t generation = 0;
     boost::container::small_vector<RuleNode*, 5> nodes;  // root first
   };
-  static constexpr std::size_t resolved_limit = 4096;
+  static constexpr std::size_t resolved_limit = 16384;
+  // Unused nodes kept for reuse (see prune()).
+  static constexpr std::size_t kept_identity_nodes = 1024;
+  static constexpr std::size_t kept_path_nodes = 16384;
   std::unordered_map<const SchedulingRule*, ResolvedPath> resolved_;
   std::unordered_map<const SchedulingRule*, std::unique_ptr<RuleNode>> identities_;
   RequestSet live_;                    // every held or waiting request
