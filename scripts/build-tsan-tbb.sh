@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Builds oneTBB (tbb + tbbmalloc) instrumented for ThreadSanitizer, for the TSan lane.
+#
+# Debian's libtbb12 is not instrumented, so TSan cannot see oneTBB's synchronisation and reports
+# false races on everything handed between threads through it. This script fetches the Debian
+# source package of the *installed* libtbb-dev version (same headers, same Debian patches), builds
+# it with -DTBB_SANITIZE=thread and installs it into a prefix inside the build tree:
+#
+#   build/tbb-tsan/install        (override: TASKLET_TSAN_TBB_PREFIX=/abs/path)
+#
+# Idempotent: when the prefix holds a build of the same source version, compiler and flags (see
+# the stamp file in it) it does nothing. Otherwise it installs what is missing via apt (dpkg-dev
+# for apt-get source, cmake, ninja, g++), adds a deb-src entry for Debian 12 if none serves the
+# source, runs apt-get update only when the source is not found, and builds with ninja
+# (TASKLET_TSAN_TBB_JOBS, default: number of cores).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+work="$root/build/tbb-tsan"
+prefix="${TASKLET_TSAN_TBB_PREFIX:-$work/install}"
+jobs="${TASKLET_TSAN_TBB_JOBS:-$(nproc)}"
+
+log() { echo "tsan-tbb: $*"; }
+sudo_cmd=()
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "tsan-tbb: run as root (apt) or install the packages by hand" >&2; exit 1; }
+  sudo_cmd=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+
+# The project's own packages first (libtbb-dev tells which oneTBB version to build).
+bash scripts/install-deps.sh
+
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+src_package=$(dpkg-query -W -f='${source:Package}' libtbb-dev)
+src_version=$(dpkg-query -W -f='${source:Version}' libtbb-dev)
+upstream_version=${src_version#*:}
+upstream_version=${upstream_version%-*}
+
+# Everything that changes the build goes into the stamp. gcc 12 warns (-Wtsan) for each
+# std::atomic_thread_fence in oneTBB (concurrent_monitor's prepare_wait/notify handshake): TSan
+# does not model stand-alone fences. Its waits and wake-ups still go through futex/mutex paths
+# TSan follows, and the lane has seen no report from there; -Wno-tsan keeps the build log short.
+cmake_args=(
+  -G Ninja
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  -DCMAKE_INSTALL_PREFIX="$prefix"
+  -DCMAKE_INSTALL_LIBDIR=lib
+  -DTBB_SANITIZE=thread
+  -DTBB_TEST=OFF
+  -DTBB_EXAMPLES=OFF
+  -DTBB_STRICT=OFF
+  -DTBBMALLOC_BUILD=ON
+  -DTBBMALLOC_PROXY_BUILD=OFF
+  -DTBB_DISABLE_HWLOC_AUTOMATIC_SEARCH=ON
+  -DTBB_ENABLE_IPO=OFF
+  -DCMAKE_CXX_FLAGS=-Wno-tsan
+)
+compiler_version=$(c++ --version | head -n1)
+stamp_text="$src_package $src_version | $compiler_version | ${cmake_args[*]}"
+stamp="$prefix/tasklet-tbb-tsan.stamp"
+
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_text" ] \
+   && [ -f "$prefix/lib/cmake/TBB/TBBConfig.cmake" ]; then
+  log "up to date in $prefix ($src_package $src_version)"
+  exit 0
+fi
+log "building $src_package $src_version with -DTBB_SANITIZE=thread into $prefix"
+
+# Tools: apt-get source needs dpkg-dev (dpkg-source); the build needs cmake, ninja and g++.
+missing=()
+for package in dpkg-dev cmake ninja-build g++; do
+  installed "$package" || missing+=("$package")
+done
+apt_updated=0
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing ${missing[*]}"
+  if ! "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"; then
+    "${sudo_cmd[@]}" apt-get update -qq
+    apt_updated=1
+    "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+fi
+
+# Source: is the exact version served by a deb-src entry?
+source_known() {
+  apt-cache showsrc "$src_package" 2>/dev/null | grep -qx "Version: $src_version"
+}
+if ! source_known; then
+  # No deb-src serving it: add one for Debian 12 (main, updates, security), unless one exists.
+  if ! grep -rqsE '^(deb-src|Types:.*deb-src)' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    log "adding deb-src entries for bookworm (main) in /etc/apt/sources.list.d/tasklet-deb-src.sources"
+    "${sudo_cmd[@]}" tee /etc/apt/sources.list.d/tasklet-deb-src.sources >/dev/null <<'EOF'
+# Added by tasklet's scripts/build-tsan-tbb.sh: source packages, to build oneTBB for ThreadSanitizer.
+Types: deb-src
+URIs: http://deb.debian.org/debian
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb-src
+URIs: http://deb.debian.org/debian-security
+Suites: bookworm-security
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+EOF
+  fi
+  if [ "$apt_updated" -eq 0 ]; then
+    "${sudo_cmd[@]}" apt-get update -qq
+  fi
+  source_known || { echo "tsan-tbb: no deb-src serves $src_package $src_version" >&2; exit 1; }
+fi
+
+# Fetch and unpack (Debian patches applied) into a clean directory.
+src_parent="$work/src"
+src_dir="$src_parent/$src_package-$upstream_version"
+if [ ! -f "$src_dir/CMakeLists.txt" ] || [ "$(cat "$src_parent/version" 2>/dev/null)" != "$src_version" ]; then
+  rm -rf "$src_parent"
+  mkdir -p "$src_parent"
+  log "apt-get source $src_package=$src_version"
+  (cd "$src_parent" && apt-get source -qq "$src_package=$src_version" >/dev/null)
+  echo "$src_version" >"$src_parent/version"
+fi
+[ -f "$src_dir/CMakeLists.txt" ] || { echo "tsan-tbb: no CMakeLists.txt in $src_dir" >&2; exit 1; }
+
+# Configure, build (tbb and tbbmalloc only: no tests, examples, proxy or hwloc binding), install.
+bin_dir="$work/build"
+rm -rf "$bin_dir" "$prefix"
+cmake -S "$src_dir" -B "$bin_dir" "${cmake_args[@]}" >"$work/configure.log" \
+  || { cat "$work/configure.log"; exit 1; }
+cmake --build "$bin_dir" -j "$jobs" --target tbb tbbmalloc
+cmake --install "$bin_dir" >"$work/install.log" || { cat "$work/install.log"; exit 1; }
+echo "$stamp_text" >"$stamp"
+log "installed in $prefix"
