@@ -14,16 +14,9 @@ cd "$(dirname "$0")/.."
 jobs="${TASKLET_JOBS:-$(nproc)}"
 export TASKLET_STRESS_SCALE="${TASKLET_STRESS_SCALE:-2}"
 
-# Tests left out of this lane, each for a reason that is not a false positive (none is left out
-# for a false positive: those go to tests/tsan.supp with their reason):
-#   example.file_tree_jobs, JobTest.*: a use after free in the engine (TSan: "use of an invalid
-#     mutex" in TableMutex::lock, or "heap-use-after-free" in RuleTable::withdraw_waiting_if).
-#     When a job-scheduler task drops the last reference to a JobManager (the ending Job owned
-#     it), ~JobManager::Impl resets its job scheduler, whose ~Scheduler runs inside one of its own
-#     tasks and so defers ~Scheduler::Impl to an arena task; that task then withdraws waiting
-#     requests from the freed manager's rule table. Timing-dependent: any JobTest can hit it.
-#     Reported; take these out of the list when the engine is fixed.
-exclude="${TASKLET_TSAN_EXCLUDE-^example\.file_tree_jobs\$|^JobTest\.}"
+# Tests left out of this lane: none. A test would be left out only for a reason that is not a false
+# positive (false positives go to tests/tsan.supp with their reason), and named here with it.
+exclude="${TASKLET_TSAN_EXCLUDE-}"
 
 step_start=$SECONDS
 step() {

@@ -141,13 +141,17 @@ TEST_F(JobTest, CancelingAWaitingJob) {
 class CancelAwareJob final : public Job {
  public:
   using Job::Job;
-  Gate in_run;
+  Gate in_run, saw_cancel, release;
   std::atomic<int> canceling_calls{0};
 
  protected:
+  // Spins until its monitor says canceled, then stays in run() until released, so the test can
+  // cancel it again while it is certainly still running.
   Status run(ProgressMonitor& monitor) override {
     in_run.open();
     while (!monitor.is_canceled()) std::this_thread::yield();
+    saw_cancel.open();
+    release.wait();
     return Status::cancel();
   }
   void canceling() override { canceling_calls.fetch_add(1); }
@@ -158,7 +162,9 @@ TEST_F(JobTest, CancelingARunningJobIsSeenThroughItsMonitor) {
   j->schedule();
   ASSERT_TRUE(j->in_run.wait());
   EXPECT_FALSE(j->cancel()) << "a running job is only asked to stop";
-  EXPECT_FALSE(j->cancel());
+  ASSERT_TRUE(j->saw_cancel.wait()) << "the monitor shows the cancellation";
+  EXPECT_FALSE(j->cancel()) << "still running: again only asked";
+  j->release.open();
   j->join();
   EXPECT_TRUE(j->result().is_canceled());
   EXPECT_EQ(j->canceling_calls.load(), 1) << "canceling() once per run";
