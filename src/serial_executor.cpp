@@ -6,6 +6,7 @@
 
 #include "job_manager_impl.hpp"
 #include "scheduler_impl.hpp"
+#include "task_condition.hpp"
 #include "tasklet/directive.hpp"
 #include "tasklet/error.hpp"
 #include "tasklet/rules/rules.hpp"
@@ -18,7 +19,9 @@ struct SerialExecutor::State {
   // it to zero takes the mutex, to wake wait() and the destructor.
   std::atomic<std::size_t> outstanding{0};
   mutable std::mutex mutex;  // guards first_error and the wake-up of `idle`
-  std::condition_variable idle;
+  // A wait() in a job or an async phase suspends its oneTBB task instead of blocking the worker
+  // that the executor's own tasks may need (with one worker, blocking it would deadlock).
+  detail::TaskCondition idle;
   std::exception_ptr first_error;
 
   bool is_idle() const noexcept { return outstanding.load(std::memory_order_acquire) == 0; }
@@ -34,8 +37,8 @@ class SerialTask final : public Tasklet {
       : state_(std::move(state)), body_(std::move(body)) {}
   ~SerialTask() override {
     if (state_->outstanding.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-    // Taking the mutex orders this with a waiter between its check and its sleep.
-    { std::lock_guard lock(state_->mutex); }
+    // Under the mutex: ordered with a waiter between its check and its sleep.
+    std::lock_guard lock(state_->mutex);
     state_->idle.notify_all();
   }
   Directive task() override {

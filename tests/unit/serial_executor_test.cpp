@@ -192,6 +192,25 @@ TEST_P(SerialExecutorTest, DestructionCancelsPendingAndWaitsForTheRunningTask) {
   EXPECT_EQ(ran.load(), 0) << "pending tasks were cancelled";
 }
 
+TEST(SerialExecutorOnOneWorker, AJobWaitingForTheExecutorDoesNotHoldTheOnlyWorker) {
+  // The job's runner is the only worker; the executor's tasks need a worker too.
+  auto manager = JobManager::create(JobManager::Options{1, nullptr});
+  SerialExecutor strand(manager, "one worker");
+  std::atomic<int> ran{0};
+  auto job = make_job(
+      "waits for the strand",
+      [&](ProgressMonitor&) {
+        for (int i = 0; i < 10; ++i) strand.post([&] { ran.fetch_add(1); });
+        strand.wait();
+        return ran.load() == 10 ? Status::ok() : Status::error("wait() returned early");
+      },
+      manager);
+  job->schedule();
+  ASSERT_TRUE(job->join(std::chrono::seconds(60))) << "the job and the executor deadlocked";
+  EXPECT_TRUE(job->result().is_ok()) << job->result().message;
+  EXPECT_EQ(ran.load(), 10);
+}
+
 TEST_P(SerialExecutorTest, TaskletsTakingTheExecutorsRuleJoinItsOrder) {
   SerialExecutor strand(manager_);
   auto scheduler = Scheduler::create(SchedulerOptions{manager_, nullptr, 0});
