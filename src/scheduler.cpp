@@ -273,11 +273,14 @@ Scheduler::Impl::Impl(Scheduler& self, SchedulerOptions options)
 
 Scheduler::Impl::~Impl() {
   // Tasklets still waiting for their rules end unrun; one whose grant is being delivered right now
-  // (by a releasing thread, outside the table's lock) is let through first.
-  manager_.table_.withdraw_waiting_if([this](const detail::RuleRequest& request) {
-    const auto* tasklet = static_cast<const Tasklet*>(request.owner());
-    return tasklet != nullptr && TaskletAccess::scheduler(*tasklet) == &self_;
-  });
+  // (by a releasing thread, outside the table's lock) is let through first. The search is over
+  // every live request of the manager, so it is skipped when none of ours can be among them.
+  if (holds_.load(std::memory_order_acquire) != 0) {
+    manager_.table_.withdraw_waiting_if([this](const detail::RuleRequest& request) {
+      const auto* tasklet = static_cast<const Tasklet*>(request.owner());
+      return tasklet != nullptr && TaskletAccess::scheduler(*tasklet) == &self_;
+    });
+  }
   std::size_t nested = 0;  // deliveries on this thread that led here: not waited for
   for (Delivery* delivery = Delivery::innermost; delivery != nullptr; delivery = delivery->outer) {
     if (delivery->impl == this) {
