@@ -12,13 +12,40 @@ namespace tasklet {
 namespace detail {
 
 namespace {
-thread_local std::unique_ptr<ThreadHold> spare_hold;
+
+// The thread's idle request, parked in a table or out of every table. At thread exit a parked one
+// is handed to its table (which may be gone by then only if it revoked the request first).
+struct SpareHold {
+  ThreadHold* hold = nullptr;
+  ~SpareHold() {
+    if (hold != nullptr && !RuleTable::orphan(*hold)) delete hold;
+  }
+};
+thread_local SpareHold spare;
+
 }  // namespace
 
-ThreadHold* ThreadHold::make(const Rule& rule) {
-  ThreadHold* hold = spare_hold ? spare_hold.release() : new ThreadHold;
-  const bool same = hold->rule() == rule.get() && !hold->last_rule_.owner_before(rule) &&
-                    !rule.owner_before(hold->last_rule_);
+ThreadHold* ThreadHold::resume(const Rule& rule, RuleTable& table) noexcept {
+  ThreadHold* hold = spare.hold;
+  if (hold == nullptr || hold->parked_in_ != &table || !hold->is_for(rule)) return nullptr;
+  hold->parked_in_ = nullptr;
+  if (!RuleTable::resume(*hold)) return nullptr;  // revoked: out of the table, still the spare
+  spare.hold = nullptr;
+  return hold;
+}
+
+ThreadHold* ThreadHold::make(const Rule& rule, RuleTable& table) {
+  ThreadHold* hold = std::exchange(spare.hold, nullptr);
+  if (hold != nullptr && hold->parked_in_ != nullptr) {
+    if (hold->parked_in_ == &table) {
+      table.unpark(*hold);
+    } else if (RuleTable::orphan(*hold)) {
+      hold = nullptr;  // its own table deletes it when it takes it out
+    }
+    if (hold != nullptr) hold->parked_in_ = nullptr;
+  }
+  if (hold == nullptr) hold = new ThreadHold;
+  const bool same = hold->is_for(rule);
   if (!same) hold->last_rule_ = rule;
   hold->cache_.same_rule = same;
   hold->set_rule(rule.get());
@@ -27,11 +54,21 @@ ThreadHold* ThreadHold::make(const Rule& rule) {
   return hold;
 }
 
+void ThreadHold::finish(ThreadHold* hold, RuleTable& table) {
+  if (spare.hold == nullptr && RuleTable::park(*hold)) {
+    hold->parked_in_ = &table;
+    spare.hold = hold;
+    return;
+  }
+  table.release(*hold);
+  recycle(hold);
+}
+
 void ThreadHold::recycle(ThreadHold* hold) noexcept {
-  if (spare_hold) {
+  if (spare.hold != nullptr) {
     delete hold;
   } else {
-    spare_hold.reset(hold);
+    spare.hold = hold;
   }
 }
 
@@ -152,10 +189,14 @@ void JobManager::Impl::begin_rule(const Rule& rule) {
     }
     return;
   }
+  if (detail::ThreadHold* parked = detail::ThreadHold::resume(rule, table_)) {
+    ctx.rule_stack.back().hold = parked;  // validated when it was first acquired
+    return;
+  }
   validate_rule(rule);
-  detail::ThreadHold* hold = detail::ThreadHold::make(rule);
+  detail::ThreadHold* hold = detail::ThreadHold::make(rule, table_);
   ctx.rule_stack.back().hold = hold;
-  if (!hold->acquire(table_) && !hold->wait()) {
+  if (!hold->acquire(table_, true) && !hold->wait()) {
     ctx.rule_stack.back().hold = nullptr;
     detail::ThreadHold::recycle(hold);
     throw IllegalState("begin_rule(" + describe(rule) + "): the job manager shut down while waiting");
@@ -174,11 +215,13 @@ void JobManager::Impl::end_rule(const Rule& rule) {
                        describe(top.rule) + ") on this thread");
   }
   detail::ThreadHold* hold = top.hold;
-  ctx.rule_stack.pop_back();
-  if (hold != nullptr) {
-    table_.release(*hold);
-    detail::ThreadHold::recycle(hold);
+  if (hold == nullptr) {
+    ctx.rule_stack.pop_back();
+    return;
   }
+  const Rule held = std::move(top.rule);  // alive until the table is done with the request
+  ctx.rule_stack.pop_back();
+  detail::ThreadHold::finish(hold, table_);
 }
 
 Rule JobManager::Impl::current_rule() const {

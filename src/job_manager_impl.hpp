@@ -24,12 +24,22 @@ class Jobs;
 /// a job runner leaves its runner limit while it waits (see Wakeup).
 class ThreadHold final : public InlineRuleRequest<4> {
  public:
-  /// A request for `rule`, which must outlive it (the begin_rule frame or the tasklet keeps it).
-  /// Recycled per thread: uncontended begin_rule/end_rule allocate nothing.
-  /// Resolving the rule's nodes is skipped when this thread's last request was for the same rule.
-  static ThreadHold* make(const Rule& rule);
+  /// A request for `rule` in `table`, out of every table. `rule` must outlive it (the begin_rule
+  /// frame or the tasklet keeps it). Recycled per thread: uncontended begin_rule/end_rule allocate
+  /// nothing, and resolving the rule's nodes is skipped when this thread's last request was for
+  /// the same rule.
+  static ThreadHold* make(const Rule& rule, RuleTable& table);
+  /// begin_rule's fast path: the request this thread parked in `table` for exactly `rule` at its
+  /// last end_rule, held again without the table's lock; null when there is none or a conflicting
+  /// request revoked it meanwhile.
+  static ThreadHold* resume(const Rule& rule, RuleTable& table) noexcept;
   /// Enters the request in `table` (RuleTable::acquire with this hold's entry cache).
-  bool acquire(RuleTable& table) { return table.acquire(*this, &cache_); }
+  bool acquire(RuleTable& table, bool parkable = false) {
+    return table.acquire(*this, &cache_, nullptr, parkable);
+  }
+  /// end_rule: parks the request in `table` for this thread's next begin_rule of the same rule
+  /// when nobody wants it, else releases it; either way the caller is done with it.
+  static void finish(ThreadHold* hold, RuleTable& table);
   static void recycle(ThreadHold* hold) noexcept;
   /// Returns once granted; false when the table cancelled the request instead.
   bool wait();
@@ -37,9 +47,14 @@ class ThreadHold final : public InlineRuleRequest<4> {
   void cancelled() noexcept override { wake(false); }
 
  private:
+  bool is_for(const Rule& rule) const noexcept {
+    return this->rule() == rule.get() && !last_rule_.owner_before(rule) && !rule.owner_before(last_rule_);
+  }
   void wake(bool granted) noexcept;
   Wakeup wakeup_;
   bool granted_ = false;
+  // The table where this request is parked (read by its owner only), or null.
+  RuleTable* parked_in_ = nullptr;
   // The rule of the last request: a weak reference, so that a new rule cannot take its address
   // while the entries for the old one are kept.
   std::weak_ptr<const SchedulingRule> last_rule_;

@@ -1,7 +1,9 @@
 #include "rule_table.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cassert>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -77,13 +79,33 @@ std::size_t entry_count_hint(const SchedulingRule& rule) noexcept {
 
 bool RuleNode::is_unused() const noexcept { return occupied == 0 && children.empty(); }
 
-RuleTable::RuleTable() = default;
+namespace {
+std::atomic<std::uint64_t> table_ids{0};
+}  // namespace
+
+RuleTable::RuleTable() : id_(table_ids.fetch_add(1, std::memory_order_relaxed) + 1) {}
 
 RuleTable::~RuleTable() {
   cancel_all_waiting();
-  // Held requests belong to their holders, who must have released them; unlink what is left so the
-  // intrusive lists do not dangle.
   std::lock_guard lock(mutex_);
+  // Parked requests go back to their owners (who acquire them anew elsewhere) or, orphaned, are
+  // deleted. An active one belongs to a holder that outlived the table (its owner's error).
+  for (RuleRequest* request : parked_) {
+    Park state = request->park_.load(std::memory_order_acquire);
+    while (state == Park::parked &&
+           !request->park_.compare_exchange_weak(state, Park::revoking, std::memory_order_acq_rel)) {
+    }
+    if (state == Park::parked) {
+      request->in_table_ = false;
+      request->held_ = false;
+      request->parkable_ = false;
+      request->park_.store(Park::revoked, std::memory_order_release);
+    } else if (state == Park::orphaned) {
+      delete request;
+    }
+  }
+  parked_.clear();
+  // Held requests belong to their holders, who must have released them; forget what is left.
   live_.clear();
   customs_.clear();
   blocked_.clear();
@@ -196,6 +218,12 @@ bool RuleTable::blocked_by_custom(const RuleRequest& request) const noexcept {
   const auto blocks = [&](const RuleRequest& other) {
     if (&other == &request) return false;
     if (!other.held_ && other.ticket_ > request.ticket_) return false;
+    // A parkable request's rule may die once its owner parks it, so it is asked about only while
+    // wanted (its owner then releases it for real, under this lock, before letting the rule go).
+    // Skipping the others is sound: a request with custom parts marks every parkable one wanted
+    // when it enters, and one that enters later was checked against it then (rules answer the
+    // same every time).
+    if (other.parkable_ && other.park_.load(std::memory_order_acquire) != Park::wanted) return false;
     return conflicts_pairwise(request, other);
   };
   for (const RuleRequest* other : request.has_custom_ ? live_ : customs_) {
@@ -266,54 +294,171 @@ void RuleTable::add_rule(RuleRequest& request, const Rule* shared) {
   for (const RuleEntry& entry : request.entries_) remembered.nodes.push_back(entry.node);
 }
 
-bool RuleTable::acquire(RuleRequest& request, EntryCache* cache, const Rule* shared) {
-  assert(request.rule_ != nullptr && !request.in_table_);
-  std::lock_guard lock(mutex_);
-  request.ticket_ = ++next_ticket_;
-  request.held_ = false;
-  if (cache != nullptr && cache->same_rule && cache->table == this && cache->generation == node_generation_ &&
-      !request.entries_.empty()) {
-    for (RuleEntry& entry : request.entries_) entry.set(request.ticket_, entry.mode());
-  } else {
-    request.entries_.clear();
-    request.has_custom_ = false;
-    add_rule(request, shared);
-    if (cache != nullptr) *cache = EntryCache{this, node_generation_, false};
-  }
-
-  const bool custom_blocked = (request.has_custom_ || !customs_.empty()) && blocked_by_custom(request);
+// Decides where each entry of a request that is entering stands (clear or not); returns how many
+// are not clear.
+std::uint32_t RuleTable::mark_clear(RuleRequest& request) noexcept {
   std::uint32_t unclear = 0;
   for (RuleEntry& entry : request.entries_) {
     entry.set_clear(clear_at(*entry.node, entry.mode(), request.ticket_));
     if (!entry.clear()) ++unclear;
   }
-  request.in_table_ = true;
-  insert(live_, request, &RuleRequest::live_index_);
-  if (request.has_custom_) insert(customs_, request, &RuleRequest::custom_index_);
+  return unclear;
+}
 
-  if (unclear == 0 && !custom_blocked) {
-    for (RuleEntry& entry : request.entries_) {
-      const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
-      ++entry.node->granted[mode];
-      entry.node->refresh(mode);
-    }
-    request.held_ = true;
-    ++held_;
-    return true;
-  }
-  request.unclear_ = unclear;
-  request.custom_blocked_ = custom_blocked;
-  for (RuleEntry& entry : request.entries_) {
-    if (entry.clear()) {
-      const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
-      ++entry.node->clear_waiting[mode];
-      entry.node->refresh(mode);
+bool RuleTable::acquire(RuleRequest& request, EntryCache* cache, const Rule* shared, bool parkable) {
+  assert(request.rule_ != nullptr && !request.in_table_);
+  Grants grants;
+  std::vector<RuleRequest*> orphans;
+  bool granted = false;
+  {
+    std::lock_guard lock(mutex_);
+    request.ticket_ = ++next_ticket_;
+    request.held_ = false;
+    if (cache != nullptr && cache->same_rule && cache->table == id_ &&
+        cache->generation == node_generation_ && !request.entries_.empty()) {
+      for (RuleEntry& entry : request.entries_) entry.set(request.ticket_, entry.mode());
     } else {
-      enqueue(entry);
+      request.entries_.clear();
+      request.has_custom_ = false;
+      add_rule(request, shared);
+      if (cache != nullptr) *cache = EntryCache{id_, node_generation_, false};
+    }
+
+    // A parked request's rule may be gone (its owner's frame kept it alive), so a custom rule cannot
+    // be asked about it: a request with custom parts takes every parked request out first.
+    if (request.has_custom_ && !parked_.empty()) revoke_parked(request, grants, orphans);
+    bool custom_blocked = (request.has_custom_ || !customs_.empty()) && blocked_by_custom(request);
+    std::uint32_t unclear = mark_clear(request);
+    // Whoever would wait for a parked request takes it out of the table first.
+    if ((unclear != 0 || custom_blocked) && !request.has_custom_ && !parked_.empty() &&
+        revoke_parked(request, grants, orphans)) {
+      custom_blocked = (request.has_custom_ || !customs_.empty()) && blocked_by_custom(request);
+      unclear = mark_clear(request);
+    }
+    request.in_table_ = true;
+    insert(live_, request, &RuleRequest::live_index_);
+    if (request.has_custom_) insert(customs_, request, &RuleRequest::custom_index_);
+    request.parkable_ = parkable && !request.has_custom_;
+    request.park_.store(request.parkable_ ? Park::active : Park::none, std::memory_order_relaxed);
+    if (request.parkable_) parked_.push_back(&request);
+
+    if (unclear == 0 && !custom_blocked) {
+      for (RuleEntry& entry : request.entries_) {
+        const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
+        ++entry.node->granted[mode];
+        entry.node->refresh(mode);
+      }
+      request.held_ = true;
+      ++held_;
+      granted = true;
+    } else {
+      request.unclear_ = unclear;
+      request.custom_blocked_ = custom_blocked;
+      for (RuleEntry& entry : request.entries_) {
+        if (entry.clear()) {
+          const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
+          ++entry.node->clear_waiting[mode];
+          entry.node->refresh(mode);
+        } else {
+          enqueue(entry);
+        }
+      }
+      if (custom_blocked) blocked_.push_back(&request);
     }
   }
-  if (custom_blocked) blocked_.push_back(&request);
+  notify(grants);
+  for (RuleRequest* orphan : orphans) delete orphan;
+  return granted;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parking
+
+// Whether two requests without custom parts conflict: incompatible modes on a shared node.
+bool RuleTable::conflicting(const RuleRequest& a, const RuleRequest& b) noexcept {
+  for (const RuleEntry& mine : a.entries_) {
+    for (const RuleEntry& theirs : b.entries_) {
+      if (mine.node == theirs.node && !compatible[index_of(mine.mode())][index_of(theirs.mode())])
+        return true;
+    }
+  }
   return false;
+}
+
+// Takes the parked requests that conflict with `request` (entering, not counted yet) out of the
+// table, and marks the active ones that conflict with it wanted; every one of them when `request`
+// has custom parts. True when some were taken out. O(parked requests), and only for a newcomer
+// that would wait otherwise (or has custom parts).
+bool RuleTable::revoke_parked(const RuleRequest& request, Grants& grants,
+                              std::vector<RuleRequest*>& orphans) {
+  bool revoked = false;
+  for (std::size_t at = 0; at < parked_.size();) {
+    RuleRequest& other = *parked_[at];
+    if (!request.has_custom_ && !conflicting(other, request)) {
+      ++at;
+      continue;
+    }
+    Park state = other.park_.load(std::memory_order_acquire);
+    for (;;) {
+      const Park next = state == Park::active ? Park::wanted : Park::revoking;
+      if (state != Park::active && state != Park::parked && state != Park::orphaned) break;
+      if (other.park_.compare_exchange_weak(state, next, std::memory_order_acq_rel)) break;
+    }
+    if (state != Park::parked && state != Park::orphaned) {
+      ++at;  // active (now wanted) or wanted: its owner releases it when done
+      continue;
+    }
+    // Nobody waits for a parked request, so leave() lets nobody through, but it may as well say.
+    leave(other, grants);  // takes it out of parked_: `at` now holds the next one
+    if (state == Park::orphaned) {
+      orphans.push_back(&other);
+    } else {
+      other.park_.store(Park::revoked, std::memory_order_release);
+    }
+    revoked = true;
+  }
+  return revoked;
+}
+
+bool RuleTable::park(RuleRequest& request) noexcept {
+  Park state = Park::active;
+  return request.park_.compare_exchange_strong(state, Park::parked, std::memory_order_acq_rel);
+}
+
+bool RuleTable::resume(RuleRequest& request) noexcept {
+  Park state = Park::parked;
+  if (request.park_.compare_exchange_strong(state, Park::active, std::memory_order_acq_rel)) return true;
+  // A newcomer is taking it out under the table's lock: a few hundred instructions.
+  while (request.park_.load(std::memory_order_acquire) == Park::revoking) std::this_thread::yield();
+  return false;
+}
+
+bool RuleTable::orphan(RuleRequest& request) noexcept {
+  Park state = Park::parked;
+  if (request.park_.compare_exchange_strong(state, Park::orphaned, std::memory_order_acq_rel)) return true;
+  while (request.park_.load(std::memory_order_acquire) == Park::revoking) std::this_thread::yield();
+  return false;
+}
+
+void RuleTable::unpark(RuleRequest& request) {
+  Grants grants;
+  {
+    std::lock_guard lock(mutex_);
+    // Only the owner moves it out of parked, and revocations happen under this lock.
+    if (request.park_.load(std::memory_order_acquire) == Park::parked) leave(request, grants);
+    request.park_.store(Park::none, std::memory_order_relaxed);
+  }
+  notify(grants);
+}
+
+// Parked requests (and orphans) count as neither held nor waiting.
+std::size_t RuleTable::parked_idle() const noexcept {
+  std::size_t idle = 0;
+  for (const RuleRequest* request : parked_) {
+    const Park state = request->park_.load(std::memory_order_acquire);
+    if (request->held_ && (state == Park::parked || state == Park::orphaned)) ++idle;
+  }
+  return idle;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -414,6 +559,15 @@ void RuleTable::leave(RuleRequest& request, Grants& grants) {
   }
   erase(live_, request, &RuleRequest::live_index_);
   if (request.has_custom_) erase(customs_, request, &RuleRequest::custom_index_);
+  if (request.parkable_) {
+    *std::find(parked_.begin(), parked_.end(), &request) = parked_.back();
+    parked_.pop_back();
+    request.parkable_ = false;
+    // A revocation sets its own state afterwards; an owner's release leaves the request unparked.
+    Park state = request.park_.load(std::memory_order_relaxed);
+    if (state == Park::active || state == Park::wanted)
+      request.park_.store(Park::none, std::memory_order_relaxed);
+  }
   request.in_table_ = false;
   request.held_ = false;
   request.custom_blocked_ = false;
@@ -466,6 +620,11 @@ void RuleTable::cancel_all_waiting() {
       unlink_waiting(*request);
       erase(live_, *request, &RuleRequest::live_index_);
       if (request->has_custom_) erase(customs_, *request, &RuleRequest::custom_index_);
+      if (request->parkable_) {
+        std::erase(parked_, request);
+        request->parkable_ = false;
+        request->park_.store(Park::none, std::memory_order_relaxed);
+      }
       request->in_table_ = false;
       request->custom_blocked_ = false;
       for (auto entry = request->entries_.rbegin(); entry != request->entries_.rend(); ++entry) {
@@ -501,12 +660,12 @@ void RuleTable::notify(const Grants& grants) noexcept {
 
 bool RuleTable::is_idle() const {
   std::lock_guard lock(mutex_);
-  return live_.empty();
+  return live_.size() == parked_idle();
 }
 
 std::size_t RuleTable::held_count() const {
   std::lock_guard lock(mutex_);
-  return held_;
+  return held_ - parked_idle();
 }
 
 std::size_t RuleTable::waiting_count() const {

@@ -22,12 +22,20 @@
 // Custom rules have no index: a request with a custom part is checked pairwise against every held
 // and earlier waiting request (the custom rule asked, as receiver); other requests are checked
 // pairwise only against requests with custom parts. Those calls run under the table's lock.
+//
+// Parking (begin_rule's fast path): a thread that ends its rule may leave its request in the
+// table, granted but idle, so that its next begin_rule of the same rule takes it back with one
+// compare-and-swap instead of the table's lock. A parked request never makes anyone wait: a
+// newcomer that would wait for it revokes it first (under the lock), and a newcomer that conflicts
+// with an active parkable request marks it wanted, so that its owner releases it for real instead
+// of parking it. Parked requests are not counted as held (held_count, is_idle).
 #pragma once
 
 #include <pthread.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -73,6 +81,20 @@ enum class LockMode : std::uint8_t { is, ix, s, six, x };
 inline constexpr int lock_mode_count = 5;
 
 class RuleRequest;
+
+/// Where a parkable request (see the top of this file) stands. Its owner moves it between active
+/// and parked, and orphans it when it gives it up while parked; a newcomer, under the table's lock,
+/// moves it from active to wanted, and from parked or orphaned through revoking to revoked (or, for
+/// an orphan, deletes it).
+enum class Park : std::uint8_t {
+  none,      // not parkable, or out of the table
+  active,    // in the table for its owner (waiting or held)
+  wanted,    // active, and a conflicting request came: its owner must release it for real
+  parked,    // granted, idle: its owner may take it back without the lock
+  revoking,  // being taken out of the table by a newcomer (under the lock)
+  revoked,   // taken out of the table: its owner may reuse the object
+  orphaned,  // parked, and its owner gave it up: the table deletes it when it takes it out
+};
 
 /// One (node, mode) pair of a request; queued at its node while the request waits.
 struct RuleEntry {
@@ -192,6 +214,8 @@ class RuleRequest {
   std::uint32_t unclear_ = 0;       // nodes where the request is not clear yet
   std::uint32_t live_index_ = 0;    // position in RuleTable::live_
   std::uint32_t custom_index_ = 0;  // position in RuleTable::customs_ (requests with custom parts)
+  std::atomic<Park> park_{Park::none};
+  bool parkable_ = false;  // in RuleTable::parked_
   bool held_ = false;
   bool in_table_ = false;
   bool has_custom_ = false;      // some atom has no index: pairwise checks
@@ -243,7 +267,7 @@ struct RuleNode {
 /// request): they are reused when the table has freed no node since and the owner vouches that the
 /// rule is the same object as the last time.
 struct EntryCache {
-  const RuleTable* table = nullptr;
+  std::uint64_t table = 0;  // RuleTable::id(): a table at a dead one's address is another table
   std::uint64_t generation = 0;
   bool same_rule = false;  // set by the owner before each acquire
 };
@@ -263,7 +287,25 @@ class RuleTable {
   /// `shared`, when given, is the owning pointer of request.rule(): the table then remembers the
   /// nodes of a path rule (weakly, for up to resolved_limit rules), so that the next request for
   /// the same rule object skips the lookups of its segments.
-  bool acquire(RuleRequest& request, EntryCache* cache = nullptr, const Rule* shared = nullptr);
+  /// `parkable`: the owner may park the request when it is done with it (see park()); only for
+  /// requests without custom parts.
+  bool acquire(RuleRequest& request, EntryCache* cache = nullptr, const Rule* shared = nullptr,
+               bool parkable = false);
+
+  /// The owner of a granted parkable request is done with it: true when the request stays in the
+  /// table, parked (the owner keeps the object, and may resume(), unpark() or orphan() it); false
+  /// when a conflicting request wants it, and the owner must release() it. Lock-free.
+  static bool park(RuleRequest& request) noexcept;
+  /// Takes a parked request back for its owner: true when it is held again; false when a newcomer
+  /// revoked it (it is out of the table then, and the owner may acquire() it anew). Lock-free
+  /// unless it has to wait for a revocation in progress.
+  static bool resume(RuleRequest& request) noexcept;
+  /// Takes a parked request out of the table for its owner (who may then reuse it).
+  void unpark(RuleRequest& request);
+  /// The owner gives up a parked request without touching its table (which may be another
+  /// thread's to destroy): true when the table now owns it and will delete it; false when it was
+  /// revoked already, and the caller still owns it.
+  static bool orphan(RuleRequest& request) noexcept;
 
   /// Releases a held request and notifies the requests that this lets through (outside the lock).
   void release(RuleRequest& request);
@@ -288,6 +330,9 @@ class RuleTable {
 
   /// Cancels every waiting request (their cancelled() is called). For the owner's shutdown.
   void cancel_all_waiting();
+
+  /// Distinguishes tables for EntryCache (unique for the process's life).
+  std::uint64_t id() const noexcept { return id_; }
 
   /// True when no rule is held and no request waits. Thread-safe.
   bool is_idle() const;
@@ -319,6 +364,10 @@ class RuleTable {
   static bool customs_say_conflict(const RuleRequest& custom, const RuleRequest& other) noexcept;
   static bool clear_at(const RuleNode& node, LockMode mode, std::uint64_t ticket) noexcept;
   bool blocked_by_custom(const RuleRequest& request) const noexcept;
+  static bool conflicting(const RuleRequest& a, const RuleRequest& b) noexcept;
+  bool revoke_parked(const RuleRequest& request, Grants& grants, std::vector<RuleRequest*>& orphans);
+  std::uint32_t mark_clear(RuleRequest& request) noexcept;
+  std::size_t parked_idle() const noexcept;
   void grant(RuleRequest& request, Grants& grants);
   void walk(RuleNode& node, Grants& grants);
   void recheck_custom_blocked(Grants& grants);
@@ -327,6 +376,7 @@ class RuleTable {
   void prune(RuleNode& node);
 
   mutable TableMutex mutex_;
+  const std::uint64_t id_;
   std::uint64_t next_ticket_ = 0;
   std::size_t held_ = 0;
   RuleNode root_;
@@ -348,6 +398,7 @@ class RuleTable {
   RequestSet live_;                    // every held or waiting request
   RequestSet customs_;                 // the live requests with custom parts
   std::vector<RuleRequest*> blocked_;  // waiting requests held back by a custom check, ticket order
+  std::vector<RuleRequest*> parked_;   // the parkable requests in the table (one per thread, at most)
 };
 
 template <class Collect>

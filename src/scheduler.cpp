@@ -658,7 +658,7 @@ bool Scheduler::Impl::yield_rule(Tasklet& tasklet) {
   detail::RuleRequest* hold = TaskletAccess::hold(tasklet);
   if (hold == nullptr || !manager_.table_.has_conflicting_waiter(*hold)) return false;
   // Release, then queue again behind whoever waits: the same FIFO as everyone else.
-  detail::ThreadHold* again = detail::ThreadHold::make(tasklet.rule());
+  detail::ThreadHold* again = detail::ThreadHold::make(tasklet.rule(), manager_.table_);
   detail::Grants grants;
   manager_.table_.release(*hold, grants);
   delete hold;
@@ -789,7 +789,7 @@ void Scheduler::Impl::with(const TaskletPtr& tasklet) {
   active_.fetch_add(1, std::memory_order_relaxed);
   if (const Rule& rule = tasklet->rule()) {
     // The phase runs here and now, so the caller waits for the rule like a thread in begin_rule.
-    detail::ThreadHold* hold = detail::ThreadHold::make(rule);
+    detail::ThreadHold* hold = detail::ThreadHold::make(rule, manager_.table_);
     if (!hold->acquire(manager_.table_) && !hold->wait()) {
       detail::ThreadHold::recycle(hold);
       finish(tasklet, nullptr);

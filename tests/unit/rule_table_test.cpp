@@ -212,7 +212,7 @@ TEST_F(RuleTableTest, DeepPathsWork) {
 TEST_F(RuleTableTest, RecycledThreadRequestsReResolveADifferentRule) {
   {
     const Rule first = rules::path("/a");
-    ThreadHold* hold = ThreadHold::make(first);
+    ThreadHold* hold = ThreadHold::make(first, table_);
     EXPECT_TRUE(hold->acquire(table_));
     table_.release(*hold);
     ThreadHold::recycle(hold);
@@ -221,7 +221,7 @@ TEST_F(RuleTableTest, RecycledThreadRequestsReResolveADifferentRule) {
   ASSERT_TRUE(table_.acquire(blocker));
   for (int round = 0; round < 3; ++round) {
     const Rule other = rules::path("/b/c");
-    ThreadHold* hold = ThreadHold::make(other);
+    ThreadHold* hold = ThreadHold::make(other, table_);
     EXPECT_FALSE(hold->acquire(table_)) << "round " << round << ": /b/c waits for the holder of /b";
     EXPECT_TRUE(table_.withdraw(*hold));
     ThreadHold::recycle(hold);
@@ -232,7 +232,7 @@ TEST_F(RuleTableTest, RecycledThreadRequestsReResolveADifferentRule) {
 TEST_F(RuleTableTest, RecycledThreadRequestsReuseTheirEntriesForTheSameRule) {
   const Rule rule = rules::path("/a/b/c");
   for (int round = 0; round < 3; ++round) {
-    ThreadHold* hold = ThreadHold::make(rule);
+    ThreadHold* hold = ThreadHold::make(rule, table_);
     ASSERT_TRUE(hold->acquire(table_));
     Probe inside(rules::path("/a/b/c/d")), sibling(rules::path("/a/b/x")), above(rules::path("/a"));
     EXPECT_FALSE(table_.acquire(inside)) << "round " << round;
@@ -393,6 +393,135 @@ TEST_F(RuleTableTest, MatchesTheReferenceModelOnRandomOperations) {
     }
   }
   for (auto& probe : live) EXPECT_EQ(probe->grants, 1) << "never granted: " << probe->rule()->to_string();
+}
+
+// Parking against a model: a parked request is invisible to the reference (it never makes anyone
+// wait), and whether resume(), park() and orphan() succeed is decided by what came since: a parked
+// request is revoked exactly when a conflicting request (or any with a custom part) entered after
+// it was parked, and an active one is wanted exactly when one entered while it was active.
+TEST_F(RuleTableTest, ParkingMatchesTheReferenceModelOnRandomOperations) {
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 random(seed);
+  RuleFactory factory(random);
+  struct Entry {
+    std::unique_ptr<Probe> probe;
+    bool parkable = false;
+    bool marked = false;  // active: wanted by now; parked: revoked by now
+  };
+  const auto has_custom = [](const Rule& rule) { return rule->key().kind == RuleKey::Kind::custom; };
+  std::vector<Entry> live;    // ticket order (a resumed request goes to the end: it holds anyway)
+  std::vector<Entry> parked;  // idle, in the table or revoked
+  std::size_t resumed = 0, revoked = 0, wanted = 0, orphaned = 0;
+  const auto pick = [&](std::size_t size) {
+    return std::uniform_int_distribution<std::size_t>(0, size - 1)(random);
+  };
+  const int operations = 50'000 * test::stress_scale();
+  for (int op = 0; op < operations; ++op) {
+    const int choice = std::uniform_int_distribution<int>(0, 11)(random);
+    if (choice < 4 || (live.empty() && parked.empty())) {
+      Entry entry{std::make_unique<Probe>(factory.any())};
+      const Rule& rule = entry.probe->rule();
+      entry.parkable = !has_custom(rule) && choice % 2 == 0;
+      for (Entry& other : live) {
+        if (other.parkable && (has_custom(rule) || conflict(rule, other.probe->rule()))) other.marked = true;
+      }
+      for (Entry& other : parked) {
+        if (has_custom(rule) || conflict(rule, other.probe->rule())) other.marked = true;
+      }
+      if (table_.acquire(*entry.probe, nullptr, nullptr, entry.parkable)) ++entry.probe->grants;
+      live.push_back(std::move(entry));
+    } else if (choice < 9 && !live.empty()) {
+      const std::size_t victim = pick(live.size());
+      Entry& entry = live[victim];
+      if (entry.probe->grants == 0) {
+        ASSERT_TRUE(table_.withdraw(*entry.probe));
+      } else if (entry.parkable && choice % 2 == 0) {
+        const bool parks = RuleTable::park(*entry.probe);
+        ASSERT_EQ(parks, !entry.marked)
+            << "operation " << op << ": park() of " << entry.probe->rule()->to_string();
+        if (parks) {
+          entry.marked = false;
+          parked.push_back(std::move(entry));
+        } else {
+          ++wanted;
+          table_.release(*entry.probe);
+        }
+      } else {
+        table_.release(*entry.probe);
+      }
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(victim));
+    } else if (!parked.empty()) {
+      const std::size_t at = pick(parked.size());
+      Entry entry = std::move(parked[at]);
+      parked.erase(parked.begin() + static_cast<std::ptrdiff_t>(at));
+      const std::string name = entry.probe->rule()->to_string();
+      if (choice == 9) {
+        const bool gives_up = RuleTable::orphan(*entry.probe);
+        ASSERT_EQ(gives_up, !entry.marked) << "operation " << op << ": orphan() of " << name;
+        if (gives_up) {
+          // Keeps the rule alive (the probe's copy dies with it), then lets the table delete it.
+          static_cast<void>(entry.probe.release());
+          ++orphaned;
+        }
+      } else if (choice == 10) {
+        table_.unpark(*entry.probe);
+      } else {
+        const bool back = RuleTable::resume(*entry.probe);
+        ASSERT_EQ(back, !entry.marked) << "operation " << op << ": resume() of " << name;
+        if (back) {
+          for (const Entry& other : live) {
+            ASSERT_TRUE(other.probe->grants > 0 || !conflict(entry.probe->rule(), other.probe->rule()))
+                << "resumed " << name << " while " << other.probe->rule()->to_string() << " waits";
+          }
+          ++resumed;
+          live.push_back(std::move(entry));
+        } else {
+          ++revoked;
+        }
+      }
+    }
+    // The reference, as above: parked requests take no part.
+    std::vector<bool> holds(live.size(), false);
+    for (std::size_t i = 0; i < live.size(); ++i) {
+      bool blocked = false;
+      for (std::size_t j = 0; j < live.size() && !blocked; ++j) {
+        if (j == i) continue;
+        if ((holds[j] || j < i) && conflict(live[i].probe->rule(), live[j].probe->rule())) blocked = true;
+      }
+      holds[i] = !blocked || live[i].probe->grants > 0;
+    }
+    std::size_t holders = 0;
+    for (std::size_t i = 0; i < live.size(); ++i) {
+      ASSERT_LE(live[i].probe->grants, 1) << "granted twice: " << live[i].probe->rule()->to_string();
+      ASSERT_EQ(live[i].probe->grants == 1, holds[i])
+          << "operation " << op << ": " << live[i].probe->rule()->to_string() << " should "
+          << (holds[i] ? "hold" : "wait");
+      if (holds[i]) ++holders;
+    }
+    ASSERT_EQ(table_.held_count(), holders) << "parked requests are not held";
+    ASSERT_EQ(table_.waiting_count(), live.size() - holders);
+  }
+  RecordProperty("resumed", static_cast<int>(resumed));
+  RecordProperty("revoked", static_cast<int>(revoked));
+  RecordProperty("wanted", static_cast<int>(wanted));
+  RecordProperty("orphaned", static_cast<int>(orphaned));
+  EXPECT_GT(resumed, 100u);
+  EXPECT_GT(revoked, 100u) << "conflicting newcomers must revoke parked requests";
+  EXPECT_GT(wanted, 20u) << "conflicting newcomers must want active parkable requests";
+  EXPECT_GT(orphaned, 20u);
+  for (Entry& entry : parked) table_.unpark(*entry.probe);
+  for (bool released = true; released;) {
+    released = false;
+    for (Entry& entry : live) {
+      if (entry.probe->is_held()) {
+        table_.release(*entry.probe);
+        released = true;
+      }
+    }
+  }
+  for (Entry& entry : live)
+    EXPECT_EQ(entry.probe->grants, 1) << "never granted: " << entry.probe->rule()->to_string();
 }
 
 }  // namespace
