@@ -305,13 +305,12 @@ std::uint32_t RuleTable::mark_clear(RuleRequest& request) noexcept {
   return unclear;
 }
 
-bool RuleTable::acquire(RuleRequest& request, EntryCache* cache, const Rule* shared, bool parkable) {
+// acquire() under the lock; revoking parked requests may let others through (`grants`) and leave
+// orphans to delete (outside the lock).
+bool RuleTable::enter(RuleRequest& request, EntryCache* cache, const Rule* shared, bool parkable,
+                      Grants& grants, std::vector<RuleRequest*>& orphans) {
   assert(request.rule_ != nullptr && !request.in_table_);
-  Grants grants;
-  std::vector<RuleRequest*> orphans;
-  bool granted = false;
   {
-    std::lock_guard lock(mutex_);
     request.ticket_ = ++next_ticket_;
     request.held_ = false;
     if (cache != nullptr && cache->same_rule && cache->table == id_ &&
@@ -350,7 +349,7 @@ bool RuleTable::acquire(RuleRequest& request, EntryCache* cache, const Rule* sha
       }
       request.held_ = true;
       ++held_;
-      granted = true;
+      return true;
     } else {
       request.unclear_ = unclear;
       request.custom_blocked_ = custom_blocked;
@@ -366,9 +365,33 @@ bool RuleTable::acquire(RuleRequest& request, EntryCache* cache, const Rule* sha
       if (custom_blocked) blocked_.push_back(&request);
     }
   }
+  return false;
+}
+
+bool RuleTable::acquire(RuleRequest& request, EntryCache* cache, const Rule* shared, bool parkable) {
+  Grants grants;
+  std::vector<RuleRequest*> orphans;
+  bool granted = false;
+  {
+    std::lock_guard lock(mutex_);
+    granted = enter(request, cache, shared, parkable, grants, orphans);
+  }
   notify(grants);
   for (RuleRequest* orphan : orphans) delete orphan;
   return granted;
+}
+
+void RuleTable::acquire_all(std::span<const Entering> requests, bool* granted) {
+  Grants grants;
+  std::vector<RuleRequest*> orphans;
+  {
+    std::lock_guard lock(mutex_);
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      granted[i] = enter(*requests[i].request, nullptr, requests[i].shared, false, grants, orphans);
+    }
+  }
+  notify(grants);
+  for (RuleRequest* orphan : orphans) delete orphan;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -292,6 +293,15 @@ class RuleTable {
   bool acquire(RuleRequest& request, EntryCache* cache = nullptr, const Rule* shared = nullptr,
                bool parkable = false);
 
+  /// A request entering with acquire_all(), and the owning pointer of its rule (see acquire()).
+  struct Entering {
+    RuleRequest* request;
+    const Rule* shared;
+  };
+  /// As acquire() for each request in turn, under one taking of the lock (in ticket order, as if
+  /// entered one by one); granted[i] tells whether requests[i] was granted at once.
+  void acquire_all(std::span<const Entering> requests, bool* granted);
+
   /// The owner of a granted parkable request is done with it: true when the request stays in the
   /// table, parked (the owner keeps the object, and may resume(), unpark() or orphan() it); false
   /// when a conflicting request wants it, and the owner must release() it. Lock-free.
@@ -365,6 +375,8 @@ class RuleTable {
   static bool clear_at(const RuleNode& node, LockMode mode, std::uint64_t ticket) noexcept;
   bool blocked_by_custom(const RuleRequest& request) const noexcept;
   static bool conflicting(const RuleRequest& a, const RuleRequest& b) noexcept;
+  bool enter(RuleRequest& request, EntryCache* cache, const Rule* shared, bool parkable, Grants& grants,
+             std::vector<RuleRequest*>& orphans);
   bool revoke_parked(const RuleRequest& request, Grants& grants, std::vector<RuleRequest*>& orphans);
   std::uint32_t mark_clear(RuleRequest& request) noexcept;
   std::size_t parked_idle() const noexcept;

@@ -1,3 +1,4 @@
+#include <array>
 #include <cassert>
 #include <stdexcept>
 #include <string>
@@ -31,6 +32,9 @@ namespace {
 // one arena submission per batch, then the worker spawns them locally (far cheaper than one
 // enqueue each).
 constexpr std::size_t async_batch_size = 256;
+// Tasklets with rules from the synchronous thread entering the rule table under one lock: few, so
+// that a chain of holders starts while the synchronous thread is still adding to it.
+constexpr std::size_t rule_batch_size = 16;
 
 // The thread's context while one phase runs on it: its scheduler is current, its tasklet's rule is
 // the outermost rule in force, and begin_rule frames from here on belong to the phase.
@@ -272,6 +276,18 @@ Scheduler::Impl::Impl(Scheduler& self, SchedulerOptions options)
       workers_(options_.workers->impl()) {}
 
 Scheduler::Impl::~Impl() {
+  // What a run() that ended abnormally left: requests not entered yet end unrun (with the async
+  // batch, in drop_pending), and the counts taken ahead go back.
+  for (std::size_t i = 0; i < entering_.size(); ++i) {
+    TaskletPtr& tasklet = *entering_tasklets_[i].first;
+    TaskletAccess::hold(*tasklet) = nullptr;
+    async_batch_.push_back(std::move(tasklet));
+    delete entering_[i].request;
+    ++reserved_holds_;
+  }
+  entering_.clear();
+  entering_tasklets_.clear();
+  holds_.fetch_sub(std::exchange(reserved_holds_, 0), std::memory_order_relaxed);
   // Tasklets still waiting for their rules end unrun; one whose grant is being delivered right now
   // (by a releasing thread, outside the table's lock) is let through first. The search is over
   // every live request of the manager, so it is skipped when none of ours can be among them.
@@ -377,11 +393,16 @@ void Scheduler::Impl::schedule(TaskletPtr tasklet, Directive directive) {
     return;
   }
   claim(*tasklet, "schedule");
-  if (directive == Directive::async && !tasklet->rule() && detail::state().sync_of == this &&
+  if (directive == Directive::async && detail::state().sync_of == this &&
       running_.load(std::memory_order_relaxed)) {
     // The synchronous thread inside run(): the tasklet goes into the async batch, and is counted
-    // when the batch is submitted (one atomic add per batch instead of one per tasklet).
-    ++uncounted_in_batch_;
+    // when the batch is submitted (one atomic add per batch instead of one per tasklet); one with
+    // a rule starts at once, counted from a block taken ahead.
+    if (tasklet->rule()) {
+      take_reserved(active_, reserved_active_);
+    } else {
+      ++uncounted_in_batch_;
+    }
   } else if (directive == Directive::async) {
     if (!run_is_active_for_caller()) {
       unclaim(*tasklet);
@@ -428,6 +449,18 @@ void Scheduler::Impl::start_holding(TaskletPtr tasklet, Directive directive) {
   Tasklet& raw = *tasklet;
   auto* hold = new TaskletHold<N>(std::move(tasklet), directive);
   TaskletAccess::hold(raw) = hold;
+  if (detail::state().sync_of == this && running_.load(std::memory_order_relaxed)) {
+    // Only runs of one rule object are entered together: they mostly wait for each other anyway,
+    // whereas holding the lock for a batch of unrelated requests would keep the releasing workers
+    // waiting on it.
+    if (!entering_.empty() && entering_.back().request->rule() != raw.rule().get()) enter_rule_batch();
+    take_reserved(holds_, reserved_holds_);
+    entering_.push_back(detail::RuleTable::Entering{hold, &raw.rule()});
+    entering_tasklets_.emplace_back(&hold->tasklet, directive);
+    if (entering_.size() >= rule_batch_size) enter_rule_batch();
+    return;
+  }
+  enter_pending_rules();
   holds_.fetch_add(1, std::memory_order_relaxed);
   if (!manager_.table_.acquire(*hold, nullptr, &raw.rule())) return;  // granted() continues it
   holds_.fetch_sub(1, std::memory_order_relaxed);  // granted at once: no delivery to wait for
@@ -658,6 +691,7 @@ bool Scheduler::Impl::yield_rule(Tasklet& tasklet) {
   detail::RuleRequest* hold = TaskletAccess::hold(tasklet);
   if (hold == nullptr || !manager_.table_.has_conflicting_waiter(*hold)) return false;
   // Release, then queue again behind whoever waits: the same FIFO as everyone else.
+  enter_pending_rules();
   detail::ThreadHold* again = detail::ThreadHold::make(tasklet.rule(), manager_.table_);
   detail::Grants grants;
   manager_.table_.release(*hold, grants);
@@ -673,7 +707,40 @@ bool Scheduler::Impl::yield_rule(Tasklet& tasklet) {
   return true;
 }
 
+void Scheduler::Impl::take_reserved(std::atomic<std::size_t>& counter, std::size_t& reserved) noexcept {
+  constexpr std::size_t block = 64;
+  if (reserved == 0) {
+    counter.fetch_add(block, std::memory_order_relaxed);
+    reserved = block;
+  }
+  --reserved;
+}
+
+// The synchronous thread's tasklets with rules enter the table together. Those granted at once
+// go on here; the others wait there, and their grants continue them (and may free them: only the
+// granted ones are touched after the table has them).
+void Scheduler::Impl::enter_rule_batch() {
+  if (entering_.empty()) return;
+  std::array<bool, rule_batch_size> granted{};
+  manager_.table_.acquire_all(entering_, granted.data());
+  entering_.clear();
+  for (std::size_t i = 0; i < entering_tasklets_.size(); ++i) {
+    if (!granted[i]) continue;
+    ++reserved_holds_;  // no delivery to wait for
+    dispatch(std::move(*entering_tasklets_[i].first), entering_tasklets_[i].second);
+  }
+  entering_tasklets_.clear();
+}
+
 void Scheduler::Impl::flush_async_batch() {
+  enter_rule_batch();
+  if (reserved_holds_ != 0) {
+    holds_.fetch_sub(std::exchange(reserved_holds_, 0), std::memory_order_release);
+  }
+  if (reserved_active_ != 0) {
+    // Perhaps the last count: nobody is woken, as the synchronous thread looks at it next.
+    active_.fetch_sub(std::exchange(reserved_active_, 0), std::memory_order_acq_rel);
+  }
   if (async_batch_.empty()) return;
   if (uncounted_in_batch_ != 0) {
     active_.fetch_add(uncounted_in_batch_, std::memory_order_relaxed);
@@ -789,6 +856,7 @@ void Scheduler::Impl::with(const TaskletPtr& tasklet) {
   active_.fetch_add(1, std::memory_order_relaxed);
   if (const Rule& rule = tasklet->rule()) {
     // The phase runs here and now, so the caller waits for the rule like a thread in begin_rule.
+    enter_pending_rules();
     detail::ThreadHold* hold = detail::ThreadHold::make(rule, manager_.table_);
     if (!hold->acquire(manager_.table_) && !hold->wait()) {
       detail::ThreadHold::recycle(hold);

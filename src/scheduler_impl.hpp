@@ -3,7 +3,8 @@
 // Who counts what:
 //  - `active_` counts the tasklets this scheduler owns (queued for sync, in an async phase or on
 //    its way there, parked, waiting for a rule); new tasklets the synchronous thread puts in its
-//    async batch are added when the batch is submitted, before run() can look at the count. run() returns
+//    async batch are added when the batch is submitted, and those with rules it starts come out of
+//    a block of counts it added ahead and gives back then, before run() can look at the count. run() returns
 //    when it is zero, and decides that under `mutex_`, the same lock that a thread without a stake in
 //    `active_` takes to check `running_` before it adds a tasklet; so no async phase starts after run()
 //    decided to return.
@@ -44,6 +45,14 @@ struct Scheduler::Impl {
   Rescheduler suspend(Tasklet& tasklet);
   void resume(const TaskletPtr& tasklet, std::uint32_t generation, Directive directive);
   void with(const TaskletPtr& tasklet);
+
+  /// When this thread is a synchronous thread (in run()), the requests of the tasklets with rules
+  /// it started and has not entered into the rule table yet go in now, so that a request it makes
+  /// next (begin_rule, with, another scheduler's tasklet) comes after them, in program order.
+  static void enter_pending_rules() {
+    if (Impl* sync = detail::state().sync_of; sync != nullptr && !sync->entering_.empty())
+      sync->enter_rule_batch();
+  }
 
   /// The implicit scheduler of the calling thread runs its sync tasklets inline.
   void make_implicit_for_this_thread();
@@ -94,6 +103,16 @@ struct Scheduler::Impl {
   // the sync tasklets taken from the queue for one turn of the loop.
   std::vector<TaskletPtr> async_batch_;
   std::size_t uncounted_in_batch_ = 0;  // new tasklets in async_batch_ not yet in active_
+  // Counts the synchronous thread added to active_ and holds_ ahead of the tasklets with rules it
+  // starts (which run at once, so they cannot wait for the batch), one atomic add per block
+  // instead of one per tasklet. The unused rest is given back when the batch is submitted, before
+  // run() looks at active_.
+  std::size_t reserved_active_ = 0;
+  std::size_t reserved_holds_ = 0;
+  // Requests of tasklets with rules it started, entered into the rule table together (one taking
+  // of the table's lock for many) when there are enough or at the batch's submission.
+  std::vector<detail::RuleTable::Entering> entering_;
+  std::vector<std::pair<TaskletPtr*, Directive>> entering_tasklets_;  // TaskletHold::tasklet, pending
   std::vector<TaskletPtr> sync_batch_;
 
   std::atomic<bool> spawned_{false};  // any oneTBB task was ever created (the destructor waits)
@@ -117,6 +136,8 @@ struct Scheduler::Impl {
   void claim(Tasklet& tasklet, const char* action);
   void unclaim(Tasklet& tasklet) noexcept;
   bool run_is_active_for_caller();
+  // The synchronous thread's count for one more tasklet, out of `reserved` (refilled in blocks).
+  static void take_reserved(std::atomic<std::size_t>& counter, std::size_t& reserved) noexcept;
   void start(TaskletPtr tasklet, Directive directive);
   template <std::size_t N>
   void start_holding(TaskletPtr tasklet, Directive directive);
@@ -127,6 +148,7 @@ struct Scheduler::Impl {
   template <class Task>
   void spawn(Task task);
   void flush_async_batch();
+  void enter_rule_batch();
   void park(TaskletPtr tasklet, std::uint64_t expected, std::uint64_t parked_word);
   void finish(TaskletPtr tasklet, std::exception_ptr error) noexcept;
 

@@ -456,5 +456,35 @@ TEST_F(BeginEndRuleTest, ACustomRuleIsNotHeldUpByParkedRules) {
   EXPECT_EQ(manager().current_rule(), nullptr);
 }
 
+TEST_F(BeginEndRuleTest, ASynchronousThreadsRequestsKeepProgramOrder) {
+  // The synchronous thread enters its tasklets' requests in batches; a begin_rule it makes after
+  // scheduling them must still come after them.
+  const Rule m = rules::mutex("order");
+  std::vector<std::string> order;
+  std::mutex order_mutex;
+  const auto note = [&](std::string event) {
+    std::lock_guard lock(order_mutex);
+    order.push_back(std::move(event));
+  };
+  auto scheduler = Scheduler::create(SchedulerOptions{manager_, nullptr, 0});
+  scheduler->schedule(make_tasklet([&] {
+                        for (int i = 0; i < 3; ++i) {
+                          scheduler->schedule(make_tasklet(
+                                                  [&, i] {
+                                                    note("tasklet " + std::to_string(i));
+                                                    return Directive::done;
+                                                  },
+                                                  m),
+                                              Directive::async);
+                        }
+                        RuleScope scope(manager(), m);
+                        note("begin_rule");
+                        return Directive::done;
+                      }),
+                      Directive::sync);
+  scheduler->run();
+  EXPECT_EQ(order, (std::vector<std::string>{"tasklet 0", "tasklet 1", "tasklet 2", "begin_rule"}));
+}
+
 }  // namespace
 }  // namespace tasklet
