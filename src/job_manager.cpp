@@ -189,7 +189,7 @@ void JobManager::Impl::begin_rule(const Rule& rule) {
     }
     return;
   }
-  Scheduler::Impl::enter_pending_rules();  // what this thread started before comes first
+  Scheduler::Impl::enter_pending_rules(ctx);  // what this thread started before comes first
   if (detail::ThreadHold* parked = detail::ThreadHold::resume(rule, table_)) {
     ctx.rule_stack.back().hold = parked;  // validated when it was first acquired
     return;

@@ -116,6 +116,13 @@ void RuleTable::insert(RequestSet& set, RuleRequest& request, std::uint32_t Rule
   set.push_back(&request);
 }
 
+// Requests with custom parts are few, and each of them costs pairwise checks anyway: a search
+// keeps their index out of every request.
+void RuleTable::remove_custom(RuleRequest& request) noexcept {
+  *std::find(customs_.begin(), customs_.end(), &request) = customs_.back();
+  customs_.pop_back();
+}
+
 void RuleTable::erase(RequestSet& set, RuleRequest& request, std::uint32_t RuleRequest::*index) noexcept {
   RuleRequest* moved = set.back();
   set[request.*index] = moved;
@@ -336,7 +343,7 @@ bool RuleTable::enter(RuleRequest& request, EntryCache* cache, const Rule* share
     }
     request.in_table_ = true;
     insert(live_, request, &RuleRequest::live_index_);
-    if (request.has_custom_) insert(customs_, request, &RuleRequest::custom_index_);
+    if (request.has_custom_) customs_.push_back(&request);
     request.parkable_ = parkable && !request.has_custom_;
     request.park_.store(request.parkable_ ? Park::active : Park::none, std::memory_order_relaxed);
     if (request.parkable_) parked_.push_back(&request);
@@ -581,7 +588,7 @@ void RuleTable::leave(RuleRequest& request, Grants& grants) {
     unlink_waiting(request);
   }
   erase(live_, request, &RuleRequest::live_index_);
-  if (request.has_custom_) erase(customs_, request, &RuleRequest::custom_index_);
+  if (request.has_custom_) remove_custom(request);
   if (request.parkable_) {
     *std::find(parked_.begin(), parked_.end(), &request) = parked_.back();
     parked_.pop_back();
@@ -642,7 +649,7 @@ void RuleTable::cancel_all_waiting() {
     for (RuleRequest* request : cancelled) {
       unlink_waiting(*request);
       erase(live_, *request, &RuleRequest::live_index_);
-      if (request->has_custom_) erase(customs_, *request, &RuleRequest::custom_index_);
+      if (request->has_custom_) remove_custom(*request);
       if (request->parkable_) {
         std::erase(parked_, request);
         request->parkable_ = false;

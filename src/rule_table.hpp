@@ -212,9 +212,8 @@ class RuleRequest {
   // Kept small: one of these waits in the table for every queued tasklet with a rule.
   const SchedulingRule* rule_ = nullptr;
   std::uint64_t ticket_ = 0;
-  std::uint32_t unclear_ = 0;       // nodes where the request is not clear yet
-  std::uint32_t live_index_ = 0;    // position in RuleTable::live_
-  std::uint32_t custom_index_ = 0;  // position in RuleTable::customs_ (requests with custom parts)
+  std::uint32_t unclear_ = 0;     // nodes where the request is not clear yet
+  std::uint32_t live_index_ = 0;  // position in RuleTable::live_
   std::atomic<Park> park_{Park::none};
   bool parkable_ = false;  // in RuleTable::parked_
   bool held_ = false;
@@ -223,6 +222,10 @@ class RuleRequest {
   bool custom_blocked_ = false;  // a pairwise check against a custom rule says wait
   EntryVector& entries_;
 };
+
+// A tasklet's hold for a mutex rule (this, one entry, the tasklet and its directive) fills a
+// 128-byte block of the scalable allocator; a larger request would take the next size.
+static_assert(sizeof(RuleRequest) <= 48, "RuleRequest grew: memory per queued job (DESIGN section 5)");
 
 template <std::size_t N>
 struct EntryStorage {
@@ -358,6 +361,7 @@ class RuleTable {
   using RequestSet = std::vector<RuleRequest*>;
   static void insert(RequestSet& set, RuleRequest& request, std::uint32_t RuleRequest::*index);
   static void erase(RequestSet& set, RuleRequest& request, std::uint32_t RuleRequest::*index) noexcept;
+  void remove_custom(RuleRequest& request) noexcept;
 
   // Withdraws the waiting requests that collect(std::vector<RuleRequest*>&) lists under the lock.
   template <class Collect>
@@ -408,7 +412,7 @@ class RuleTable {
   std::unordered_map<const SchedulingRule*, ResolvedPath> resolved_;
   std::unordered_map<const SchedulingRule*, std::unique_ptr<RuleNode>> identities_;
   RequestSet live_;                    // every held or waiting request
-  RequestSet customs_;                 // the live requests with custom parts
+  std::vector<RuleRequest*> customs_;  // the live requests with custom parts
   std::vector<RuleRequest*> blocked_;  // waiting requests held back by a custom check, ticket order
   std::vector<RuleRequest*> parked_;   // the parkable requests in the table (one per thread, at most)
 };

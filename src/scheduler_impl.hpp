@@ -49,9 +49,8 @@ struct Scheduler::Impl {
   /// When this thread is a synchronous thread (in run()), the requests of the tasklets with rules
   /// it started and has not entered into the rule table yet go in now, so that a request it makes
   /// next (begin_rule, with, another scheduler's tasklet) comes after them, in program order.
-  static void enter_pending_rules() {
-    if (Impl* sync = detail::state().sync_of; sync != nullptr && !sync->entering_.empty())
-      sync->enter_rule_batch();
+  static void enter_pending_rules(const detail::TaskState& here = detail::state()) {
+    if (Impl* sync = here.sync_of; sync != nullptr && !sync->entering_.empty()) sync->enter_rule_batch();
   }
 
   /// The implicit scheduler of the calling thread runs its sync tasklets inline.

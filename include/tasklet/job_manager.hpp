@@ -101,7 +101,9 @@ class JobManager {
   using ProgressProvider = std::function<std::unique_ptr<ProgressMonitor>(Job&)>;
   void set_progress_provider(ProgressProvider provider);
 
-  /// Held and waiting rule requests, for diagnostics and tests. Thread-safe.
+  /// Held and waiting rule requests, for diagnostics and tests. Thread-safe. A rule a thread has
+  /// ended is not held, even though its request may stay in the table, idle, for that thread's
+  /// next begin_rule of the same rule (anyone else who asks for it gets it at once).
   struct RuleStats {
     std::size_t held = 0;
     std::size_t waiting = 0;
