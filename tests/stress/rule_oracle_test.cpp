@@ -193,13 +193,15 @@ struct Mix {
   int max_phases = 1;
   int sync_async_sync_percent = 0;  // of multi-phase tasklets: exactly sync -> async -> sync
   int no_rule_percent = 10;
-  int park_percent = 0;          // a phase parks with wait and is resumed
-  int resume_done_percent = 0;   // of parks: resumed with done
-  int throw_percent = 0;         // a phase throws
-  int nested_percent = 0;        // a phase nests begin_rule inside the tasklet's rule
-  int worker_begin_percent = 0;  // of no-rule tasklets: an async phase begins a rule (outermost)
-  int threads = 0;               // plain threads using begin_rule / end_rule
-  int thread_iterations = 0;     // times stress_scale()
+  int park_percent = 0;           // a phase parks with wait and is resumed
+  int resume_done_percent = 0;    // of parks: resumed with done
+  int throw_percent = 0;          // a phase throws
+  int nested_percent = 0;         // a phase nests begin_rule inside the tasklet's rule
+  int worker_begin_percent = 0;   // of no-rule tasklets: an async phase begins a rule (outermost)
+  int threads = 0;                // plain threads using begin_rule / end_rule
+  int thread_repeat_percent = 0;  // a thread begins the rule it ended last (parked: resumed or revoked)
+  int thread_gap = 0;             // spin iterations between a thread's rules (while one is parked)
+  int thread_iterations = 0;      // times stress_scale()
   int thread_nested_percent = 50;
 };
 
@@ -305,6 +307,7 @@ class Oracle {
     window_ = mix.window;
     thread_count_ = mix.threads;
     thread_iterations_ = mix.thread_iterations * scale;
+    thread_gap_ = mix.thread_gap;
     plans_.resize(static_cast<std::size_t>(tasklet_count_));
     records_ = std::make_unique<TaskletRecord[]>(static_cast<std::size_t>(tasklet_count_));
     holds_.resize(static_cast<std::size_t>(tasklet_count_ + thread_count_ * thread_iterations_));
@@ -316,7 +319,8 @@ class Oracle {
         Hold& hold = holds_[index];
         hold.kind = Hold::thread;
         hold.owner = t;
-        hold.rule = pool_.random_rule(rng_);
+        hold.rule = j > 0 && percent(rng_) < mix.thread_repeat_percent ? holds_[index - 1].rule
+                                                                       : pool_.random_rule(rng_);
         if (percent(rng_) < mix.thread_nested_percent) {
           thread_nested_[index - static_cast<std::size_t>(tasklet_count_)] = draw_nested(hold.rule);
         }
@@ -372,6 +376,7 @@ class Oracle {
       } catch (const std::exception& error) {
         note_error("thread " + std::to_string(t) + ": " + error.what());
       }
+      spin(thread_gap_);
     }
   }
 
@@ -709,6 +714,7 @@ class Oracle {
   int window_ = 0;
   int thread_count_ = 0;
   int thread_iterations_ = 0;
+  int thread_gap_ = 0;
   std::vector<Plan> plans_;
   std::vector<Hold> holds_;  // tasklets in schedule order, then each thread's iterations
   std::vector<std::vector<Rule>> thread_nested_;
@@ -863,6 +869,19 @@ TEST_P(RuleOracleTest, ThreadsWithBeginRule) {
   mix.max_phases = 3;
   mix.threads = 3;
   mix.thread_iterations = 200;
+  run_mix(mix);
+}
+
+// Threads that take the same rule again and again mostly resume their parked requests, and the
+// tasklets and other threads that want those rules revoke them, or wait for a real release.
+TEST_P(RuleOracleTest, ThreadsRepeatingTheirRules) {
+  Mix mix;
+  mix.min_phases = 1;
+  mix.max_phases = 2;
+  mix.threads = 4;
+  mix.thread_iterations = 400;
+  mix.thread_repeat_percent = 85;
+  mix.thread_gap = 20000;
   run_mix(mix);
 }
 
