@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cassert>
 #include <thread>
 #include <utility>
@@ -145,12 +146,19 @@ RuleNode& RuleTable::path_node(RuleNode& from, std::string_view segment) {
   return made;
 }
 
+// The last node found is remembered: requests for one mutex rule tend to come in runs. Nodes move
+// only when freed, and freeing one advances node_generation_.
 RuleNode& RuleTable::identity_node(const SchedulingRule& rule) {
+  if (last_identity_.node != nullptr && last_identity_.generation == node_generation_ &&
+      last_identity_.node->identity == &rule) {
+    return *last_identity_.node;
+  }
   std::unique_ptr<RuleNode>& slot = identities_[&rule];
   if (!slot) {
     slot = std::make_unique<RuleNode>();
     slot->identity = &rule;
   }
+  last_identity_ = LastIdentity{slot.get(), node_generation_};
   return *slot;
 }
 
@@ -171,8 +179,7 @@ void RuleTable::add_entry(RuleRequest& request, RuleNode& node, LockMode mode, b
   entry.set(request.ticket_, mode);
 }
 
-void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom, bool merge) {
-  const RuleKey key = atom.key();
+void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom, const RuleKey& key, bool merge) {
   switch (key.kind) {
     case RuleKey::Kind::identity:
       add_entry(request, identity_node(atom), LockMode::x, merge);
@@ -190,7 +197,7 @@ void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom, bool 
     }
     case RuleKey::Kind::multi:
       for (const Rule& child : key.children) {
-        if (child) add_atom(request, *child, true);
+        if (child) add_atom(request, *child, child->key(), true);
       }
       return;
     case RuleKey::Kind::custom:
@@ -243,11 +250,12 @@ bool RuleTable::blocked_by_custom(const RuleRequest& request) const noexcept {
 // `node`. Node-local: a clear waiting entry of an incompatible mode is always older than an entry
 // that is not clear yet (see the header), and so is older than every newcomer.
 bool RuleTable::clear_at(const RuleNode& node, LockMode mode, std::uint64_t ticket) noexcept {
-  if ((node.occupied & incompatible_mask[index_of(mode)]) == 0) return true;  // nothing in the way
-  for (std::size_t other = 0; other < lock_mode_count; ++other) {
-    if (compatible[index_of(mode)][other]) continue;
-    if (node.granted[other] != 0 || node.clear_waiting[other] != 0) return false;
-    if (!node.waiting[other].empty() && node.waiting[other].front_ticket() < ticket) return false;
+  const std::uint8_t incompatible = incompatible_mask[index_of(mode)];
+  if ((node.occupied & incompatible) == 0) return true;  // nothing in the way
+  if ((node.counted & incompatible) != 0) return false;  // granted or clear and older
+  // Only queues of incompatible modes are left: in the way when their front came earlier.
+  for (unsigned left = node.queued & incompatible; left != 0; left &= left - 1) {
+    if (node.waiting[static_cast<std::size_t>(std::countr_zero(left))].front_ticket() < ticket) return false;
   }
   return true;
 }
@@ -267,13 +275,9 @@ void RuleTable::dequeue(RuleEntry& entry) noexcept {
 // Adds the entries of request.rule(), taking a path rule's nodes from resolved_ when they are known.
 void RuleTable::add_rule(RuleRequest& request, const Rule* shared) {
   const SchedulingRule& rule = *request.rule_;
-  if (shared == nullptr || shared->get() != &rule) {
-    add_atom(request, rule, false);
-    return;
-  }
   const RuleKey key = rule.key();
-  if (key.kind != RuleKey::Kind::path) {
-    add_atom(request, rule, false);
+  if (shared == nullptr || shared->get() != &rule || key.kind != RuleKey::Kind::path) {
+    add_atom(request, rule, key, false);
     return;
   }
   const LockMode intent = key.shared ? LockMode::is : LockMode::ix;
@@ -287,7 +291,7 @@ void RuleTable::add_rule(RuleRequest& request, const Rule* shared) {
       add_entry(request, *nodes[i], i + 1 == nodes.size() ? target : intent, false);
     return;
   }
-  add_atom(request, rule, false);
+  add_atom(request, rule, key, false);
   if (found == resolved_.end() && resolved_.size() >= resolved_limit) {
     // Full: forget the rules that died. If that frees little, more live rules are in use than
     // the limit and remembering cannot keep up: start over (O(limit), once per limit/4 rules).
@@ -511,8 +515,8 @@ void RuleTable::grant(RuleRequest& request, Grants& grants) {
 // Takes the entries that have become clear off the fronts of the queues at `node`, granting the
 // requests that are now clear everywhere. Amortised O(1) per entry: an entry is dequeued once.
 void RuleTable::walk(RuleNode& node, Grants& grants) {
-  if (node.queued == 0) return;
-  for (std::size_t mode = 0; mode < lock_mode_count; ++mode) {
+  for (unsigned left = node.queued; left != 0; left &= left - 1) {
+    const auto mode = static_cast<std::size_t>(std::countr_zero(left));
     WaitQueue& queue = node.waiting[mode];
     while (!queue.empty() && clear_at(node, static_cast<LockMode>(mode), queue.front_ticket())) {
       RuleEntry& entry = queue.front();

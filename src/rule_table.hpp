@@ -249,14 +249,16 @@ struct RuleNode {
   std::array<WaitQueue, lock_mode_count> waiting;              // entries not clear yet, ticket order
   std::uint8_t occupied = 0;  // bit per mode: some entry of that mode is granted or waits here
   std::uint8_t queued = 0;    // bit per mode: waiting[mode] is not empty
+  std::uint8_t counted = 0;   // bit per mode: granted[mode] or clear_waiting[mode] is not zero
 
   /// Recomputes the mode's bits after its counts or queue changed.
   void refresh(std::size_t mode) noexcept {
     const auto bit = static_cast<std::uint8_t>(1u << mode);
     const bool is_queued = !waiting[mode].empty();
     queued = static_cast<std::uint8_t>(is_queued ? queued | bit : queued & ~bit);
-    const bool is_occupied = is_queued || granted[mode] != 0 || clear_waiting[mode] != 0;
-    occupied = static_cast<std::uint8_t>(is_occupied ? occupied | bit : occupied & ~bit);
+    const bool is_counted = granted[mode] != 0 || clear_waiting[mode] != 0;
+    counted = static_cast<std::uint8_t>(is_counted ? counted | bit : counted & ~bit);
+    occupied = static_cast<std::uint8_t>(queued | counted);
   }
   // Path trie links (identity nodes have none; they remember their rule instead).
   const SchedulingRule* identity = nullptr;
@@ -366,7 +368,7 @@ class RuleTable {
   // Withdraws the waiting requests that collect(std::vector<RuleRequest*>&) lists under the lock.
   template <class Collect>
   std::size_t withdraw_collected(Collect&& collect);
-  void add_atom(RuleRequest& request, const SchedulingRule& atom, bool merge);
+  void add_atom(RuleRequest& request, const SchedulingRule& atom, const RuleKey& key, bool merge);
   void add_rule(RuleRequest& request, const Rule* shared);
   static void add_entry(RuleRequest& request, RuleNode& node, LockMode mode, bool merge);
   // Out of memory while queueing terminates: a half-queued request would break the table.
@@ -411,6 +413,10 @@ class RuleTable {
   static constexpr std::size_t kept_path_nodes = 16384;
   std::unordered_map<const SchedulingRule*, ResolvedPath> resolved_;
   std::unordered_map<const SchedulingRule*, std::unique_ptr<RuleNode>> identities_;
+  struct LastIdentity {
+    RuleNode* node = nullptr;  // the node identity_node() found last, valid in its generation
+    std::uint64_t generation = 0;
+  } last_identity_;
   RequestSet live_;                    // every held or waiting request
   std::vector<RuleRequest*> customs_;  // the live requests with custom parts
   std::vector<RuleRequest*> blocked_;  // waiting requests held back by a custom check, ticket order
