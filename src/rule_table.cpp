@@ -166,17 +166,16 @@ RuleNode& RuleTable::identity_node(const SchedulingRule& rule) {
 // can meet on a node), which then takes the stronger of the two modes.
 void RuleTable::add_entry(RuleRequest& request, RuleNode& node, LockMode mode, bool merge) {
   if (merge) {
-    for (RuleEntry& entry : request.entries_) {
+    for (RuleEntry& entry : request.entries()) {
       if (entry.node == &node) {
         entry.set_mode(supremum(entry.mode(), mode));
         return;
       }
     }
   }
-  RuleEntry& entry = request.entries_.emplace_back();
-  entry.request = &request;
+  RuleEntry& entry = request.push_entry();
   entry.node = &node;
-  entry.set(request.ticket_, mode);
+  entry.set_mode(mode);
 }
 
 void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom, const RuleKey& key, bool merge) {
@@ -185,7 +184,7 @@ void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom, const
       add_entry(request, identity_node(atom), LockMode::x, merge);
       return;
     case RuleKey::Kind::path: {
-      if (!merge) request.entries_.reserve(key.segments.size() + 1);
+      if (!merge) request.reserve_entries(key.segments.size() + 1);
       RuleNode* node = &root_;
       const LockMode intent = key.shared ? LockMode::is : LockMode::ix;
       for (const std::string& segment : key.segments) {
@@ -260,13 +259,14 @@ bool RuleTable::clear_at(const RuleNode& node, LockMode mode, std::uint64_t tick
   return true;
 }
 
-void RuleTable::enqueue(RuleEntry& entry) noexcept {
+void RuleTable::enqueue(RuleRequest& request, std::size_t index) noexcept {
+  RuleEntry& entry = request.entries_[index];
   const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
-  entry.node->waiting[mode].push_back(entry);
+  entry.node->waiting[mode].push_back(request, entry, request.ticket_, index);
   entry.node->refresh(mode);
 }
 
-void RuleTable::dequeue(RuleEntry& entry) noexcept {
+void RuleTable::dequeue(const RuleEntry& entry) noexcept {
   const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
   entry.node->waiting[mode].erase(entry);
   entry.node->refresh(mode);
@@ -286,7 +286,7 @@ void RuleTable::add_rule(RuleRequest& request, const Rule* shared) {
   if (found != resolved_.end() && found->second.generation == node_generation_ &&
       !found->second.rule.owner_before(*shared) && !shared->owner_before(found->second.rule)) {
     const auto& nodes = found->second.nodes;
-    request.entries_.reserve(nodes.size());
+    request.reserve_entries(nodes.size());
     for (std::size_t i = 0; i < nodes.size(); ++i)
       add_entry(request, *nodes[i], i + 1 == nodes.size() ? target : intent, false);
     return;
@@ -302,14 +302,14 @@ void RuleTable::add_rule(RuleRequest& request, const Rule* shared) {
   remembered.rule = *shared;
   remembered.generation = node_generation_;
   remembered.nodes.clear();
-  for (const RuleEntry& entry : request.entries_) remembered.nodes.push_back(entry.node);
+  for (const RuleEntry& entry : request.entries()) remembered.nodes.push_back(entry.node);
 }
 
 // Decides where each entry of a request that is entering stands (clear or not); returns how many
 // are not clear.
 std::uint32_t RuleTable::mark_clear(RuleRequest& request) noexcept {
   std::uint32_t unclear = 0;
-  for (RuleEntry& entry : request.entries_) {
+  for (RuleEntry& entry : request.entries()) {
     entry.set_clear(clear_at(*entry.node, entry.mode(), request.ticket_));
     if (!entry.clear()) ++unclear;
   }
@@ -325,10 +325,10 @@ bool RuleTable::enter(RuleRequest& request, EntryCache* cache, const Rule* share
     request.ticket_ = ++next_ticket_;
     request.held_ = false;
     if (cache != nullptr && cache->same_rule && cache->table == id_ &&
-        cache->generation == node_generation_ && !request.entries_.empty()) {
-      for (RuleEntry& entry : request.entries_) entry.set(request.ticket_, entry.mode());
+        cache->generation == node_generation_ && request.entry_count_ != 0) {
+      // The entries found last time stand (the ticket is the request's, not theirs).
     } else {
-      request.entries_.clear();
+      request.clear_entries();
       request.has_custom_ = false;
       add_rule(request, shared);
       if (cache != nullptr) *cache = EntryCache{id_, node_generation_, false};
@@ -353,7 +353,7 @@ bool RuleTable::enter(RuleRequest& request, EntryCache* cache, const Rule* share
     if (request.parkable_) parked_.push_back(&request);
 
     if (unclear == 0 && !custom_blocked) {
-      for (RuleEntry& entry : request.entries_) {
+      for (RuleEntry& entry : request.entries()) {
         const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
         ++entry.node->granted[mode];
         entry.node->refresh(mode);
@@ -364,13 +364,14 @@ bool RuleTable::enter(RuleRequest& request, EntryCache* cache, const Rule* share
     } else {
       request.unclear_ = unclear;
       request.custom_blocked_ = custom_blocked;
-      for (RuleEntry& entry : request.entries_) {
+      for (std::size_t index = 0; index < request.entry_count_; ++index) {
+        RuleEntry& entry = request.entries_[index];
         if (entry.clear()) {
           const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
           ++entry.node->clear_waiting[mode];
           entry.node->refresh(mode);
         } else {
-          enqueue(entry);
+          enqueue(request, index);
         }
       }
       if (custom_blocked) blocked_.push_back(&request);
@@ -410,8 +411,8 @@ void RuleTable::acquire_all(std::span<const Entering> requests, bool* granted) {
 
 // Whether two requests without custom parts conflict: incompatible modes on a shared node.
 bool RuleTable::conflicting(const RuleRequest& a, const RuleRequest& b) noexcept {
-  for (const RuleEntry& mine : a.entries_) {
-    for (const RuleEntry& theirs : b.entries_) {
+  for (const RuleEntry& mine : a.entries()) {
+    for (const RuleEntry& theirs : b.entries()) {
       if (mine.node == theirs.node && !compatible[index_of(mine.mode())][index_of(theirs.mode())])
         return true;
     }
@@ -499,7 +500,7 @@ std::size_t RuleTable::parked_idle() const noexcept {
 // Granting
 
 void RuleTable::grant(RuleRequest& request, Grants& grants) {
-  for (RuleEntry& entry : request.entries_) {
+  for (RuleEntry& entry : request.entries()) {
     const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
     RuleNode& node = *entry.node;
     assert(entry.clear() && node.clear_waiting[mode] != 0);
@@ -519,16 +520,15 @@ void RuleTable::walk(RuleNode& node, Grants& grants) {
     const auto mode = static_cast<std::size_t>(std::countr_zero(left));
     WaitQueue& queue = node.waiting[mode];
     while (!queue.empty() && clear_at(node, static_cast<LockMode>(mode), queue.front_ticket())) {
-      RuleEntry& entry = queue.front();
-      // Those behind are likely let through too: start fetching their entries and requests (cold,
-      // at large queue lengths) a few places ahead.
-      if (const RuleEntry* far = queue.peek(6)) __builtin_prefetch(far);
-      if (const RuleEntry* near = queue.peek(3)) __builtin_prefetch(near->request);
+      RuleRequest& request = queue.front_request();
+      RuleEntry& entry = request.entry_at(queue.front_hint(), node);
+      // Those behind are likely let through too: start fetching their requests (cold, at large
+      // queue lengths, and holding their entries) a few places ahead.
+      if (const RuleRequest* next = queue.peek(4)) __builtin_prefetch(next);
       queue.pop_front();
       entry.set_clear(true);
       ++node.clear_waiting[mode];
       node.refresh(mode);
-      RuleRequest& request = *entry.request;
       if (--request.unclear_ == 0 && !request.custom_blocked_) grant(request, grants);
     }
   }
@@ -568,7 +568,7 @@ void RuleTable::prune(RuleNode& node) {
 }
 
 void RuleTable::unlink_waiting(RuleRequest& request) noexcept {
-  for (RuleEntry& entry : request.entries_) {
+  for (RuleEntry& entry : request.entries()) {
     if (entry.clear()) {
       const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
       --entry.node->clear_waiting[mode];
@@ -582,7 +582,7 @@ void RuleTable::unlink_waiting(RuleRequest& request) noexcept {
 
 void RuleTable::leave(RuleRequest& request, Grants& grants) {
   if (request.held_) {
-    for (RuleEntry& entry : request.entries_) {
+    for (RuleEntry& entry : request.entries()) {
       const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
       --entry.node->granted[mode];
       entry.node->refresh(mode);
@@ -606,12 +606,12 @@ void RuleTable::leave(RuleRequest& request, Grants& grants) {
   request.held_ = false;
   request.custom_blocked_ = false;
 
-  for (RuleEntry& entry : request.entries_) walk(*entry.node, grants);
+  for (RuleEntry& entry : request.entries()) walk(*entry.node, grants);
   if (!blocked_.empty()) recheck_custom_blocked(grants);
-  // Children come after their parents in entries_, so pruning backwards frees leaves first. The
+  // Children come after their parents in the entries, so pruning backwards frees leaves first. The
   // entries stay with the request, for an EntryCache to reuse; the next acquire rebuilds them.
   if (path_nodes_ > kept_path_nodes || identities_.size() > kept_identity_nodes) {
-    for (auto entry = request.entries_.rbegin(); entry != request.entries_.rend(); ++entry)
+    for (auto entry = request.entries().rbegin(); entry != request.entries().rend(); ++entry)
       prune(*entry->node);
   }
 }
@@ -661,10 +661,10 @@ void RuleTable::cancel_all_waiting() {
       }
       request->in_table_ = false;
       request->custom_blocked_ = false;
-      for (auto entry = request->entries_.rbegin(); entry != request->entries_.rend(); ++entry) {
+      for (auto entry = request->entries().rbegin(); entry != request->entries().rend(); ++entry) {
         prune(*entry->node);
       }
-      request->entries_.clear();
+      request->clear_entries();
     }
   }
   for (RuleRequest* request : cancelled) request->cancelled();
@@ -672,7 +672,7 @@ void RuleTable::cancel_all_waiting() {
 
 bool RuleTable::has_conflicting_waiter(const RuleRequest& held) const {
   std::lock_guard lock(mutex_);
-  for (const RuleEntry& entry : held.entries_) {
+  for (const RuleEntry& entry : held.entries()) {
     for (std::size_t mode = 0; mode < lock_mode_count; ++mode) {
       if (!compatible[index_of(entry.mode())][mode] &&
           (!entry.node->waiting[mode].empty() || entry.node->clear_waiting[mode] != 0)) {

@@ -36,6 +36,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -97,67 +98,66 @@ enum class Park : std::uint8_t {
   orphaned,  // parked, and its owner gave it up: the table deletes it when it takes it out
 };
 
-/// One (node, mode) pair of a request; queued at its node while the request waits.
+/// One (node, mode) pair of a request; queued at its node while the request waits. Its request is
+/// the one whose entries hold it: a queue slot names the request, and the walk knows the node.
 struct RuleEntry {
-  RuleRequest* request = nullptr;
   RuleNode* node = nullptr;
-  std::uint64_t position = 0;  // in its node's WaitQueue, while queued there
+  std::uint32_t position = 0;  // in its node's WaitQueue, while queued there (modulo 2^32)
+  LockMode lock_mode = LockMode::x;
+  bool is_clear = false;
 
-  /// The request's ticket, kept here so that reading a queue's front touches one entry only.
-  std::uint64_t ticket() const noexcept { return word_ >> 8; }
-  LockMode mode() const noexcept { return static_cast<LockMode>((word_ >> 1) & 7u); }
-  bool clear() const noexcept { return (word_ & 1u) != 0; }
-  void set(std::uint64_t ticket, LockMode mode) noexcept {
-    word_ = ticket << 8 | static_cast<std::uint64_t>(mode) << 1;
-  }
-  void set_mode(LockMode mode) noexcept { set(ticket(), mode); }
-  void set_clear(bool clear) noexcept { word_ = (word_ & ~std::uint64_t{1}) | (clear ? 1u : 0u); }
-
- private:
-  std::uint64_t word_ = 0;  // ticket (56 bits: centuries of requests), mode (3 bits), clear (1 bit)
+  LockMode mode() const noexcept { return lock_mode; }
+  void set_mode(LockMode mode) noexcept { lock_mode = mode; }
+  bool clear() const noexcept { return is_clear; }
+  void set_clear(bool clear) noexcept { is_clear = clear; }
 };
+static_assert(sizeof(RuleEntry) == 16, "RuleEntry grew: memory per queued job (DESIGN section 5)");
 
 /// The entries of one mode at one node that are not clear yet, in ticket order. A vector of
-/// (ticket, entry) slots read from the front: a walk reads the tickets it compares from contiguous
-/// memory and can fetch the entries ahead, where a linked list would take a cache miss per link.
-/// A withdrawn entry leaves a hole, skipped when it reaches the front; the consumed prefix is
-/// dropped once it is half of the vector (amortised O(1)).
+/// (ticket, request) slots read from the front: a walk reads the tickets it compares from
+/// contiguous memory and can fetch the requests ahead, where a linked list would take a cache miss
+/// per link. A withdrawn entry leaves a hole, skipped when it reaches the front; the consumed
+/// prefix is dropped once it is half of the vector (amortised O(1)).
 class WaitQueue {
  public:
   bool empty() const noexcept { return live_ == 0; }
-  RuleEntry& front() const noexcept { return *slots_[head_].entry; }
-  std::uint64_t front_ticket() const noexcept { return slots_[head_].ticket; }
-  /// The entry `ahead` places behind the front (holes included), or null.
-  const RuleEntry* peek(std::size_t ahead) const noexcept {
+  std::uint64_t front_ticket() const noexcept { return slots_[head_].key >> 8; }
+  RuleRequest& front_request() const noexcept { return *slots_[head_].request; }
+  /// Where the front's entry is among its request's entries (a hint: see RuleRequest::entry_at).
+  std::size_t front_hint() const noexcept { return static_cast<std::size_t>(slots_[head_].key & 0xffu); }
+  /// The request `ahead` places behind the front (holes included), or null.
+  const RuleRequest* peek(std::size_t ahead) const noexcept {
     const std::size_t at = head_ + ahead;
-    return at < slots_.size() ? slots_[at].entry : nullptr;
+    return at < slots_.size() ? slots_[at].request : nullptr;
   }
-  void push_back(RuleEntry& entry) {
-    entry.position = base_ + slots_.size();
-    slots_.push_back(Slot{entry.ticket(), &entry});
+  /// Queues `entry`, the index-th entry of `request`, whose ticket is `ticket`.
+  void push_back(RuleRequest& request, RuleEntry& entry, std::uint64_t ticket, std::size_t index) {
+    entry.position = static_cast<std::uint32_t>(base_ + slots_.size());
+    slots_.push_back(Slot{ticket << 8 | std::min<std::uint64_t>(index, 0xff), &request});
     ++live_;
   }
   void pop_front() noexcept {
-    slots_[head_].entry = nullptr;
+    slots_[head_].request = nullptr;
     --live_;
     skip_holes();
   }
-  void erase(RuleEntry& entry) noexcept {
-    slots_[static_cast<std::size_t>(entry.position - base_)].entry = nullptr;
+  void erase(const RuleEntry& entry) noexcept {
+    // Positions wrap at 2^32; a queue never holds that many slots, so the difference is exact.
+    slots_[static_cast<std::uint32_t>(entry.position - static_cast<std::uint32_t>(base_))].request = nullptr;
     --live_;
     skip_holes();
   }
   template <class F>
   void for_each(F&& fn) const {
     for (std::size_t at = head_; at < slots_.size(); ++at) {
-      if (slots_[at].entry != nullptr) fn(*slots_[at].entry);
+      if (slots_[at].request != nullptr) fn(*slots_[at].request);
     }
   }
 
  private:
   struct Slot {
-    std::uint64_t ticket;
-    RuleEntry* entry;  // null: withdrawn or taken
+    std::uint64_t key;      // the request's ticket (56 bits: centuries of requests), then the hint
+    RuleRequest* request;   // null: withdrawn or taken
   };
   void skip_holes() noexcept {
     if (live_ == 0) {
@@ -166,7 +166,7 @@ class WaitQueue {
       head_ = 0;
       return;
     }
-    while (slots_[head_].entry == nullptr) ++head_;
+    while (slots_[head_].request == nullptr) ++head_;
     if (head_ >= 64 && head_ * 2 >= slots_.size()) {
       // Drop the consumed prefix; the entries left keep their positions relative to base_.
       slots_.erase(slots_.begin(), slots_.begin() + static_cast<std::ptrdiff_t>(head_));
@@ -181,17 +181,14 @@ class WaitQueue {
   std::uint32_t live_ = 0;
 };
 
-/// Where a request keeps its entries: in place up to the capacity its owner chose, else on the heap.
-using EntryVector = boost::container::small_vector_base<RuleEntry, Allocator<RuleEntry>>;
-
 /// A holder or would-be holder of a rule. Subclasses learn of a grant that had to wait through
 /// granted(), and of a cancellation by the table's owner through cancelled(); both are called once,
 /// outside the table's lock, and the table does not touch the request afterwards.
 class RuleRequest {
  public:
-  /// `entries` is storage of the subclass (see InlineRuleRequest), kept next to the request so that
-  /// granting it touches one block of memory.
-  explicit RuleRequest(EntryVector& entries) noexcept : entries_(entries) {}
+  /// `room` entries at `entries` are storage of the subclass (see InlineRuleRequest), kept next to
+  /// the request so that granting it touches one block of memory; more go to the heap.
+  RuleRequest(RuleEntry* entries, std::uint8_t room) noexcept : entries_(entries), entry_room_(room) {}
   RuleRequest(const RuleRequest&) = delete;
   RuleRequest& operator=(const RuleRequest&) = delete;
 
@@ -200,7 +197,9 @@ class RuleRequest {
   void set_rule(const SchedulingRule* rule) noexcept { rule_ = rule; }
   bool is_held() const noexcept { return held_; }
 
-  virtual ~RuleRequest() = default;
+  virtual ~RuleRequest() {
+    if (entry_heap_log_ != 0) deallocate_bytes(entries_);
+  }
   virtual void granted() noexcept = 0;
   virtual void cancelled() noexcept = 0;
   /// Who asked (a tasklet, for instance), so that its request can be found and withdrawn.
@@ -209,27 +208,62 @@ class RuleRequest {
  private:
   friend class RuleTable;
 
+  std::span<RuleEntry> entries() noexcept { return {entries_, entry_count_}; }
+  std::span<const RuleEntry> entries() const noexcept { return {entries_, entry_count_}; }
+  std::size_t entry_capacity() const noexcept {
+    return entry_heap_log_ != 0 ? std::size_t{1} << entry_heap_log_ : entry_room_;
+  }
+  void reserve_entries(std::size_t count) {
+    if (count <= entry_capacity()) return;
+    const std::size_t capacity = std::bit_ceil(count);
+    auto* moved = static_cast<RuleEntry*>(allocate_bytes(capacity * sizeof(RuleEntry)));
+    std::copy_n(entries_, entry_count_, moved);
+    if (entry_heap_log_ != 0) deallocate_bytes(entries_);
+    entries_ = moved;
+    entry_heap_log_ = static_cast<std::uint8_t>(std::countr_zero(capacity));
+  }
+  RuleEntry& push_entry() {
+    reserve_entries(entry_count_ + std::size_t{1});
+    RuleEntry& entry = entries_[entry_count_++];
+    entry = RuleEntry{};
+    return entry;
+  }
+  void clear_entries() noexcept { entry_count_ = 0; }
+  /// The entry at `node` of a queue slot's request (a request has one entry per node); `hint` is
+  /// its index, or 255 for "255 or more".
+  RuleEntry& entry_at(std::size_t hint, const RuleNode& node) noexcept {
+    if (hint < 0xff) return entries_[hint];
+    std::size_t at = hint;
+    while (entries_[at].node != &node) ++at;
+    return entries_[at];
+  }
+
   // Kept small: one of these waits in the table for every queued tasklet with a rule.
   const SchedulingRule* rule_ = nullptr;
   std::uint64_t ticket_ = 0;
+  RuleEntry* entries_;            // the subclass's room, or the heap
+  std::uint32_t entry_count_ = 0;
   std::uint32_t unclear_ = 0;     // nodes where the request is not clear yet
   std::uint32_t live_index_ = 0;  // position in RuleTable::live_
   std::atomic<Park> park_{Park::none};
-  bool parkable_ = false;  // in RuleTable::parked_
-  bool held_ = false;
-  bool in_table_ = false;
-  bool has_custom_ = false;      // some atom has no index: pairwise checks
-  bool custom_blocked_ = false;  // a pairwise check against a custom rule says wait
-  EntryVector& entries_;
+  std::uint8_t entry_room_;          // entries in place
+  std::uint8_t entry_heap_log_ = 0;  // log2 of the heap block's capacity; 0: in place
+  // Read and written only under the table's lock.
+  bool parkable_ : 1 = false;        // in RuleTable::parked_
+  bool held_ : 1 = false;
+  bool in_table_ : 1 = false;
+  bool has_custom_ : 1 = false;      // some atom has no index: pairwise checks
+  bool custom_blocked_ : 1 = false;  // a pairwise check against a custom rule says wait
 };
 
 // A tasklet's hold for a mutex rule (this, one entry, the tasklet and its directive) fills a
-// 128-byte block of the scalable allocator; a larger request would take the next size.
+// 96-byte block of the scalable allocator; a larger request would take the next size.
 static_assert(sizeof(RuleRequest) <= 48, "RuleRequest grew: memory per queued job (DESIGN section 5)");
 
 template <std::size_t N>
 struct EntryStorage {
-  boost::container::small_vector<RuleEntry, N, Allocator<RuleEntry>> entries;
+  static_assert(N >= 1 && N < 0xff);
+  std::array<RuleEntry, N> room;
 };
 
 /// A RuleRequest with room for N entries in place: a mutex rule takes 1, a path rule of depth d
@@ -237,7 +271,7 @@ struct EntryStorage {
 template <std::size_t N>
 class InlineRuleRequest : private EntryStorage<N>, public RuleRequest {
  protected:
-  InlineRuleRequest() noexcept : RuleRequest(this->entries) {}
+  InlineRuleRequest() noexcept : RuleRequest(this->room.data(), static_cast<std::uint8_t>(N)) {}
 };
 
 /// How many entries a request for `rule` takes, at most (a guide for choosing N above).
@@ -372,8 +406,8 @@ class RuleTable {
   void add_rule(RuleRequest& request, const Rule* shared);
   static void add_entry(RuleRequest& request, RuleNode& node, LockMode mode, bool merge);
   // Out of memory while queueing terminates: a half-queued request would break the table.
-  static void enqueue(RuleEntry& entry) noexcept;
-  static void dequeue(RuleEntry& entry) noexcept;
+  static void enqueue(RuleRequest& request, std::size_t index) noexcept;
+  static void dequeue(const RuleEntry& entry) noexcept;
   RuleNode& path_node(RuleNode& from, std::string_view segment);
   RuleNode& identity_node(const SchedulingRule& rule);
   static bool conflicts_pairwise(const RuleRequest& a, const RuleRequest& b) noexcept;
@@ -461,7 +495,7 @@ std::size_t RuleTable::withdraw_waiting(const SchedulingRule& rule, Predicate&& 
       // A request for exactly this rule has one entry, queued there unless it is clear, and a
       // clear one waits only when a custom rule holds it back.
       for (const WaitQueue& queue : identity->second->waiting) {
-        queue.for_each([&](const RuleEntry& entry) { consider(*entry.request); });
+        queue.for_each([&](RuleRequest& request) { consider(request); });
       }
       for (RuleRequest* request : blocked_) {
         if (request->unclear_ == 0) consider(*request);
