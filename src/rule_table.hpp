@@ -205,6 +205,13 @@ class RuleRequest {
   /// Who asked (a tasklet, for instance), so that its request can be found and withdrawn.
   virtual const void* owner() const noexcept { return nullptr; }
 
+ protected:
+  /// Three bits of the subclass's own, kept in a byte the request has spare: set them before the
+  /// request enters the table and read them once it was granted or cancelled (they share the byte
+  /// with flags the table writes under its lock meanwhile).
+  std::uint8_t own_bits() const noexcept { return own_bits_; }
+  void set_own_bits(std::uint8_t bits) noexcept { own_bits_ = bits & 7u; }
+
  private:
   friend class RuleTable;
 
@@ -254,10 +261,11 @@ class RuleRequest {
   bool in_table_ : 1 = false;
   bool has_custom_ : 1 = false;      // some atom has no index: pairwise checks
   bool custom_blocked_ : 1 = false;  // a pairwise check against a custom rule says wait
+  std::uint8_t own_bits_ : 3 = 0;    // the subclass's (own_bits())
 };
 
-// A tasklet's hold for a mutex rule (this, one entry, the tasklet and its directive) fills a
-// 96-byte block of the scalable allocator; a larger request would take the next size.
+// A tasklet's hold for a mutex rule (this, one entry and the tasklet, its directive in own_bits())
+// fills an 80-byte block of the scalable allocator; a larger request would take the next size.
 static_assert(sizeof(RuleRequest) <= 48, "RuleRequest grew: memory per queued job (DESIGN section 5)");
 
 template <std::size_t N>

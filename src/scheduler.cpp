@@ -243,15 +243,19 @@ thread_local Scheduler::Impl::Delivery* Scheduler::Impl::Delivery::innermost = n
 
 template <std::size_t N>
 struct Scheduler::Impl::TaskletHold final : detail::InlineRuleRequest<N>, detail::PooledObject {
-  TaskletHold(TaskletPtr waiting, Directive first) : tasklet(std::move(waiting)), pending(first) {
+  TaskletHold(TaskletPtr waiting, Directive first) : tasklet(std::move(waiting)) {
     this->set_rule(tasklet->rule().get());  // the tasklet's rule cannot change while it is active
+    static_assert(static_cast<int>(Directive::done) < 8, "the first directive is kept in 3 bits");
+    this->set_own_bits(static_cast<std::uint8_t>(first));
   }
+  // The directive it was started with, for its first phase.
+  Directive pending() const noexcept { return static_cast<Directive>(this->own_bits()); }
   const void* owner() const noexcept override { return tasklet.get(); }
   Impl& scheduler() const noexcept { return TaskletAccess::scheduler(*tasklet)->impl(); }
   void granted() noexcept override {
     Impl& impl = scheduler();
     const Delivery delivery(impl);
-    impl.dispatch(std::move(tasklet), pending);
+    impl.dispatch(std::move(tasklet), pending());
   }
   void cancelled() noexcept override {
     Impl& impl = scheduler();
@@ -263,7 +267,6 @@ struct Scheduler::Impl::TaskletHold final : detail::InlineRuleRequest<N>, detail
   }
 
   TaskletPtr tasklet;
-  Directive pending;
 };
 
 // ---------------------------------------------------------------------------------------------
