@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -144,6 +145,45 @@ TEST_F(RuleTableTest, MultiRuleWaitsUntilEveryPartIsFree) {
   table_.release(b);
   EXPECT_EQ(both.grants, 1);
   table_.release(both);
+}
+
+// A request keeps a few entries in place and the rest in one heap block; a queue slot finds an
+// entry past the 255th by its node. Hundreds of parts wait, become clear one by one, and are
+// withdrawn or granted once.
+TEST_F(RuleTableTest, AMultiRuleOfHundredsOfPartsWaitsAtEachAndIsGrantedOnce) {
+  std::vector<Rule> parts;
+  for (int i = 0; i < 300; ++i) parts.push_back(rules::mutex("part " + std::to_string(i)));
+  const Rule all_parts = rules::combine(std::span<const Rule>(parts));
+  Probe first(parts.front()), last(parts.back()), middle(parts[260]);
+  Probe withdrawn(all_parts), granted(all_parts), behind_last(parts.back()), behind_middle(parts[260]);
+  EXPECT_TRUE(table_.acquire(first));
+  EXPECT_TRUE(table_.acquire(last));
+  EXPECT_TRUE(table_.acquire(middle));
+  EXPECT_FALSE(table_.acquire(withdrawn));  // queued at parts 0, 260 and 299
+  EXPECT_FALSE(table_.acquire(behind_last));
+  EXPECT_FALSE(table_.acquire(behind_middle));
+  table_.release(last);    // `withdrawn` is clear at part 299 (its 300th entry)
+  table_.release(middle);  // and at part 260, not yet at part 0
+  EXPECT_EQ(behind_last.grants + behind_middle.grants, 0);  // it came first
+  EXPECT_TRUE(table_.withdraw(withdrawn));
+  EXPECT_EQ(behind_last.grants, 1);
+  EXPECT_EQ(behind_middle.grants, 1);
+
+  EXPECT_FALSE(table_.acquire(granted));  // queued at parts 0, 260 and 299 again
+  table_.release(behind_last);
+  table_.release(behind_middle);
+  EXPECT_EQ(granted.grants, 0);
+  table_.release(first);
+  EXPECT_EQ(granted.grants, 1);
+  EXPECT_EQ(withdrawn.grants + withdrawn.cancels, 0);
+  table_.release(granted);
+  // Every node's counts came back to nothing: each part is free again.
+  std::vector<std::unique_ptr<Probe>> again;
+  for (const Rule& part : parts) {
+    again.push_back(std::make_unique<Probe>(part));
+    EXPECT_TRUE(table_.acquire(*again.back())) << part->to_string();
+  }
+  for (auto& probe : again) table_.release(*probe);
 }
 
 TEST_F(RuleTableTest, CustomRulesAreCheckedPairwiseInBothDirections) {
