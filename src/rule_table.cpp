@@ -254,7 +254,7 @@ bool RuleTable::clear_at(const RuleNode& node, LockMode mode, std::uint64_t tick
   if ((node.counted & incompatible) != 0) return false;  // granted or clear and older
   // Only queues of incompatible modes are left: in the way when their front came earlier.
   for (unsigned left = node.queued & incompatible; left != 0; left &= left - 1) {
-    if (node.waiting[static_cast<std::size_t>(std::countr_zero(left))].front_ticket() < ticket) return false;
+    if (node.waiting(static_cast<std::size_t>(std::countr_zero(left))).front_ticket() < ticket) return false;
   }
   return true;
 }
@@ -262,13 +262,14 @@ bool RuleTable::clear_at(const RuleNode& node, LockMode mode, std::uint64_t tick
 void RuleTable::enqueue(RuleRequest& request, std::size_t index) noexcept {
   RuleEntry& entry = request.entries_[index];
   const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
-  entry.node->waiting[mode].push_back(request, entry, request.ticket_, index);
+  entry.node->make_queues();
+  entry.node->waiting(mode).push_back(request, entry, request.ticket_, index);
   entry.node->refresh(mode);
 }
 
 void RuleTable::dequeue(const RuleEntry& entry) noexcept {
   const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
-  entry.node->waiting[mode].erase(entry);
+  entry.node->waiting(mode).erase(entry);
   entry.node->refresh(mode);
 }
 
@@ -518,7 +519,7 @@ void RuleTable::grant(RuleRequest& request, Grants& grants) {
 void RuleTable::walk(RuleNode& node, Grants& grants) {
   for (unsigned left = node.queued; left != 0; left &= left - 1) {
     const auto mode = static_cast<std::size_t>(std::countr_zero(left));
-    WaitQueue& queue = node.waiting[mode];
+    WaitQueue& queue = node.waiting(mode);
     while (!queue.empty() && clear_at(node, static_cast<LockMode>(mode), queue.front_ticket())) {
       RuleRequest& request = queue.front_request();
       RuleEntry& entry = request.entry_at(queue.front_hint(), node);
@@ -673,9 +674,10 @@ void RuleTable::cancel_all_waiting() {
 bool RuleTable::has_conflicting_waiter(const RuleRequest& held) const {
   std::lock_guard lock(mutex_);
   for (const RuleEntry& entry : held.entries()) {
+    const RuleNode& node = *entry.node;
     for (std::size_t mode = 0; mode < lock_mode_count; ++mode) {
       if (!compatible[index_of(entry.mode())][mode] &&
-          (!entry.node->waiting[mode].empty() || entry.node->clear_waiting[mode] != 0)) {
+          ((node.queued & (1u << mode)) != 0 || node.clear_waiting[mode] != 0)) {
         return true;
       }
     }

@@ -288,15 +288,22 @@ std::size_t entry_count_hint(const SchedulingRule& rule) noexcept;
 struct RuleNode {
   std::array<std::uint32_t, lock_mode_count> granted{};
   std::array<std::uint32_t, lock_mode_count> clear_waiting{};  // clear entries of waiting requests
-  std::array<WaitQueue, lock_mode_count> waiting;              // entries not clear yet, ticket order
   std::uint8_t occupied = 0;  // bit per mode: some entry of that mode is granted or waits here
-  std::uint8_t queued = 0;    // bit per mode: waiting[mode] is not empty
+  std::uint8_t queued = 0;    // bit per mode: waiting(mode) is not empty
   std::uint8_t counted = 0;   // bit per mode: granted[mode] or clear_waiting[mode] is not zero
+
+  /// The entries of `mode` that are not clear yet, in ticket order. Only once some entry has
+  /// waited here (see make_queues): most nodes never queue anything, and are kept small.
+  WaitQueue& waiting(std::size_t mode) const noexcept { return (*queues_)[mode]; }
+  bool has_queues() const noexcept { return queues_ != nullptr; }
+  void make_queues() {
+    if (queues_ == nullptr) queues_ = std::make_unique<std::array<WaitQueue, lock_mode_count>>();
+  }
 
   /// Recomputes the mode's bits after its counts or queue changed.
   void refresh(std::size_t mode) noexcept {
     const auto bit = static_cast<std::uint8_t>(1u << mode);
-    const bool is_queued = !waiting[mode].empty();
+    const bool is_queued = queues_ != nullptr && !waiting(mode).empty();
     queued = static_cast<std::uint8_t>(is_queued ? queued | bit : queued & ~bit);
     const bool is_counted = granted[mode] != 0 || clear_waiting[mode] != 0;
     counted = static_cast<std::uint8_t>(is_counted ? counted | bit : counted & ~bit);
@@ -309,6 +316,9 @@ struct RuleNode {
   boost::container::flat_map<std::string, std::unique_ptr<RuleNode>, std::less<>> children;
 
   bool is_unused() const noexcept;
+
+ private:
+  std::unique_ptr<std::array<WaitQueue, lock_mode_count>> queues_;
 };
 
 /// A request's resolved entries kept between acquisitions (for a thread's recycled begin_rule
@@ -502,8 +512,11 @@ std::size_t RuleTable::withdraw_waiting(const SchedulingRule& rule, Predicate&& 
     if (identity != identities_.end()) {
       // A request for exactly this rule has one entry, queued there unless it is clear, and a
       // clear one waits only when a custom rule holds it back.
-      for (const WaitQueue& queue : identity->second->waiting) {
-        queue.for_each([&](RuleRequest& request) { consider(request); });
+      const RuleNode& node = *identity->second;
+      for (unsigned left = node.queued; left != 0; left &= left - 1) {
+        node.waiting(static_cast<std::size_t>(std::countr_zero(left))).for_each([&](RuleRequest& request) {
+          consider(request);
+        });
       }
       for (RuleRequest* request : blocked_) {
         if (request->unclear_ == 0) consider(*request);
