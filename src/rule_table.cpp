@@ -4,6 +4,7 @@
 #include <atomic>
 #include <bit>
 #include <cassert>
+#include <new>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -146,19 +147,35 @@ RuleNode& RuleTable::path_node(RuleNode& from, std::string_view segment) {
   return made;
 }
 
-// The last node found is remembered: requests for one mutex rule tend to come in runs. Nodes move
-// only when freed, and freeing one advances node_generation_.
-RuleNode& RuleTable::identity_node(const SchedulingRule& rule) {
-  if (last_identity_.node != nullptr && last_identity_.generation == node_generation_ &&
-      last_identity_.node->identity == &rule) {
-    return *last_identity_.node;
+// The note this table keeps on `rule` (made, with room for `room` nodes, when the rule has none
+// yet), or null when another table made the rule's note.
+RuleNote* RuleTable::note_on(const SchedulingRule& rule, std::size_t room) {
+  RuleNote* note = rule.note_.load(std::memory_order_acquire);
+  if (note == nullptr) {
+    void* block = ::operator new(sizeof(RuleNote) + room * sizeof(RuleNode*));
+    auto* made = ::new (block) RuleNote{id_, 0, 0, static_cast<std::uint32_t>(room)};
+    if (rule.note_.compare_exchange_strong(note, made, std::memory_order_acq_rel, std::memory_order_acquire))
+      return made;
+    ::operator delete(block);  // another table was first: `note` is its note
   }
+  return note->table == id_ ? note : nullptr;
+}
+
+// A rule's node is in its note while no node was freed since it was noted (nodes move only when
+// freed, and freeing one advances node_generation_).
+RuleNode& RuleTable::identity_node(const SchedulingRule& rule) {
+  RuleNote* note = note_on(rule, 1);
+  if (note != nullptr && note->count == 1 && note->generation == node_generation_) return *note->nodes()[0];
   std::unique_ptr<RuleNode>& slot = identities_[&rule];
   if (!slot) {
     slot = std::make_unique<RuleNode>();
     slot->identity = &rule;
   }
-  last_identity_ = LastIdentity{slot.get(), node_generation_};
+  if (note != nullptr) {
+    note->nodes()[0] = slot.get();
+    note->count = 1;
+    note->generation = node_generation_;
+  }
   return *slot;
 }
 
@@ -184,14 +201,29 @@ void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom, const
       add_entry(request, identity_node(atom), LockMode::x, merge);
       return;
     case RuleKey::Kind::path: {
-      if (!merge) request.reserve_entries(key.segments.size() + 1);
-      RuleNode* node = &root_;
+      const std::size_t count = key.segments.size() + 1;
+      if (!merge) request.reserve_entries(count);
       const LockMode intent = key.shared ? LockMode::is : LockMode::ix;
+      const LockMode target = key.shared ? LockMode::s : LockMode::x;
+      RuleNote* note = note_on(atom, count);
+      if (note != nullptr && note->count == count && note->generation == node_generation_) {
+        for (std::size_t i = 0; i < count; ++i)
+          add_entry(request, *note->nodes()[i], i + 1 == count ? target : intent, merge);
+        return;
+      }
+      RuleNode* node = &root_;
+      std::size_t depth = 0;
       for (const std::string& segment : key.segments) {
         add_entry(request, *node, intent, merge);
+        if (note != nullptr) note->nodes()[depth++] = node;
         node = &path_node(*node, segment);
       }
-      add_entry(request, *node, key.shared ? LockMode::s : LockMode::x, merge);
+      add_entry(request, *node, target, merge);
+      if (note != nullptr) {
+        note->nodes()[depth] = node;
+        note->count = static_cast<std::uint32_t>(count);
+        note->generation = node_generation_;
+      }
       return;
     }
     case RuleKey::Kind::multi:
@@ -273,39 +305,6 @@ void RuleTable::dequeue(const RuleEntry& entry) noexcept {
   entry.node->refresh(mode);
 }
 
-// Adds the entries of request.rule(), taking a path rule's nodes from resolved_ when they are known.
-void RuleTable::add_rule(RuleRequest& request, const Rule* shared) {
-  const SchedulingRule& rule = *request.rule_;
-  const RuleKey key = rule.key();
-  if (shared == nullptr || shared->get() != &rule || key.kind != RuleKey::Kind::path) {
-    add_atom(request, rule, key, false);
-    return;
-  }
-  const LockMode intent = key.shared ? LockMode::is : LockMode::ix;
-  const LockMode target = key.shared ? LockMode::s : LockMode::x;
-  auto found = resolved_.find(&rule);
-  if (found != resolved_.end() && found->second.generation == node_generation_ &&
-      !found->second.rule.owner_before(*shared) && !shared->owner_before(found->second.rule)) {
-    const auto& nodes = found->second.nodes;
-    request.reserve_entries(nodes.size());
-    for (std::size_t i = 0; i < nodes.size(); ++i)
-      add_entry(request, *nodes[i], i + 1 == nodes.size() ? target : intent, false);
-    return;
-  }
-  add_atom(request, rule, key, false);
-  if (found == resolved_.end() && resolved_.size() >= resolved_limit) {
-    // Full: forget the rules that died. If that frees little, more live rules are in use than
-    // the limit and remembering cannot keep up: start over (O(limit), once per limit/4 rules).
-    std::erase_if(resolved_, [](const auto& item) { return item.second.rule.expired(); });
-    if (resolved_.size() > resolved_limit - resolved_limit / 4) resolved_.clear();
-  }
-  ResolvedPath& remembered = found != resolved_.end() ? found->second : resolved_[&rule];
-  remembered.rule = *shared;
-  remembered.generation = node_generation_;
-  remembered.nodes.clear();
-  for (const RuleEntry& entry : request.entries()) remembered.nodes.push_back(entry.node);
-}
-
 // Decides where each entry of a request that is entering stands (clear or not); returns how many
 // are not clear.
 std::uint32_t RuleTable::mark_clear(RuleRequest& request) noexcept {
@@ -319,8 +318,8 @@ std::uint32_t RuleTable::mark_clear(RuleRequest& request) noexcept {
 
 // acquire() under the lock; revoking parked requests may let others through (`grants`) and leave
 // orphans to delete (outside the lock).
-bool RuleTable::enter(RuleRequest& request, EntryCache* cache, const Rule* shared, bool parkable,
-                      Grants& grants, std::vector<RuleRequest*>& orphans) {
+bool RuleTable::enter(RuleRequest& request, EntryCache* cache, bool parkable, Grants& grants,
+                      std::vector<RuleRequest*>& orphans) {
   assert(request.rule_ != nullptr && !request.in_table_);
   {
     request.ticket_ = ++next_ticket_;
@@ -331,7 +330,8 @@ bool RuleTable::enter(RuleRequest& request, EntryCache* cache, const Rule* share
     } else {
       request.clear_entries();
       request.has_custom_ = false;
-      add_rule(request, shared);
+      const RuleKey key = request.rule_->key();
+      add_atom(request, *request.rule_, key, false);
       if (cache != nullptr) *cache = EntryCache{id_, node_generation_, false};
     }
 
@@ -381,26 +381,26 @@ bool RuleTable::enter(RuleRequest& request, EntryCache* cache, const Rule* share
   return false;
 }
 
-bool RuleTable::acquire(RuleRequest& request, EntryCache* cache, const Rule* shared, bool parkable) {
+bool RuleTable::acquire(RuleRequest& request, EntryCache* cache, bool parkable) {
   Grants grants;
   std::vector<RuleRequest*> orphans;
   bool granted = false;
   {
     std::lock_guard lock(mutex_);
-    granted = enter(request, cache, shared, parkable, grants, orphans);
+    granted = enter(request, cache, parkable, grants, orphans);
   }
   notify(grants);
   for (RuleRequest* orphan : orphans) delete orphan;
   return granted;
 }
 
-void RuleTable::acquire_all(std::span<const Entering> requests, bool* granted) {
+void RuleTable::acquire_all(std::span<RuleRequest* const> requests, bool* granted) {
   Grants grants;
   std::vector<RuleRequest*> orphans;
   {
     std::lock_guard lock(mutex_);
     for (std::size_t i = 0; i < requests.size(); ++i) {
-      granted[i] = enter(*requests[i].request, nullptr, requests[i].shared, false, grants, orphans);
+      granted[i] = enter(*requests[i], nullptr, false, grants, orphans);
     }
   }
   notify(grants);

@@ -321,6 +321,20 @@ struct RuleNode {
   std::unique_ptr<std::array<WaitQueue, lock_mode_count>> queues_;
 };
 
+/// A rule table's note on a rule object (SchedulingRule::note_): the nodes of its path, root first,
+/// or its identity node, as the table found them while its node generation was `generation`.
+/// Made by the first table that indexes the rule, with room for all its nodes after it, and freed
+/// by the rule's destructor; only that table reads or writes the nodes, under its lock. Other
+/// tables look the rule up every time.
+struct RuleNote {
+  std::uint64_t table;       // RuleTable::id() of the table that keeps it (set before it is shared)
+  std::uint64_t generation;  // RuleTable::node_generation_ when the nodes were noted
+  std::uint32_t count;       // nodes noted; 0: none yet
+  std::uint32_t room;
+  RuleNode** nodes() noexcept { return reinterpret_cast<RuleNode**>(this + 1); }
+};
+static_assert(sizeof(RuleNote) % alignof(RuleNode*) == 0);
+
 /// A request's resolved entries kept between acquisitions (for a thread's recycled begin_rule
 /// request): they are reused when the table has freed no node since and the owner vouches that the
 /// rule is the same object as the last time.
@@ -342,22 +356,15 @@ class RuleTable {
 
   /// Enters a request for request.rule() (not null). True when granted at once; otherwise it waits
   /// and its granted() is called when its turn comes. Calls custom rules' checks under the lock.
-  /// `shared`, when given, is the owning pointer of request.rule(): the table then remembers the
-  /// nodes of a path rule (weakly, for up to resolved_limit rules), so that the next request for
-  /// the same rule object skips the lookups of its segments.
+  /// The table notes the nodes of a built-in rule in the rule object (see RuleNote), so that the
+  /// next request for the same rule object skips the lookups of its segments or identity.
   /// `parkable`: the owner may park the request when it is done with it (see park()); only for
   /// requests without custom parts.
-  bool acquire(RuleRequest& request, EntryCache* cache = nullptr, const Rule* shared = nullptr,
-               bool parkable = false);
+  bool acquire(RuleRequest& request, EntryCache* cache = nullptr, bool parkable = false);
 
-  /// A request entering with acquire_all(), and the owning pointer of its rule (see acquire()).
-  struct Entering {
-    RuleRequest* request;
-    const Rule* shared;
-  };
   /// As acquire() for each request in turn, under one taking of the lock (in ticket order, as if
   /// entered one by one); granted[i] tells whether requests[i] was granted at once.
-  void acquire_all(std::span<const Entering> requests, bool* granted);
+  void acquire_all(std::span<RuleRequest* const> requests, bool* granted);
 
   /// The owner of a granted parkable request is done with it: true when the request stays in the
   /// table, parked (the owner keeps the object, and may resume(), unpark() or orphan() it); false
@@ -421,7 +428,7 @@ class RuleTable {
   template <class Collect>
   std::size_t withdraw_collected(Collect&& collect);
   void add_atom(RuleRequest& request, const SchedulingRule& atom, const RuleKey& key, bool merge);
-  void add_rule(RuleRequest& request, const Rule* shared);
+  RuleNote* note_on(const SchedulingRule& rule, std::size_t room);
   static void add_entry(RuleRequest& request, RuleNode& node, LockMode mode, bool merge);
   // Out of memory while queueing terminates: a half-queued request would break the table.
   static void enqueue(RuleRequest& request, std::size_t index) noexcept;
@@ -433,7 +440,7 @@ class RuleTable {
   static bool clear_at(const RuleNode& node, LockMode mode, std::uint64_t ticket) noexcept;
   bool blocked_by_custom(const RuleRequest& request) const noexcept;
   static bool conflicting(const RuleRequest& a, const RuleRequest& b) noexcept;
-  bool enter(RuleRequest& request, EntryCache* cache, const Rule* shared, bool parkable, Grants& grants,
+  bool enter(RuleRequest& request, EntryCache* cache, bool parkable, Grants& grants,
              std::vector<RuleRequest*>& orphans);
   bool revoke_parked(const RuleRequest& request, Grants& grants, std::vector<RuleRequest*>& orphans);
   std::uint32_t mark_clear(RuleRequest& request) noexcept;
@@ -452,23 +459,10 @@ class RuleTable {
   RuleNode root_;
   std::size_t path_nodes_ = 0;         // trie nodes below the root
   std::uint64_t node_generation_ = 0;  // nodes freed so far (EntryCache validity)
-  // Path rules' nodes, by rule object; valid while node_generation_ is unchanged. The weak
-  // reference keeps another rule from taking a dead one's address while it is remembered.
-  struct ResolvedPath {
-    std::weak_ptr<const SchedulingRule> rule;
-    std::uint64_t generation = 0;
-    boost::container::small_vector<RuleNode*, 5> nodes;  // root first
-  };
-  static constexpr std::size_t resolved_limit = 16384;
   // Unused nodes kept for reuse (see prune()).
   static constexpr std::size_t kept_identity_nodes = 1024;
   static constexpr std::size_t kept_path_nodes = 16384;
-  std::unordered_map<const SchedulingRule*, ResolvedPath> resolved_;
   std::unordered_map<const SchedulingRule*, std::unique_ptr<RuleNode>> identities_;
-  struct LastIdentity {
-    RuleNode* node = nullptr;  // the node identity_node() found last, valid in its generation
-    std::uint64_t generation = 0;
-  } last_identity_;
   RequestSet live_;                    // every held or waiting request
   std::vector<RuleRequest*> customs_;  // the live requests with custom parts
   std::vector<RuleRequest*> blocked_;  // waiting requests held back by a custom check, ticket order

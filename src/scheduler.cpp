@@ -285,7 +285,7 @@ Scheduler::Impl::~Impl() {
     TaskletPtr& tasklet = *entering_tasklets_[i].first;
     TaskletAccess::hold(*tasklet) = nullptr;
     async_batch_.push_back(std::move(tasklet));
-    delete entering_[i].request;
+    delete entering_[i];
     ++reserved_holds_;
   }
   entering_.clear();
@@ -456,16 +456,16 @@ void Scheduler::Impl::start_holding(TaskletPtr tasklet, Directive directive) {
     // Only runs of one rule object are entered together: they mostly wait for each other anyway,
     // whereas holding the lock for a batch of unrelated requests would keep the releasing workers
     // waiting on it.
-    if (!entering_.empty() && entering_.back().request->rule() != raw.rule().get()) enter_rule_batch();
+    if (!entering_.empty() && entering_.back()->rule() != raw.rule().get()) enter_rule_batch();
     take_reserved(holds_, reserved_holds_);
-    entering_.push_back(detail::RuleTable::Entering{hold, &raw.rule()});
+    entering_.push_back(hold);
     entering_tasklets_.emplace_back(&hold->tasklet, directive);
     if (entering_.size() >= rule_batch_size) enter_rule_batch();
     return;
   }
   enter_pending_rules();
   holds_.fetch_add(1, std::memory_order_relaxed);
-  if (!manager_.table_.acquire(*hold, nullptr, &raw.rule())) return;  // granted() continues it
+  if (!manager_.table_.acquire(*hold)) return;  // granted() continues it
   holds_.fetch_sub(1, std::memory_order_relaxed);  // granted at once: no delivery to wait for
   dispatch(std::move(hold->tasklet), directive);
 }

@@ -110,7 +110,7 @@ struct Scheduler::Impl {
   std::size_t reserved_holds_ = 0;
   // Requests of tasklets with rules it started, entered into the rule table together (one taking
   // of the table's lock for many) when there are enough or at the batch's submission.
-  std::vector<detail::RuleTable::Entering> entering_;
+  std::vector<detail::RuleRequest*> entering_;
   std::vector<std::pair<TaskletPtr*, Directive>> entering_tasklets_;  // TaskletHold::tasklet, pending
   std::vector<TaskletPtr> sync_batch_;
 

@@ -15,15 +15,21 @@
 // short, non-blocking and free of calls back into the library.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <new>
 #include <span>
 #include <string>
 
 namespace tasklet {
 
 class SchedulingRule;
+namespace detail {
+class RuleTable;
+struct RuleNote;
+}  // namespace detail
 
 /// Rules are shared and immutable; their identity (the object) matters to end_rule.
 using Rule = std::shared_ptr<const SchedulingRule>;
@@ -50,7 +56,7 @@ struct RuleKey {
 /// Implementations must be thread-safe for concurrent const calls (rules are immutable).
 class SchedulingRule {
  public:
-  virtual ~SchedulingRule() = default;
+  virtual ~SchedulingRule() { ::operator delete(static_cast<void*>(note_.load(std::memory_order_acquire))); }
 
   /// True when a thread holding this rule may begin `other` inside it (nesting).
   virtual bool contains(const SchedulingRule& other) const = 0;
@@ -71,8 +77,16 @@ class SchedulingRule {
 
  protected:
   SchedulingRule() = default;
-  SchedulingRule(const SchedulingRule&) = default;
-  SchedulingRule& operator=(const SchedulingRule&) = default;
+  /// A copy is another rule: it does not share the original's note (below).
+  SchedulingRule(const SchedulingRule&) noexcept {}
+  SchedulingRule& operator=(const SchedulingRule&) noexcept { return *this; }
+
+ private:
+  friend class detail::RuleTable;
+  // Where in a rule table (the first one to index this rule) the rule's nodes are, so that the
+  // next request for the same rule object looks nothing up. Set once, by that table (allocated with
+  // ::operator new); see src/rule_table.hpp.
+  mutable std::atomic<detail::RuleNote*> note_{nullptr};
 };
 
 /// `rule->to_string()`, or "null" for an empty rule.

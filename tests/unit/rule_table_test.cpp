@@ -288,26 +288,72 @@ TEST_F(RuleTableTest, RecycledThreadRequestsReuseTheirEntriesForTheSameRule) {
   }
 }
 
-// Requests that pass the owning pointer let the table remember a path rule's nodes; the remembered
-// nodes must give the same decisions as resolving the path again.
-TEST_F(RuleTableTest, RememberedPathNodesGiveTheSameDecisions) {
+// The table notes a rule's nodes in the rule object; the noted nodes must give the same decisions
+// as resolving the rule again, in the table that noted them and in another one.
+TEST_F(RuleTableTest, NotedNodesGiveTheSameDecisions) {
   const Rule file = rules::path("/src/lib/a.cpp");
   const Rule dir = rules::path("/src/lib");
   const Rule other = rules::path("/src/bin/main.cpp");
-  for (int round = 0; round < 3; ++round) {
-    Probe first(file), second(file), parent(dir), sibling(other);
-    EXPECT_TRUE(table_.acquire(first, nullptr, &first.rule())) << "round " << round;
-    EXPECT_FALSE(table_.acquire(second, nullptr, &second.rule())) << "round " << round;
-    EXPECT_FALSE(table_.acquire(parent, nullptr, &parent.rule())) << "round " << round;
-    EXPECT_TRUE(table_.acquire(sibling, nullptr, &sibling.rule())) << "round " << round;
-    table_.release(first);
+  const Rule mutex = rules::mutex("m");
+  RuleTable second_table;  // does not own the notes: looks the rules up each time
+  for (RuleTable* table : {&table_, &second_table, &table_}) {
+    Probe first(file), second(file), parent(dir), sibling(other), lock(mutex), lock_again(mutex);
+    EXPECT_TRUE(table->acquire(first));
+    EXPECT_FALSE(table->acquire(second));
+    EXPECT_FALSE(table->acquire(parent));
+    EXPECT_TRUE(table->acquire(sibling));
+    EXPECT_TRUE(table->acquire(lock));
+    EXPECT_FALSE(table->acquire(lock_again));
+    table->release(first);
     EXPECT_EQ(second.grants, 1);
     EXPECT_EQ(parent.grants, 0);
-    table_.release(second);
+    table->release(second);
     EXPECT_EQ(parent.grants, 1);
-    table_.release(parent);
-    table_.release(sibling);
+    table->release(lock);
+    EXPECT_EQ(lock_again.grants, 1);
+    for (Probe* probe : {&parent, &sibling, &lock_again}) table->release(*probe);
+    EXPECT_TRUE(table->is_idle());
   }
+}
+
+// Past its limits of nodes (16,384 path nodes, 1,024 identity nodes) the table frees nodes as their
+// last users leave. A note made before must not lead to a freed node (ASan would see it): the same
+// rules still exclude each other afterwards, and leave nothing held.
+TEST_F(RuleTableTest, NotesStayRightWhenTheTableFreesNodes) {
+  const Rule file = rules::path("/kept/dir/file");
+  const Rule dir = rules::path("/kept/dir");
+  const Rule mutex = rules::mutex("kept");
+  const auto exclusion_holds = [&](const char* when) {
+    Probe a(file), b(dir), c(mutex), d(mutex);
+    EXPECT_TRUE(table_.acquire(a)) << when;
+    EXPECT_FALSE(table_.acquire(b)) << when;
+    EXPECT_TRUE(table_.acquire(c)) << when;
+    EXPECT_FALSE(table_.acquire(d)) << when;
+    table_.release(a);
+    EXPECT_EQ(b.grants, 1) << when;
+    table_.release(c);
+    EXPECT_EQ(d.grants, 1) << when;
+    table_.release(b);
+    table_.release(d);
+  };
+  exclusion_holds("before");  // notes the rules' nodes
+  for (int round = 0; round < 2; ++round) {
+    // Distinct paths and mutexes held at once take the table past its limits, so that nodes are
+    // freed as their last users leave: the kept rules' nodes too, in the second check below.
+    std::vector<std::unique_ptr<Probe>> many;
+    for (int i = 0; i < 17000; ++i) {
+      many.push_back(std::make_unique<Probe>(rules::path("/many/" + std::to_string(i))));
+      EXPECT_TRUE(table_.acquire(*many.back()));
+    }
+    for (int i = 0; i < 1100; ++i) {
+      many.push_back(std::make_unique<Probe>(rules::mutex("many " + std::to_string(i))));
+      EXPECT_TRUE(table_.acquire(*many.back()));
+    }
+    exclusion_holds("over the limits, with the nodes noted before");
+    exclusion_holds("over the limits, after the noted nodes were freed");
+    for (auto& probe : many) table_.release(*probe);
+  }
+  exclusion_holds("after");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -469,7 +515,7 @@ TEST_F(RuleTableTest, ParkingMatchesTheReferenceModelOnRandomOperations) {
       for (Entry& other : parked) {
         if (has_custom(rule) || conflict(rule, other.probe->rule())) other.marked = true;
       }
-      if (table_.acquire(*entry.probe, nullptr, nullptr, entry.parkable)) ++entry.probe->grants;
+      if (table_.acquire(*entry.probe, nullptr, entry.parkable)) ++entry.probe->grants;
       live.push_back(std::move(entry));
     } else if (choice < 9 && !live.empty()) {
       const std::size_t victim = pick(live.size());
