@@ -184,14 +184,14 @@ RuleNode& RuleTable::identity_node(const SchedulingRule& rule) {
 void RuleTable::add_entry(RuleRequest& request, RuleNode& node, LockMode mode, bool merge) {
   if (merge) {
     for (RuleEntry& entry : request.entries()) {
-      if (entry.node == &node) {
+      if (entry.node() == &node) {
         entry.set_mode(supremum(entry.mode(), mode));
         return;
       }
     }
   }
   RuleEntry& entry = request.push_entry();
-  entry.node = &node;
+  entry.set_node(node);
   entry.set_mode(mode);
 }
 
@@ -294,15 +294,15 @@ bool RuleTable::clear_at(const RuleNode& node, LockMode mode, std::uint64_t tick
 void RuleTable::enqueue(RuleRequest& request, std::size_t index) noexcept {
   RuleEntry& entry = request.entries_[index];
   const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
-  entry.node->make_queues();
-  entry.node->waiting(mode).push_back(request, entry, request.ticket_, index);
-  entry.node->refresh(mode);
+  entry.node()->make_queues();
+  entry.node()->waiting(mode).push_back(request, request.ticket_, index);
+  entry.node()->refresh(mode);
 }
 
-void RuleTable::dequeue(const RuleEntry& entry) noexcept {
+void RuleTable::dequeue(const RuleEntry& entry, std::uint64_t ticket) noexcept {
   const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
-  entry.node->waiting(mode).erase(entry);
-  entry.node->refresh(mode);
+  entry.node()->waiting(mode).erase(ticket);
+  entry.node()->refresh(mode);
 }
 
 // Decides where each entry of a request that is entering stands (clear or not); returns how many
@@ -310,7 +310,7 @@ void RuleTable::dequeue(const RuleEntry& entry) noexcept {
 std::uint32_t RuleTable::mark_clear(RuleRequest& request) noexcept {
   std::uint32_t unclear = 0;
   for (RuleEntry& entry : request.entries()) {
-    entry.set_clear(clear_at(*entry.node, entry.mode(), request.ticket_));
+    entry.set_clear(clear_at(*entry.node(), entry.mode(), request.ticket_));
     if (!entry.clear()) ++unclear;
   }
   return unclear;
@@ -356,8 +356,8 @@ bool RuleTable::enter(RuleRequest& request, EntryCache* cache, bool parkable, Gr
     if (unclear == 0 && !custom_blocked) {
       for (RuleEntry& entry : request.entries()) {
         const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
-        ++entry.node->granted[mode];
-        entry.node->refresh(mode);
+        ++entry.node()->granted[mode];
+        entry.node()->refresh(mode);
       }
       request.held_ = true;
       ++held_;
@@ -369,8 +369,8 @@ bool RuleTable::enter(RuleRequest& request, EntryCache* cache, bool parkable, Gr
         RuleEntry& entry = request.entries_[index];
         if (entry.clear()) {
           const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
-          ++entry.node->clear_waiting[mode];
-          entry.node->refresh(mode);
+          ++entry.node()->clear_waiting[mode];
+          entry.node()->refresh(mode);
         } else {
           enqueue(request, index);
         }
@@ -414,7 +414,7 @@ void RuleTable::acquire_all(std::span<RuleRequest* const> requests, bool* grante
 bool RuleTable::conflicting(const RuleRequest& a, const RuleRequest& b) noexcept {
   for (const RuleEntry& mine : a.entries()) {
     for (const RuleEntry& theirs : b.entries()) {
-      if (mine.node == theirs.node && !compatible[index_of(mine.mode())][index_of(theirs.mode())])
+      if (mine.node() == theirs.node() && !compatible[index_of(mine.mode())][index_of(theirs.mode())])
         return true;
     }
   }
@@ -503,7 +503,7 @@ std::size_t RuleTable::parked_idle() const noexcept {
 void RuleTable::grant(RuleRequest& request, Grants& grants) {
   for (RuleEntry& entry : request.entries()) {
     const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
-    RuleNode& node = *entry.node;
+    RuleNode& node = *entry.node();
     assert(entry.clear() && node.clear_waiting[mode] != 0);
     --node.clear_waiting[mode];
     ++node.granted[mode];
@@ -572,10 +572,10 @@ void RuleTable::unlink_waiting(RuleRequest& request) noexcept {
   for (RuleEntry& entry : request.entries()) {
     if (entry.clear()) {
       const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
-      --entry.node->clear_waiting[mode];
-      entry.node->refresh(mode);
+      --entry.node()->clear_waiting[mode];
+      entry.node()->refresh(mode);
     } else {
-      dequeue(entry);
+      dequeue(entry, request.ticket_);
     }
   }
   if (request.custom_blocked_) std::erase(blocked_, &request);
@@ -585,8 +585,8 @@ void RuleTable::leave(RuleRequest& request, Grants& grants) {
   if (request.held_) {
     for (RuleEntry& entry : request.entries()) {
       const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
-      --entry.node->granted[mode];
-      entry.node->refresh(mode);
+      --entry.node()->granted[mode];
+      entry.node()->refresh(mode);
     }
     --held_;
   } else {
@@ -607,13 +607,13 @@ void RuleTable::leave(RuleRequest& request, Grants& grants) {
   request.held_ = false;
   request.custom_blocked_ = false;
 
-  for (RuleEntry& entry : request.entries()) walk(*entry.node, grants);
+  for (RuleEntry& entry : request.entries()) walk(*entry.node(), grants);
   if (!blocked_.empty()) recheck_custom_blocked(grants);
   // Children come after their parents in the entries, so pruning backwards frees leaves first. The
   // entries stay with the request, for an EntryCache to reuse; the next acquire rebuilds them.
   if (path_nodes_ > kept_path_nodes || identities_.size() > kept_identity_nodes) {
     for (auto entry = request.entries().rbegin(); entry != request.entries().rend(); ++entry)
-      prune(*entry->node);
+      prune(*entry->node());
   }
 }
 
@@ -663,7 +663,7 @@ void RuleTable::cancel_all_waiting() {
       request->in_table_ = false;
       request->custom_blocked_ = false;
       for (auto entry = request->entries().rbegin(); entry != request->entries().rend(); ++entry) {
-        prune(*entry->node);
+        prune(*entry->node());
       }
       request->clear_entries();
     }
@@ -674,7 +674,7 @@ void RuleTable::cancel_all_waiting() {
 bool RuleTable::has_conflicting_waiter(const RuleRequest& held) const {
   std::lock_guard lock(mutex_);
   for (const RuleEntry& entry : held.entries()) {
-    const RuleNode& node = *entry.node;
+    const RuleNode& node = *entry.node();
     for (std::size_t mode = 0; mode < lock_mode_count; ++mode) {
       if (!compatible[index_of(entry.mode())][mode] &&
           ((node.queued & (1u << mode)) != 0 || node.clear_waiting[mode] != 0)) {

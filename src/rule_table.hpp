@@ -35,6 +35,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cassert>
 #include <atomic>
 #include <bit>
 #include <cstdint>
@@ -100,85 +101,81 @@ enum class Park : std::uint8_t {
 
 /// One (node, mode) pair of a request; queued at its node while the request waits. Its request is
 /// the one whose entries hold it: a queue slot names the request, and the walk knows the node.
-struct RuleEntry {
-  RuleNode* node = nullptr;
-  std::uint32_t position = 0;  // in its node's WaitQueue, while queued there (modulo 2^32)
-  LockMode lock_mode = LockMode::x;
-  bool is_clear = false;
+/// One word: the node's address, with the mode and the clear flag in its low bits (nodes are
+/// aligned to 16), so that a path rule of depth 4 keeps its five entries in 40 bytes.
+class RuleEntry {
+ public:
+  RuleNode* node() const noexcept { return reinterpret_cast<RuleNode*>(bits_ & ~tag_mask); }
+  void set_node(RuleNode& node) noexcept {
+    const auto address = reinterpret_cast<std::uintptr_t>(&node);
+    assert((address & tag_mask) == 0);
+    bits_ = address | (bits_ & tag_mask);
+  }
+  LockMode mode() const noexcept { return static_cast<LockMode>(bits_ & mode_mask); }
+  void set_mode(LockMode mode) noexcept { bits_ = (bits_ & ~mode_mask) | static_cast<std::uintptr_t>(mode); }
+  bool clear() const noexcept { return (bits_ & clear_bit) != 0; }
+  void set_clear(bool clear) noexcept { bits_ = clear ? bits_ | clear_bit : bits_ & ~clear_bit; }
 
-  LockMode mode() const noexcept { return lock_mode; }
-  void set_mode(LockMode mode) noexcept { lock_mode = mode; }
-  bool clear() const noexcept { return is_clear; }
-  void set_clear(bool clear) noexcept { is_clear = clear; }
+ private:
+  static constexpr std::uintptr_t mode_mask = 7;
+  static constexpr std::uintptr_t clear_bit = 8;
+  static constexpr std::uintptr_t tag_mask = mode_mask | clear_bit;
+  std::uintptr_t bits_ = 0;
 };
-static_assert(sizeof(RuleEntry) == 16, "RuleEntry grew: memory per queued job (DESIGN section 5)");
+static_assert(sizeof(RuleEntry) == 8, "RuleEntry grew: memory per queued job (DESIGN section 5)");
 
 /// The entries of one mode at one node that are not clear yet, in ticket order. A vector of
-/// (ticket, request) slots read from the front: a walk reads the tickets it compares from
-/// contiguous memory and can fetch the requests ahead, where a linked list would take a cache miss
-/// per link. A withdrawn entry leaves a hole, skipped when it reaches the front; the consumed
-/// prefix is dropped once it is half of the vector (amortised O(1)).
+/// one-word slots read from the front, so that a walk can fetch the requests ahead where a linked
+/// list would take a cache miss per link. A slot is the request's address with the entry's index
+/// in its low bits (a hint: see RuleRequest::entry_at); a withdrawn entry leaves a hole that keeps
+/// the request's ticket instead (tickets stay in order, for erase's binary search), skipped when it
+/// reaches the front. The consumed prefix is dropped once it is half of the vector (amortised O(1)).
 class WaitQueue {
  public:
+  /// Slot hints 0 to 5 are the entry's index; 6 means "6 or more"; 7 marks a hole.
+  static constexpr std::uintptr_t scan_hint = 6;
+
   bool empty() const noexcept { return live_ == 0; }
-  std::uint64_t front_ticket() const noexcept { return slots_[head_].key >> 8; }
-  RuleRequest& front_request() const noexcept { return *slots_[head_].request; }
-  /// Where the front's entry is among its request's entries (a hint: see RuleRequest::entry_at).
-  std::size_t front_hint() const noexcept { return static_cast<std::size_t>(slots_[head_].key & 0xffu); }
-  /// The request `ahead` places behind the front (holes included), or null.
+  /// The front's ticket (kept here: reading it from the request would touch its memory).
+  std::uint64_t front_ticket() const noexcept { return front_ticket_; }
+  RuleRequest& front_request() const noexcept { return *request_of(slots_[head_]); }
+  std::size_t front_hint() const noexcept { return static_cast<std::size_t>(slots_[head_] & tag_mask); }
+  /// The request `ahead` places behind the front, or null (past the end, or a hole).
   const RuleRequest* peek(std::size_t ahead) const noexcept {
     const std::size_t at = head_ + ahead;
-    return at < slots_.size() ? slots_[at].request : nullptr;
+    return at < slots_.size() && !is_hole(slots_[at]) ? request_of(slots_[at]) : nullptr;
   }
-  /// Queues `entry`, the index-th entry of `request`, whose ticket is `ticket`.
-  void push_back(RuleRequest& request, RuleEntry& entry, std::uint64_t ticket, std::size_t index) {
-    entry.position = static_cast<std::uint32_t>(base_ + slots_.size());
-    slots_.push_back(Slot{ticket << 8 | std::min<std::uint64_t>(index, 0xff), &request});
-    ++live_;
-  }
+  /// Queues the index-th entry of `request`, whose ticket is `ticket` (larger than any queued).
+  void push_back(RuleRequest& request, std::uint64_t ticket, std::size_t index);
   void pop_front() noexcept {
-    slots_[head_].request = nullptr;
     --live_;
-    skip_holes();
+    ++head_;
+    advance();
   }
-  void erase(const RuleEntry& entry) noexcept {
-    // Positions wrap at 2^32; a queue never holds that many slots, so the difference is exact.
-    slots_[static_cast<std::uint32_t>(entry.position - static_cast<std::uint32_t>(base_))].request = nullptr;
-    --live_;
-    skip_holes();
-  }
+  /// Takes out the queued entry of the request with `ticket`, found by binary search (the slots
+  /// are in ticket order, holes included). For withdrawals: O(log n), touching a few requests.
+  void erase(std::uint64_t ticket) noexcept;
   template <class F>
   void for_each(F&& fn) const {
     for (std::size_t at = head_; at < slots_.size(); ++at) {
-      if (slots_[at].request != nullptr) fn(*slots_[at].request);
+      if (!is_hole(slots_[at])) fn(*request_of(slots_[at]));
     }
   }
 
  private:
-  struct Slot {
-    std::uint64_t key;      // the request's ticket (56 bits: centuries of requests), then the hint
-    RuleRequest* request;   // null: withdrawn or taken
-  };
-  void skip_holes() noexcept {
-    if (live_ == 0) {
-      base_ += slots_.size();
-      slots_.clear();
-      head_ = 0;
-      return;
-    }
-    while (slots_[head_].request == nullptr) ++head_;
-    if (head_ >= 64 && head_ * 2 >= slots_.size()) {
-      // Drop the consumed prefix; the entries left keep their positions relative to base_.
-      slots_.erase(slots_.begin(), slots_.begin() + static_cast<std::ptrdiff_t>(head_));
-      base_ += head_;
-      head_ = 0;
-    }
-  }
+  using Slot = std::uintptr_t;
+  static constexpr Slot tag_mask = 7;
+  static constexpr Slot hole_tag = 7;
+  static bool is_hole(Slot slot) noexcept { return (slot & tag_mask) == hole_tag; }
+  static RuleRequest* request_of(Slot slot) noexcept { return reinterpret_cast<RuleRequest*>(slot & ~tag_mask); }
+  static std::uint64_t ticket_of(Slot slot) noexcept;
+  // Skips holes to the next live slot and reads its ticket, or empties the queue.
+  void advance() noexcept;
 
   std::vector<Slot> slots_;
-  std::size_t head_ = 0;    // first live slot, when any
-  std::uint64_t base_ = 0;  // position of slots_[0]
-  std::uint32_t live_ = 0;
+  std::size_t head_ = 0;  // first live slot, when any
+  std::size_t live_ = 0;
+  std::uint64_t front_ticket_ = 0;
 };
 
 /// A holder or would-be holder of a rule. Subclasses learn of a grant that had to wait through
@@ -214,6 +211,7 @@ class RuleRequest {
 
  private:
   friend class RuleTable;
+  friend class WaitQueue;
 
   std::span<RuleEntry> entries() noexcept { return {entries_, entry_count_}; }
   std::span<const RuleEntry> entries() const noexcept { return {entries_, entry_count_}; }
@@ -237,11 +235,11 @@ class RuleRequest {
   }
   void clear_entries() noexcept { entry_count_ = 0; }
   /// The entry at `node` of a queue slot's request (a request has one entry per node); `hint` is
-  /// its index, or 255 for "255 or more".
+  /// its index, or WaitQueue::scan_hint for "that or more".
   RuleEntry& entry_at(std::size_t hint, const RuleNode& node) noexcept {
-    if (hint < 0xff) return entries_[hint];
+    if (hint < WaitQueue::scan_hint) return entries_[hint];
     std::size_t at = hint;
-    while (entries_[at].node != &node) ++at;
+    while (entries_[at].node() != &node) ++at;
     return entries_[at];
   }
 
@@ -268,6 +266,41 @@ class RuleRequest {
 // fills an 80-byte block of the scalable allocator; a larger request would take the next size.
 static_assert(sizeof(RuleRequest) <= 48, "RuleRequest grew: memory per queued job (DESIGN section 5)");
 
+inline std::uint64_t WaitQueue::ticket_of(Slot slot) noexcept {
+  return is_hole(slot) ? slot >> 3 : request_of(slot)->ticket_;
+}
+
+inline void WaitQueue::push_back(RuleRequest& request, std::uint64_t ticket, std::size_t index) {
+  assert(slots_.empty() || ticket_of(slots_.back()) < ticket);
+  slots_.push_back(reinterpret_cast<Slot>(&request) | std::min<Slot>(index, scan_hint));
+  if (live_++ == 0) front_ticket_ = ticket;
+}
+
+inline void WaitQueue::erase(std::uint64_t ticket) noexcept {
+  const auto slot = std::partition_point(slots_.begin() + static_cast<std::ptrdiff_t>(head_), slots_.end(),
+                                         [ticket](Slot at) { return ticket_of(at) < ticket; });
+  assert(slot != slots_.end() && !is_hole(*slot) && ticket_of(*slot) == ticket);
+  assert(ticket < (std::uint64_t{1} << 61));
+  *slot = ticket << 3 | hole_tag;
+  --live_;
+  advance();
+}
+
+inline void WaitQueue::advance() noexcept {
+  if (live_ == 0) {
+    slots_.clear();
+    head_ = 0;
+    return;
+  }
+  while (is_hole(slots_[head_])) ++head_;
+  front_ticket_ = request_of(slots_[head_])->ticket_;
+  if (head_ >= 64 && head_ * 2 >= slots_.size()) {
+    // Drop the consumed prefix.
+    slots_.erase(slots_.begin(), slots_.begin() + static_cast<std::ptrdiff_t>(head_));
+    head_ = 0;
+  }
+}
+
 template <std::size_t N>
 struct EntryStorage {
   static_assert(N >= 1 && N < 0xff);
@@ -285,7 +318,7 @@ class InlineRuleRequest : private EntryStorage<N>, public RuleRequest {
 /// How many entries a request for `rule` takes, at most (a guide for choosing N above).
 std::size_t entry_count_hint(const SchedulingRule& rule) noexcept;
 
-struct RuleNode {
+struct alignas(16) RuleNode {  // aligned for RuleEntry's tag bits
   std::array<std::uint32_t, lock_mode_count> granted{};
   std::array<std::uint32_t, lock_mode_count> clear_waiting{};  // clear entries of waiting requests
   std::uint8_t occupied = 0;  // bit per mode: some entry of that mode is granted or waits here
@@ -432,7 +465,7 @@ class RuleTable {
   static void add_entry(RuleRequest& request, RuleNode& node, LockMode mode, bool merge);
   // Out of memory while queueing terminates: a half-queued request would break the table.
   static void enqueue(RuleRequest& request, std::size_t index) noexcept;
-  static void dequeue(const RuleEntry& entry) noexcept;
+  static void dequeue(const RuleEntry& entry, std::uint64_t ticket) noexcept;
   RuleNode& path_node(RuleNode& from, std::string_view segment);
   RuleNode& identity_node(const SchedulingRule& rule);
   static bool conflicts_pairwise(const RuleRequest& a, const RuleRequest& b) noexcept;

@@ -218,6 +218,60 @@ TEST_F(RuleTableTest, WithdrawingAWaiterLetsThoseBehindItThrough) {
   table_.release(y);
 }
 
+// A queue finds a withdrawn entry by its ticket (binary search over slots and holes): withdrawals at
+// the front, in the middle, in runs and at the end, before and while the queue drains, must take
+// out exactly those and leave the rest to be granted one by one in their order.
+TEST_F(RuleTableTest, WaitersWithdrawnAnywhereInALongQueueLeaveTheRestInOrder) {
+  const Rule m = rules::mutex("long queue");
+  const Rule dir = rules::path("/q");
+  for (const Rule& waiter_rule : {m, rules::path("/q/x")}) {
+    const Rule& holder_rule = waiter_rule == m ? m : dir;
+    SCOPED_TRACE(waiter_rule->to_string());
+    Probe holder(holder_rule);
+    ASSERT_TRUE(table_.acquire(holder));
+    constexpr int count = 600;
+    std::vector<std::unique_ptr<Probe>> waiters;
+    for (int i = 0; i < count; ++i) {
+      waiters.push_back(std::make_unique<Probe>(waiter_rule));
+      ASSERT_FALSE(table_.acquire(*waiters.back()));
+    }
+    std::vector<bool> gone(count, false);
+    const auto withdraw = [&](int i) {
+      ASSERT_TRUE(table_.withdraw(*waiters[static_cast<std::size_t>(i)])) << "waiter " << i;
+      gone[static_cast<std::size_t>(i)] = true;
+    };
+    withdraw(0);
+    for (int i = 3; i < count; i += 7) withdraw(i);
+    for (int i = 200; i < 260; ++i) {
+      if (!gone[static_cast<std::size_t>(i)]) withdraw(i);
+    }
+    withdraw(count - 1);
+    table_.release(holder);
+    int granted = 0;
+    for (int i = 0; i < count; ++i) {
+      Probe& probe = *waiters[static_cast<std::size_t>(i)];
+      if (gone[static_cast<std::size_t>(i)]) {
+        EXPECT_EQ(probe.grants, 0) << "withdrawn waiter " << i;
+        continue;
+      }
+      ASSERT_EQ(probe.grants, 1) << "waiter " << i << " is next";
+      for (int later = i + 1; later < count; ++later) {
+        ASSERT_EQ(waiters[static_cast<std::size_t>(later)]->grants, 0) << "waiter " << later << " before " << i;
+      }
+      // While it drains: withdraw the new front and one a little further on.
+      if (i == 400) {
+        for (int next : {401, 402, 410}) {
+          if (!gone[static_cast<std::size_t>(next)]) withdraw(next);
+        }
+      }
+      table_.release(probe);
+      ++granted;
+    }
+    EXPECT_EQ(granted, static_cast<int>(std::count(gone.begin(), gone.end(), false)));
+    EXPECT_GT(granted, count / 2);
+  }
+}
+
 TEST_F(RuleTableTest, CancelAllWaitingNotifiesEveryWaiter) {
   const Rule m = rules::mutex();
   Probe held(m), w1(m), w2(rules::combine(m, rules::path("/z")));
