@@ -332,6 +332,9 @@ void Scheduler::Impl::drop_pending() noexcept {
     parked_.clear();
   }
   for (TaskletPtr& tasklet : dropped) {
+    // One granted its rule holds it (queued for a phase, in the async batch, or parked in wait):
+    // it goes back to the table, which may let others' tasklets through (ours were withdrawn).
+    release_rule(*tasklet);
     auto& state = TaskletAccess::state(*tasklet);
     TaskletAccess::set_scheduler(*tasklet, nullptr);
     state.store(st::with_generation(st::idle, st::generation(state.load())), std::memory_order_release);

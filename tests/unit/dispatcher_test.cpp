@@ -350,6 +350,28 @@ TEST_P(DispatcherTest, DroppingASchedulerEndsItsWaitingTaskletsUnrun) {
   EXPECT_EQ(ran.load(), 0);
 }
 
+// A tasklet granted its rule at once and queued for its sync phase holds the rule; a scheduler
+// dropped before run() ends it unrun, and that must release the rule (TearDown checks that nothing
+// is held), or every later request for it would wait forever.
+TEST_P(DispatcherTest, DroppingASchedulerReleasesTheRulesOfItsQueuedTasklets) {
+  const Rule rule = rules::path("/dropped/with/rule");
+  std::atomic<int> ran{0};
+  {
+    auto dropped = Scheduler::create(SchedulerOptions{manager_, nullptr, 0});
+    dropped->schedule(make_tasklet(
+                          [&ran] {
+                            ran.fetch_add(1);
+                            return Directive::done;
+                          },
+                          rule),
+                      Directive::sync);
+    EXPECT_EQ(manager_->rule_stats().held, 1u) << "granted at once, queued for the sync thread";
+  }
+  EXPECT_EQ(manager_->rule_stats().held, 0u) << "dropping the scheduler released the rule";
+  EXPECT_EQ(ran.load(), 0);
+  const RuleScope scope(*manager_, rule);  // would wait forever on a leaked hold
+}
+
 TEST_P(DispatcherTest, SyncPhasesWithRulesRunOnTheSyncThread) {
   const auto sync_thread = std::this_thread::get_id();
   std::atomic<int> elsewhere{0};
