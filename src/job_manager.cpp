@@ -114,12 +114,12 @@ void JobManager::Impl::shut_down() noexcept {
   // waited for by the background schedulers' destructors (the job scheduler's also lets the last
   // runners deliver their done events), or, when one of their own tasks lets them go, by the task
   // that finishes their destruction, which keeps us (and so the rule table) alive until then. The
-  // job side outlives us while jobs refer to it: detached.
+  // job side outlives us while jobs refer to it: detached. Its listeners go with us (~Impl).
   if (jobs_) jobs_->shutdown();
   table_.cancel_all_waiting();
   job_scheduler_.reset();
   background_.reset();
-  if (jobs_) jobs_->detach();
+  if (jobs_) registrations_ = jobs_->detach();
   jobs_.reset();
 }
 

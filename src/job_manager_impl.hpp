@@ -7,6 +7,7 @@
 #include <string>
 
 #include "context.hpp"
+#include "jobs.hpp"
 #include "rule_table.hpp"
 #include "task_condition.hpp"
 #include "tasklet/job_manager.hpp"
@@ -105,6 +106,10 @@ struct JobManager::Impl : std::enable_shared_from_this<JobManager::Impl> {
   std::once_flag jobs_once_;
   std::shared_ptr<Scheduler> job_scheduler_;
   std::shared_ptr<detail::Jobs> jobs_;
+  // The listeners and provider, taken from the job side at shutdown and dropped with this Impl:
+  // after the last of our schedulers' tasks, so a listener's destruction tells that the manager
+  // is entirely gone, even when one of its own tasks finished destroying it.
+  detail::Jobs::Registrations registrations_;
 };
 
 }  // namespace tasklet

@@ -99,19 +99,16 @@ void Jobs::shutdown() noexcept {
   });
 }
 
-void Jobs::detach() noexcept {
-  Listeners listeners;
-  JobManager::ProgressProvider provider;
-  {
-    std::lock_guard lock(mutex);
-    detached_ = true;
-    scheduler_ = nullptr;
-    listeners.swap(listeners_);
-    provider.swap(provider_);
-    held_.clear();
-    held_entered_.clear();
-  }
-  // Their destructors (user code) run here, outside the lock.
+Jobs::Registrations Jobs::detach() noexcept {
+  Registrations registrations;
+  std::lock_guard lock(mutex);
+  detached_ = true;
+  scheduler_ = nullptr;
+  registrations.listeners.swap(listeners_);
+  registrations.provider.swap(provider_);
+  held_.clear();
+  held_entered_.clear();
+  return registrations;
 }
 
 bool Jobs::runs_a_job_here() const noexcept {

@@ -92,9 +92,15 @@ class Jobs final : public WaitTimer {
   /// what runs (except a run on this thread: see destroy_after_this_run). schedule() throws from
   /// now on.
   void shutdown() noexcept;
-  /// After the manager's schedulers are gone: forgets them and drops the manager's listeners and
-  /// provider. The jobs keep their state; nothing runs any more.
-  void detach() noexcept;
+  /// What the manager had registered, handed back by detach().
+  struct Registrations {
+    Listeners listeners;
+    JobManager::ProgressProvider provider;
+  };
+  /// After the manager's schedulers are gone: forgets them and hands back the manager's listeners
+  /// and provider, for the caller to drop (user destructors) outside every lock. The jobs keep
+  /// their state; nothing runs any more.
+  [[nodiscard]] Registrations detach() noexcept;
   /// Whether the calling code is the run() of one of these jobs.
   bool runs_a_job_here() const noexcept;
   /// The manager was dropped inside the run() of one of its jobs, on this thread: its remains are

@@ -41,7 +41,8 @@ class JobManager {
   /// cancels the monitors of running jobs and waits for them and for other background work, stops
   /// the timer. The jobs stay usable, in state none; schedule() on them throws IllegalState.
   /// Dropped inside one of its own jobs' run(), it waits for everything but that run, and the
-  /// job's runner finishes the destruction after it. Never throws.
+  /// job's runner finishes the destruction after it. The manager's listeners are dropped last,
+  /// once everything else is torn down. Never throws.
   ~JobManager();
   JobManager(const JobManager&) = delete;
   JobManager& operator=(const JobManager&) = delete;
