@@ -27,7 +27,9 @@ thread_local SpareHold spare;
 
 ThreadHold* ThreadHold::resume(const Rule& rule, RuleTable& table) noexcept {
   ThreadHold* hold = spare.hold;
-  if (hold == nullptr || hold->parked_in_ != &table || !hold->is_for(rule)) return nullptr;
+  // Requests submitted before (by this thread, perhaps) come first: they go through the lock.
+  if (hold == nullptr || hold->parked_in_ != &table || !hold->is_for(rule) || table.has_submitted())
+    return nullptr;
   hold->parked_in_ = nullptr;
   if (!RuleTable::resume(*hold)) return nullptr;  // revoked: out of the table, still the spare
   spare.hold = nullptr;

@@ -383,28 +383,68 @@ bool RuleTable::enter(RuleRequest& request, EntryCache* cache, bool parkable, Gr
 
 bool RuleTable::acquire(RuleRequest& request, EntryCache* cache, bool parkable) {
   Grants grants;
-  std::vector<RuleRequest*> orphans;
   bool granted = false;
   {
-    std::lock_guard lock(mutex_);
-    granted = enter(request, cache, parkable, grants, orphans);
+    Locked lock(*this, grants);
+    granted = enter(request, cache, parkable, grants, lock.orphans());
   }
   notify(grants);
-  for (RuleRequest* orphan : orphans) delete orphan;
   return granted;
 }
 
 void RuleTable::acquire_all(std::span<RuleRequest* const> requests, bool* granted) {
   Grants grants;
-  std::vector<RuleRequest*> orphans;
   {
-    std::lock_guard lock(mutex_);
+    Locked lock(*this, grants);
     for (std::size_t i = 0; i < requests.size(); ++i) {
-      granted[i] = enter(*requests[i], nullptr, false, grants, orphans);
+      granted[i] = enter(*requests[i], nullptr, false, grants, lock.orphans());
     }
   }
   notify(grants);
+}
+
+void RuleTable::submit(RuleRequest& request) {
+  RuleRequest* newest = submitted_.load(std::memory_order_relaxed);
+  do {
+    request.next_submitted_ = newest;
+  } while (!submitted_.compare_exchange_weak(newest, &request, std::memory_order_release,
+                                             std::memory_order_relaxed));
+  Grants grants;
+  std::vector<RuleRequest*> orphans;
+  settle(grants, orphans);
+  notify(grants);
   for (RuleRequest* orphan : orphans) delete orphan;
+}
+
+// Under the lock. Out of memory while entering terminates, as while queueing: the request's
+// submitter has gone on, and a half-entered request would break the table.
+void RuleTable::enter_submitted(Grants& grants, std::vector<RuleRequest*>& orphans) noexcept {
+  if (submitted_.load(std::memory_order_relaxed) == nullptr) return;  // mostly: no write to share
+  RuleRequest* newest = submitted_.exchange(nullptr, std::memory_order_acquire);
+  RuleRequest* oldest = nullptr;
+  while (newest != nullptr) {
+    RuleRequest* next = newest->next_submitted_;
+    newest->next_submitted_ = oldest;
+    oldest = newest;
+    newest = next;
+  }
+  while (oldest != nullptr) {
+    RuleRequest& request = *oldest;
+    oldest = std::exchange(request.next_submitted_, nullptr);
+    if (enter(request, nullptr, false, grants, orphans)) grants.push_back(&request);
+  }
+}
+
+// After letting the lock go (or submitting): enters what was submitted meanwhile, unless another
+// thread holds the lock, which does it when it lets go. The fences order our read of submitted_
+// after our unlock, and a submitter's try_lock after its push: one of us sees the other.
+void RuleTable::settle(Grants& grants, std::vector<RuleRequest*>& orphans) noexcept {
+  for (;;) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (submitted_.load(std::memory_order_relaxed) == nullptr || !mutex_.try_lock()) return;
+    enter_submitted(grants, orphans);
+    mutex_.unlock();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -479,7 +519,7 @@ bool RuleTable::orphan(RuleRequest& request) noexcept {
 void RuleTable::unpark(RuleRequest& request) {
   Grants grants;
   {
-    std::lock_guard lock(mutex_);
+    Locked lock(*this, grants);
     // Only the owner moves it out of parked, and revocations happen under this lock.
     if (request.park_.load(std::memory_order_acquire) == Park::parked) leave(request, grants);
     request.park_.store(Park::none, std::memory_order_relaxed);
@@ -618,7 +658,7 @@ void RuleTable::leave(RuleRequest& request, Grants& grants) {
 }
 
 void RuleTable::release(RuleRequest& request, Grants& grants) {
-  std::lock_guard lock(mutex_);
+  Locked lock(*this, grants);
   assert(request.in_table_ && request.held_);
   leave(request, grants);
 }
@@ -631,19 +671,23 @@ void RuleTable::release(RuleRequest& request) {
 
 bool RuleTable::withdraw(RuleRequest& request) {
   Grants grants;
+  bool withdrawn = false;
   {
-    std::lock_guard lock(mutex_);
-    if (!request.in_table_ || request.held_) return false;
-    leave(request, grants);
+    Locked lock(*this, grants);
+    if (request.in_table_ && !request.held_) {
+      leave(request, grants);
+      withdrawn = true;
+    }
   }
   notify(grants);
-  return true;
+  return withdrawn;
 }
 
 void RuleTable::cancel_all_waiting() {
   std::vector<RuleRequest*> cancelled;
+  Grants grants;  // submitted requests granted at once
   {
-    std::lock_guard lock(mutex_);
+    Locked lock(*this, grants);
     for (RuleRequest* request : live_) {
       if (!request->held_) cancelled.push_back(request);
     }
@@ -668,11 +712,15 @@ void RuleTable::cancel_all_waiting() {
       request->clear_entries();
     }
   }
+  notify(grants);
   for (RuleRequest* request : cancelled) request->cancelled();
 }
 
-bool RuleTable::has_conflicting_waiter(const RuleRequest& held) const {
-  std::lock_guard lock(mutex_);
+bool RuleTable::has_conflicting_waiter(const RuleRequest& held) {
+  return read_settled([&] { return has_conflicting_waiter_locked(held); });
+}
+
+bool RuleTable::has_conflicting_waiter_locked(const RuleRequest& held) const noexcept {
   for (const RuleEntry& entry : held.entries()) {
     const RuleNode& node = *entry.node();
     for (std::size_t mode = 0; mode < lock_mode_count; ++mode) {
@@ -694,19 +742,16 @@ void RuleTable::notify(const Grants& grants) noexcept {
   for (RuleRequest* request : grants) request->granted();
 }
 
-bool RuleTable::is_idle() const {
-  std::lock_guard lock(mutex_);
-  return live_.size() == parked_idle();
+bool RuleTable::is_idle() {
+  return read_settled([this] { return live_.size() == parked_idle(); });
 }
 
-std::size_t RuleTable::held_count() const {
-  std::lock_guard lock(mutex_);
-  return held_ - parked_idle();
+std::size_t RuleTable::held_count() {
+  return read_settled([this] { return held_ - parked_idle(); });
 }
 
-std::size_t RuleTable::waiting_count() const {
-  std::lock_guard lock(mutex_);
-  return live_.size() - held_;
+std::size_t RuleTable::waiting_count() {
+  return read_settled([this] { return live_.size() - held_; });
 }
 
 }  // namespace tasklet::detail

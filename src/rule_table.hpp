@@ -69,6 +69,7 @@ class TableMutex {
   TableMutex& operator=(const TableMutex&) = delete;
   ~TableMutex() { pthread_mutex_destroy(&mutex_); }
   void lock() noexcept { pthread_mutex_lock(&mutex_); }
+  bool try_lock() noexcept { return pthread_mutex_trylock(&mutex_) == 0; }
   void unlock() noexcept { pthread_mutex_unlock(&mutex_); }
 
  private:
@@ -246,6 +247,7 @@ class RuleRequest {
   // Kept small: one of these waits in the table for every queued tasklet with a rule.
   const SchedulingRule* rule_ = nullptr;
   std::uint64_t ticket_ = 0;
+  RuleRequest* next_submitted_ = nullptr;  // in RuleTable::submitted_, before it is entered
   RuleEntry* entries_;            // the subclass's room, or the heap
   std::uint32_t entry_count_ = 0;
   std::uint32_t unclear_ = 0;     // nodes where the request is not clear yet
@@ -264,7 +266,7 @@ class RuleRequest {
 
 // A tasklet's hold for a mutex rule (this, one entry and the tasklet, its directive in own_bits())
 // fills an 80-byte block of the scalable allocator; a larger request would take the next size.
-static_assert(sizeof(RuleRequest) <= 48, "RuleRequest grew: memory per queued job (DESIGN section 5)");
+static_assert(sizeof(RuleRequest) <= 56, "RuleRequest grew: memory per queued job (DESIGN section 5)");
 
 inline std::uint64_t WaitQueue::ticket_of(Slot slot) noexcept {
   return is_hole(slot) ? slot >> 3 : request_of(slot)->ticket_;
@@ -395,6 +397,13 @@ class RuleTable {
   /// requests without custom parts.
   bool acquire(RuleRequest& request, EntryCache* cache = nullptr, bool parkable = false);
 
+  /// Enters a request for request.rule() (not null) without waiting for the table's lock: when
+  /// another thread holds it, the request is left for that thread to enter before it lets the
+  /// lock go. Its granted() is called in either case, at once or when its turn comes, perhaps on
+  /// another thread; it counts as requested now (before anything this thread enters later).
+  /// Lock-free when the lock is taken; calls custom rules' checks under the lock.
+  void submit(RuleRequest& request);
+
   /// As acquire() for each request in turn, under one taking of the lock (in ticket order, as if
   /// entered one by one); granted[i] tells whether requests[i] was granted at once.
   void acquire_all(std::span<RuleRequest* const> requests, bool* granted);
@@ -433,7 +442,11 @@ class RuleTable {
   std::size_t withdraw_waiting_if(Predicate&& matches);
 
   /// Whether some waiting request conflicts with `held` (a held request).
-  bool has_conflicting_waiter(const RuleRequest& held) const;
+  bool has_conflicting_waiter(const RuleRequest& held);
+
+  /// Whether submitted requests wait to be entered (a parked request must not be resumed past
+  /// them: they came first).
+  bool has_submitted() const noexcept { return submitted_.load(std::memory_order_acquire) != nullptr; }
 
   /// Cancels every waiting request (their cancelled() is called). For the owner's shutdown.
   void cancel_all_waiting();
@@ -442,14 +455,54 @@ class RuleTable {
   std::uint64_t id() const noexcept { return id_; }
 
   /// True when no rule is held and no request waits. Thread-safe.
-  bool is_idle() const;
+  bool is_idle();
   /// Held and waiting request counts. Thread-safe.
-  std::size_t held_count() const;
-  std::size_t waiting_count() const;
+  std::size_t held_count();
+  std::size_t waiting_count();
 
   static void notify(const Grants& grants) noexcept;
 
  private:
+  // The table's lock, taken for one operation. Requests submitted meanwhile are entered first, in
+  // the order they came, so that the operation comes after them; after the lock is let go, those
+  // that came while it was held are entered by this thread, unless another holds the lock again
+  // (which then does the same). Their grants join `grants`, which the caller notifies afterwards.
+  class Locked {
+   public:
+    Locked(RuleTable& table, Grants& grants) : table_(table), grants_(grants) {
+      table_.mutex_.lock();
+      table_.enter_submitted(grants_, orphans_);
+    }
+    ~Locked() {
+      table_.mutex_.unlock();
+      table_.settle(grants_, orphans_);
+      for (RuleRequest* orphan : orphans_) delete orphan;
+    }
+    Locked(const Locked&) = delete;
+    Locked& operator=(const Locked&) = delete;
+    // Parked requests revoked and owned by the table: deleted once the lock is let go.
+    std::vector<RuleRequest*>& orphans() noexcept { return orphans_; }
+
+   private:
+    RuleTable& table_;
+    Grants& grants_;
+    std::vector<RuleRequest*> orphans_;
+  };
+  void enter_submitted(Grants& grants, std::vector<RuleRequest*>& orphans) noexcept;
+  // Reads the table under the lock, after entering what was submitted.
+  template <class Read>
+  auto read_settled(Read&& read) {
+    Grants grants;
+    const auto value = [&] {
+      Locked lock(*this, grants);
+      return read();
+    }();
+    notify(grants);
+    return value;
+  }
+  bool has_conflicting_waiter_locked(const RuleRequest& held) const noexcept;
+  void settle(Grants& grants, std::vector<RuleRequest*>& orphans) noexcept;
+
   // Unordered sets of requests, each request knowing its position: O(1) insertion and removal
   // without touching any other request but the one moved into the gap.
   using RequestSet = std::vector<RuleRequest*>;
@@ -485,7 +538,9 @@ class RuleTable {
   void leave(RuleRequest& request, Grants& grants);
   void prune(RuleNode& node);
 
-  mutable TableMutex mutex_;
+  TableMutex mutex_;
+  // Requests submitted and not entered yet, newest first (linked through next_submitted_).
+  std::atomic<RuleRequest*> submitted_{nullptr};
   const std::uint64_t id_;
   std::uint64_t next_ticket_ = 0;
   std::size_t held_ = 0;
@@ -507,7 +562,7 @@ std::size_t RuleTable::withdraw_collected(Collect&& collect) {
   std::vector<RuleRequest*> withdrawn;
   Grants grants;
   {
-    std::lock_guard lock(mutex_);
+    Locked lock(*this, grants);
     collect(withdrawn);
     // In the order they came: the owners hear of it in that order, and withdrawing one may let a
     // later one through first.

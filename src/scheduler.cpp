@@ -467,10 +467,10 @@ void Scheduler::Impl::start_holding(TaskletPtr tasklet, Directive directive) {
     return;
   }
   enter_pending_rules();
+  // Counted as a delivery to wait for: granted() continues it, at once or later, perhaps on the
+  // thread that holds the table's lock now (this one does not wait for it).
   holds_.fetch_add(1, std::memory_order_relaxed);
-  if (!manager_.table_.acquire(*hold)) return;  // granted() continues it
-  holds_.fetch_sub(1, std::memory_order_relaxed);  // granted at once: no delivery to wait for
-  dispatch(std::move(hold->tasklet), directive);
+  manager_.table_.submit(*hold);
 }
 
 void Scheduler::Impl::release_rule(Tasklet& tasklet) noexcept {

@@ -486,5 +486,49 @@ TEST_F(BeginEndRuleTest, ASynchronousThreadsRequestsKeepProgramOrder) {
   EXPECT_EQ(order, (std::vector<std::string>{"tasklet 0", "tasklet 1", "tasklet 2", "begin_rule"}));
 }
 
+TEST_F(BeginEndRuleTest, AParkedRuleIsNotResumedPastATaskThisThreadPostedBefore) {
+  // A post from a thread that is not a synchronous one is left for the holder of the table's lock
+  // when it is taken. The posting thread's next begin_rule of the same rule must still come after
+  // it, so it may not take back its parked request without the lock.
+  class Watch final : public SchedulingRule {  // conflicts with itself only; can hold the table's lock
+   public:
+    bool contains(const SchedulingRule& other) const override { return &other == this; }
+    bool is_conflicting(const SchedulingRule& other) const override {
+      if (armed.exchange(false)) {  // called under the table's lock
+        inside.count_down();
+        go.wait();
+      }
+      return &other == this;
+    }
+    mutable std::atomic<bool> armed{false};
+    mutable std::latch inside{1}, go{1};
+  };
+  const auto watch = std::make_shared<Watch>();
+  std::latch watched{1}, done_watching{1};
+  std::thread watcher([&] {  // a live custom rule is asked about every request that enters
+    RuleScope scope(manager(), watch);
+    watched.count_down();
+    done_watching.wait();
+  });
+  watched.wait();
+  SerialExecutor executor(manager_, "posted first");
+  manager().begin_rule(executor.rule());
+  manager().end_rule(executor.rule());  // parked: the next begin_rule takes it back without the lock
+  watch->armed = true;
+  std::thread locker([&] { RuleScope scope(manager(), rules::mutex("elsewhere")); });
+  watch->inside.wait();  // the locker's request is being checked: it holds the table's lock
+  std::atomic<bool> task_ran{false};
+  executor.post([&] { task_ran = true; });
+  std::thread opener([&] { watch->go.count_down(); });
+  manager().begin_rule(executor.rule());
+  EXPECT_TRUE(task_ran.load()) << "the task posted before the begin_rule runs before it";
+  manager().end_rule(executor.rule());
+  opener.join();
+  locker.join();
+  done_watching.count_down();
+  watcher.join();
+  executor.wait();
+}
+
 }  // namespace
 }  // namespace tasklet

@@ -5,10 +5,13 @@
 #include "job_manager_impl.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <latch>
 #include <memory>
 #include <random>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -204,6 +207,87 @@ TEST_F(RuleTableTest, CustomRulesAreCheckedPairwiseInBothDirections) {
   EXPECT_EQ(later_path.grants, 1);
   table_.release(later_path);
   table_.release(free_path);
+}
+
+// A custom rule whose first conflict check (made under the table's lock) waits for `go`: while it
+// waits, another thread holds the lock.
+class LockHoldingRule final : public SchedulingRule {
+ public:
+  explicit LockHoldingRule(bool armed) : armed_(armed) {}
+  bool contains(const SchedulingRule& other) const override { return &other == this; }
+  bool is_conflicting(const SchedulingRule&) const override {
+    if (armed_.exchange(false)) {
+      inside.count_down();
+      go.wait();
+    }
+    return false;
+  }
+  std::string to_string() const override { return "lock-holding rule"; }
+  mutable std::latch inside{1}, go{1};
+
+ private:
+  mutable std::atomic<bool> armed_;
+};
+
+// Requests submitted while another thread holds the table's lock are left for that thread: submit()
+// returns at once, and the holder enters them, in the order they were submitted, when it lets go.
+TEST_F(RuleTableTest, RequestsSubmittedWhileTheLockIsHeldAreEnteredInOrderByItsHolder) {
+  const auto holding = std::make_shared<LockHoldingRule>(true);
+  const auto plain = std::make_shared<LockHoldingRule>(false);  // only `holding` waits
+  Probe held(plain), checker(holding);
+  ASSERT_TRUE(table_.acquire(held));
+  std::thread holder([&] { EXPECT_TRUE(table_.acquire(checker)); });  // checks against `held`
+  holding->inside.wait();
+  const Rule light = rules::mutex("light");
+  Probe first(light), second(light), third(light);
+  table_.submit(first);
+  table_.submit(second);
+  table_.submit(third);
+  EXPECT_TRUE(table_.has_submitted());
+  EXPECT_EQ(first.grants + second.grants + third.grants, 0) << "nobody could enter them yet";
+  holding->go.count_down();
+  holder.join();
+  EXPECT_FALSE(table_.has_submitted()) << "the holder entered them when it let the lock go";
+  EXPECT_EQ(first.grants, 1) << "the first submitted is granted first";
+  EXPECT_EQ(second.grants + third.grants, 0);
+  EXPECT_EQ(table_.waiting_count(), 2u);
+  table_.release(first);
+  EXPECT_EQ(second.grants, 1);
+  EXPECT_EQ(third.grants, 0);
+  table_.release(second);
+  EXPECT_EQ(third.grants, 1);
+  table_.release(third);
+  table_.release(checker);
+  table_.release(held);
+}
+
+// Whoever takes the lock enters what was submitted before its own operation: an acquire that was
+// waiting for the lock comes after the submitted requests, which can be withdrawn as usual.
+TEST_F(RuleTableTest, AnAcquireWaitingForTheLockComesAfterWhatWasSubmittedMeanwhile) {
+  const auto holding = std::make_shared<LockHoldingRule>(true);
+  const auto plain = std::make_shared<LockHoldingRule>(false);
+  const Rule light = rules::mutex("light");
+  Probe held(plain), checker(holding), owner(light), submitted(light), dropped(light), later(light);
+  ASSERT_TRUE(table_.acquire(held));
+  ASSERT_TRUE(table_.acquire(owner));
+  std::thread holder([&] { EXPECT_TRUE(table_.acquire(checker)); });
+  holding->inside.wait();
+  table_.submit(submitted);
+  table_.submit(dropped);
+  std::thread acquirer([&] { EXPECT_FALSE(table_.acquire(later)); });
+  holding->go.count_down();
+  holder.join();
+  acquirer.join();
+  EXPECT_EQ(table_.withdraw_waiting(*light, [&](const RuleRequest& r) { return &r == &dropped; }), 1u);
+  EXPECT_EQ(dropped.cancels, 1);
+  table_.release(owner);
+  EXPECT_EQ(submitted.grants, 1) << "submitted before the acquire: granted before it";
+  EXPECT_EQ(later.grants, 0);
+  table_.release(submitted);
+  EXPECT_EQ(later.grants, 1);
+  table_.release(later);
+  table_.release(checker);
+  table_.release(held);
 }
 
 TEST_F(RuleTableTest, WithdrawingAWaiterLetsThoseBehindItThrough) {
