@@ -727,6 +727,15 @@ void Scheduler::Impl::take_reserved(std::atomic<std::size_t>& counter, std::size
 // granted ones are touched after the table has them).
 void Scheduler::Impl::enter_rule_batch() {
   if (entering_.empty()) return;
+  if (entering_.size() == 1) {
+    // Alone: submitted, so that this thread need not wait for a worker that holds the table's
+    // lock. Its count in holds_ (taken ahead) is given back by its delivery.
+    detail::RuleRequest* hold = entering_.front();
+    entering_.clear();
+    entering_tasklets_.clear();
+    manager_.table_.submit(*hold);
+    return;
+  }
   std::array<bool, rule_batch_size> granted{};
   manager_.table_.acquire_all(entering_, granted.data());
   entering_.clear();
