@@ -15,8 +15,8 @@
 namespace tasklet {
 
 struct SerialExecutor::State {
-  // Counted without the lock: posting and finishing touch one atomic, and only the task that brings
-  // it to zero takes the mutex, to wake wait() and the destructor.
+  // Counted without the lock: posting and finishing touch one atomic, and only a task that may bring
+  // it to zero takes the mutex, to wake wait() and the destructor. Tasks do not own the state.
   std::atomic<std::size_t> outstanding{0};
   mutable std::mutex mutex;  // guards first_error and the wake-up of `idle`
   // A wait() in a job or an async phase suspends its oneTBB task instead of blocking the worker
@@ -27,38 +27,32 @@ struct SerialExecutor::State {
   bool is_idle() const noexcept { return outstanding.load(std::memory_order_acquire) == 0; }
 };
 
-namespace {
+namespace detail {
 
-// One posted task: an async phase under the executor's rule. Its destruction, whether it ran or
-// was cancelled, is what counts it out.
-class SerialTask final : public Tasklet {
- public:
-  SerialTask(std::shared_ptr<SerialExecutor::State> state, std::unique_ptr<SerialExecutor::Body_> body)
-      : state_(std::move(state)), body_(std::move(body)) {}
-  ~SerialTask() override {
-    if (state_->outstanding.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-    // Under the mutex: ordered with a waiter between its check and its sleep.
-    std::lock_guard lock(state_->mutex);
-    state_->idle.notify_all();
+SerialTask::~SerialTask() {
+  // Not the last: one atomic step, no lock.
+  std::size_t left = state_.outstanding.load(std::memory_order_relaxed);
+  while (left > 1 && !state_.outstanding.compare_exchange_weak(left, left - 1, std::memory_order_acq_rel,
+                                                               std::memory_order_relaxed)) {
   }
-  Directive task() override {
-    try {
-      body_->run();
-    } catch (...) {
-      std::lock_guard lock(state_->mutex);
-      if (!state_->first_error) state_->first_error = std::current_exception();
-    }
-    body_.reset();
-    return Directive::done;
+  if (left > 1) return;
+  // Perhaps the last: counted out under the mutex, so that a waiter (the executor's destructor,
+  // which then frees the state) sees zero only once this task is done with the state.
+  std::lock_guard lock(state_.mutex);
+  if (state_.outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) state_.idle.notify_all();
+}
+
+Directive SerialTask::task() {
+  try {
+    run_body();
+  } catch (...) {
+    std::lock_guard lock(state_.mutex);
+    if (!state_.first_error) state_.first_error = std::current_exception();
   }
-  const SerialExecutor::State* state() const noexcept { return state_.get(); }
+  return Directive::done;
+}
 
- private:
-  std::shared_ptr<SerialExecutor::State> state_;
-  std::unique_ptr<SerialExecutor::Body_> body_;
-};
-
-}  // namespace
+}  // namespace detail
 
 SerialExecutor::SerialExecutor(std::shared_ptr<JobManager> manager, std::string name)
     : manager_(manager ? std::move(manager) : JobManager::global()),
@@ -71,8 +65,7 @@ SerialExecutor::~SerialExecutor() {
   state_->idle.wait(lock, [this] { return state_->is_idle(); });
 }
 
-SerialExecutor::Handle SerialExecutor::post_erased(std::unique_ptr<Body_> body) {
-  auto task = std::allocate_shared<SerialTask>(detail::Allocator<SerialTask>{}, state_, std::move(body));
+SerialExecutor::Handle SerialExecutor::post_task(std::shared_ptr<detail::SerialTask> task) {
   state_->outstanding.fetch_add(1, std::memory_order_relaxed);  // the task's destructor counts it out
   task->set_rule(rule_);
   Handle handle{task};
@@ -88,7 +81,7 @@ bool SerialExecutor::cancel(const Handle& handle) {
 std::size_t SerialExecutor::cancel_all() {
   const State* mine = state_.get();
   return manager_->impl().table_.withdraw_waiting(*rule_, [mine](const detail::RuleRequest& request) {
-    const auto* task = dynamic_cast<const SerialTask*>(static_cast<const Tasklet*>(request.owner()));
+    const auto* task = dynamic_cast<const detail::SerialTask*>(static_cast<const Tasklet*>(request.owner()));
     return task != nullptr && task->state() == mine;
   });
 }

@@ -15,11 +15,14 @@
 
 #include "tasklet/detail/allocator.hpp"
 #include "tasklet/scheduling_rule.hpp"
+#include "tasklet/tasklet_base.hpp"
 
 namespace tasklet {
 
 class JobManager;
-class Tasklet;
+namespace detail {
+class SerialTask;
+}
 
 class SerialExecutor {
  public:
@@ -46,9 +49,7 @@ class SerialExecutor {
   /// from the task is kept and rethrown by wait().
   template <class F>
   requires std::is_invocable_v < std::decay_t<F>
-  & > Handle post(F&& task) {
-    return post_erased(std::make_unique<Body<std::decay_t<F>>>(std::forward<F>(task)));
-  }
+  & > Handle post(F&& task);
 
   /// Removes a task that has not started; it will never run. False when it has started, finished
   /// or was cancelled already. Thread-safe.
@@ -68,25 +69,50 @@ class SerialExecutor {
   /// The mutex rule every task holds.
   const Rule& rule() const noexcept { return rule_; }
 
-  struct Body_ : detail::PooledObject {
-    virtual ~Body_() = default;
-    virtual void run() = 0;
-  };
   struct State;
 
  private:
-  template <class F>
-  struct Body final : Body_ {
-    explicit Body(F fn) : fn_(std::move(fn)) {}
-    void run() override { fn_(); }
-    F fn_;
-  };
-
-  Handle post_erased(std::unique_ptr<Body_> body);
+  Handle post_task(std::shared_ptr<detail::SerialTask> task);
 
   std::shared_ptr<JobManager> manager_;
   Rule rule_;
   std::shared_ptr<State> state_;
 };
+
+namespace detail {
+
+/// One posted task (private): a tasklet holding the executor's rule whose only phase runs the
+/// body. Its destruction, whether it ran or was cancelled, counts it out of the executor.
+class SerialTask : public Tasklet {
+ public:
+  explicit SerialTask(SerialExecutor::State& state) noexcept : state_(state) {}
+  ~SerialTask() override;
+  Directive task() final;
+  const SerialExecutor::State* state() const noexcept { return &state_; }
+
+ private:
+  virtual void run_body() = 0;
+  // Not owned: the executor's destructor waits until every task of it is destroyed.
+  SerialExecutor::State& state_;
+};
+
+template <class F>
+class SerialTaskOf final : public SerialTask {
+ public:
+  SerialTaskOf(SerialExecutor::State& state, F fn) : SerialTask(state), fn_(std::move(fn)) {}
+
+ private:
+  void run_body() override { fn_(); }
+  F fn_;
+};
+
+}  // namespace detail
+
+template <class F>
+requires std::is_invocable_v < std::decay_t<F>
+& > SerialExecutor::Handle SerialExecutor::post(F&& task) {
+  using Task = detail::SerialTaskOf<std::decay_t<F>>;
+  return post_task(std::allocate_shared<Task>(detail::Allocator<Task>{}, *state_, std::forward<F>(task)));
+}
 
 }  // namespace tasklet
