@@ -319,7 +319,7 @@ std::uint32_t RuleTable::mark_clear(RuleRequest& request) noexcept {
 // acquire() under the lock; revoking parked requests may let others through (`grants`) and leave
 // orphans to delete (outside the lock).
 bool RuleTable::enter(RuleRequest& request, EntryCache* cache, bool parkable, Grants& grants,
-                      std::vector<RuleRequest*>& orphans) {
+                      Orphans& orphans) {
   assert(request.rule_ != nullptr && !request.in_table_);
   {
     request.ticket_ = ++next_ticket_;
@@ -403,45 +403,105 @@ void RuleTable::acquire_all(std::span<RuleRequest* const> requests, bool* grante
   notify(grants);
 }
 
-void RuleTable::submit(RuleRequest& request) {
-  RuleRequest* newest = submitted_.load(std::memory_order_relaxed);
+void RuleTable::push_submitted(RuleRequest& request, std::uintptr_t tag) noexcept {
+  const std::uintptr_t submission = reinterpret_cast<std::uintptr_t>(&request) | tag;
+  std::uintptr_t newest = submitted_.load(std::memory_order_relaxed);
   do {
     request.next_submitted_ = newest;
-  } while (!submitted_.compare_exchange_weak(newest, &request, std::memory_order_release,
+  } while (!submitted_.compare_exchange_weak(newest, submission, std::memory_order_release,
                                              std::memory_order_relaxed));
+}
+
+void RuleTable::submit(RuleRequest& request) {
+  push_submitted(request, 0);
+  drain();
+}
+
+void RuleTable::submit_all(std::span<RuleRequest* const> requests) noexcept {
+  if (requests.empty()) return;
+  // Linked newest first, as if pushed one by one; the oldest then links to what was there.
+  for (std::size_t i = requests.size() - 1; i > 0; --i)
+    requests[i]->next_submitted_ = reinterpret_cast<std::uintptr_t>(requests[i - 1]);
+  RuleRequest& oldest = *requests.front();
+  const auto newest = reinterpret_cast<std::uintptr_t>(requests.back());
+  std::uintptr_t head = submitted_.load(std::memory_order_relaxed);
+  do {
+    oldest.next_submitted_ = head;
+  } while (!submitted_.compare_exchange_weak(head, newest, std::memory_order_release, std::memory_order_relaxed));
+}
+
+void RuleTable::drain() noexcept {
   Grants grants;
-  std::vector<RuleRequest*> orphans;
+  Orphans orphans;
   settle(grants, orphans);
   notify(grants);
   for (RuleRequest* orphan : orphans) delete orphan;
 }
 
-// Under the lock. Out of memory while entering terminates, as while queueing: the request's
-// submitter has gone on, and a half-entered request would break the table.
-void RuleTable::enter_submitted(Grants& grants, std::vector<RuleRequest*>& orphans) noexcept {
-  if (submitted_.load(std::memory_order_relaxed) == nullptr) return;  // mostly: no write to share
-  RuleRequest* newest = submitted_.exchange(nullptr, std::memory_order_acquire);
-  RuleRequest* oldest = nullptr;
-  while (newest != nullptr) {
-    RuleRequest* next = newest->next_submitted_;
-    newest->next_submitted_ = oldest;
+void RuleTable::release_and_delete(RuleRequest& request, const Rule& rule) noexcept {
+  Grants grants;
+  Orphans orphans;
+  if (mutex_.try_lock()) {
+    enter_submitted(grants, orphans);
+    assert(request.in_table_ && request.held_);
+    leave(request, grants);
+    orphans.push_back(&request);
+    mutex_.unlock();
+    settle(grants, orphans);
+  } else if (request.retain_rule(rule)) {
+    push_submitted(request, release_tag);
+    settle(grants, orphans);
+  } else {
+    {
+      Locked lock(*this, grants);
+      leave(request, grants);
+      lock.orphans().push_back(&request);
+    }
+  }
+  notify(grants);
+  for (RuleRequest* orphan : orphans) delete orphan;
+}
+
+// Under the lock. Out of memory while entering terminates, as while queueing: the submitter has
+// gone on, and a half-entered request would break the table.
+void RuleTable::enter_submitted(Grants& grants, Orphans& orphans) noexcept {
+  if (submitted_.load(std::memory_order_relaxed) == 0) return;  // mostly: no write to share
+  std::uintptr_t newest = submitted_.exchange(0, std::memory_order_acquire);
+  std::uintptr_t oldest = 0;
+  while (newest != 0) {
+    RuleRequest& request = submitted_request(newest);
+    const std::uintptr_t next = request.next_submitted_;
+    request.next_submitted_ = oldest;
     oldest = newest;
     newest = next;
   }
-  while (oldest != nullptr) {
-    RuleRequest& request = *oldest;
-    oldest = std::exchange(request.next_submitted_, nullptr);
-    if (enter(request, nullptr, false, grants, orphans)) grants.push_back(&request);
+  while (oldest != 0) {
+    RuleRequest& request = submitted_request(oldest);
+    const bool release = (oldest & release_tag) != 0;
+    oldest = std::exchange(request.next_submitted_, 0);
+    if (release) {
+      assert(request.in_table_ && request.held_);
+      leave(request, grants);
+      orphans.push_back(&request);
+    } else if (enter(request, nullptr, false, grants, orphans)) {
+      grants.push_back(&request);
+    }
   }
 }
 
 // After letting the lock go (or submitting): enters what was submitted meanwhile, unless another
 // thread holds the lock, which does it when it lets go. The fences order our read of submitted_
-// after our unlock, and a submitter's try_lock after its push: one of us sees the other.
-void RuleTable::settle(Grants& grants, std::vector<RuleRequest*>& orphans) noexcept {
+// after our unlock, and a submitter's try_lock after its push: one of us sees the other. Before
+// each further round, the grants so far are announced: their holders need not wait for it.
+void RuleTable::settle(Grants& grants, Orphans& orphans) noexcept {
   for (;;) {
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (submitted_.load(std::memory_order_relaxed) == nullptr || !mutex_.try_lock()) return;
+    if (submitted_.load(std::memory_order_relaxed) == 0) return;
+    if (!grants.empty()) {
+      notify(grants);
+      grants.clear();
+    }
+    if (!mutex_.try_lock()) return;
     enter_submitted(grants, orphans);
     mutex_.unlock();
   }
@@ -466,7 +526,7 @@ bool RuleTable::conflicting(const RuleRequest& a, const RuleRequest& b) noexcept
 // has custom parts. True when some were taken out. O(parked requests), and only for a newcomer
 // that would wait otherwise (or has custom parts).
 bool RuleTable::revoke_parked(const RuleRequest& request, Grants& grants,
-                              std::vector<RuleRequest*>& orphans) {
+                              Orphans& orphans) {
   bool revoked = false;
   for (std::size_t at = 0; at < parked_.size();) {
     RuleRequest& other = *parked_[at];

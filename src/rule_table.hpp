@@ -200,6 +200,12 @@ class RuleRequest {
   }
   virtual void granted() noexcept = 0;
   virtual void cancelled() noexcept = 0;
+  /// For RuleTable::release_and_delete: makes this request keep `rule` (its rule) alive until it
+  /// is deleted, and says whether it did; the default cannot.
+  virtual bool retain_rule(const Rule& rule) noexcept {
+    static_cast<void>(rule);
+    return false;
+  }
   /// Who asked (a tasklet, for instance), so that its request can be found and withdrawn.
   virtual const void* owner() const noexcept { return nullptr; }
 
@@ -247,7 +253,7 @@ class RuleRequest {
   // Kept small: one of these waits in the table for every queued tasklet with a rule.
   const SchedulingRule* rule_ = nullptr;
   std::uint64_t ticket_ = 0;
-  RuleRequest* next_submitted_ = nullptr;  // in RuleTable::submitted_, before it is entered
+  std::uintptr_t next_submitted_ = 0;  // in RuleTable::submitted_: the next older submission
   RuleEntry* entries_;            // the subclass's room, or the heap
   std::uint32_t entry_count_ = 0;
   std::uint32_t unclear_ = 0;     // nodes where the request is not clear yet
@@ -381,6 +387,8 @@ struct EntryCache {
 
 /// Requests newly granted by a release or cancellation, to notify outside the lock.
 using Grants = boost::container::small_vector<RuleRequest*, 4>;
+/// Requests the table owns and deletes once it has let its lock go.
+using Orphans = boost::container::small_vector<RuleRequest*, 8>;
 
 class RuleTable {
  public:
@@ -403,6 +411,15 @@ class RuleTable {
   /// another thread; it counts as requested now (before anything this thread enters later).
   /// Lock-free when the lock is taken; calls custom rules' checks under the lock.
   void submit(RuleRequest& request);
+
+  /// As submit() for each request in turn (in that order), with one atomic step, but entering
+  /// none of them on this thread: the next thread to take the lock, or to call drain(), enters
+  /// them, before anything else. The caller must see to it that drain() runs afterwards (on any
+  /// thread), so that they do not wait for an unrelated operation. Lock-free.
+  void submit_all(std::span<RuleRequest* const> requests) noexcept;
+  /// Enters what was submitted and notifies the requests granted, unless another thread holds the
+  /// lock (that thread then enters it before it lets go). Never waits for the lock.
+  void drain() noexcept;
 
   /// As acquire() for each request in turn, under one taking of the lock (in ticket order, as if
   /// entered one by one); granted[i] tells whether requests[i] was granted at once.
@@ -427,6 +444,12 @@ class RuleTable {
   void release(RuleRequest& request);
   /// As release(), but hands the newly granted requests to the caller to notify.
   void release(RuleRequest& request, Grants& grants);
+  /// Releases a held request and deletes it (outside the lock), without waiting for the table's
+  /// lock: when another thread holds it, the release is left to that thread, which does it before
+  /// it lets go (after what was submitted earlier) and notifies the requests it lets through. The
+  /// request then keeps `rule`, its rule, alive until it is deleted (RuleRequest::retain_rule);
+  /// one that cannot waits for the lock instead. Lock-free when the lock is taken.
+  void release_and_delete(RuleRequest& request, const Rule& rule) noexcept;
 
   /// Withdraws a waiting request; false when it was granted meanwhile (its granted() runs or ran).
   bool withdraw(RuleRequest& request);
@@ -446,7 +469,7 @@ class RuleTable {
 
   /// Whether submitted requests wait to be entered (a parked request must not be resumed past
   /// them: they came first).
-  bool has_submitted() const noexcept { return submitted_.load(std::memory_order_acquire) != nullptr; }
+  bool has_submitted() const noexcept { return submitted_.load(std::memory_order_acquire) != 0; }
 
   /// Cancels every waiting request (their cancelled() is called). For the owner's shutdown.
   void cancel_all_waiting();
@@ -463,10 +486,11 @@ class RuleTable {
   static void notify(const Grants& grants) noexcept;
 
  private:
-  // The table's lock, taken for one operation. Requests submitted meanwhile are entered first, in
-  // the order they came, so that the operation comes after them; after the lock is let go, those
-  // that came while it was held are entered by this thread, unless another holds the lock again
-  // (which then does the same). Their grants join `grants`, which the caller notifies afterwards.
+  // The table's lock, taken for one operation. What was submitted meanwhile (requests to enter,
+  // releases) is carried out first, in the order it came, so that the operation comes after it;
+  // after the lock is let go, what came while it was held is carried out by this thread, unless
+  // another holds the lock again (which then does the same). Their grants join `grants`, which the
+  // caller notifies afterwards (or settle() does, before each further round).
   class Locked {
    public:
     Locked(RuleTable& table, Grants& grants) : table_(table), grants_(grants) {
@@ -480,15 +504,15 @@ class RuleTable {
     }
     Locked(const Locked&) = delete;
     Locked& operator=(const Locked&) = delete;
-    // Parked requests revoked and owned by the table: deleted once the lock is let go.
-    std::vector<RuleRequest*>& orphans() noexcept { return orphans_; }
+    // Requests the table gave up (parked ones revoked, released ones): deleted after unlocking.
+    Orphans& orphans() noexcept { return orphans_; }
 
    private:
     RuleTable& table_;
     Grants& grants_;
-    std::vector<RuleRequest*> orphans_;
+    Orphans orphans_;
   };
-  void enter_submitted(Grants& grants, std::vector<RuleRequest*>& orphans) noexcept;
+  void enter_submitted(Grants& grants, Orphans& orphans) noexcept;
   // Reads the table under the lock, after entering what was submitted.
   template <class Read>
   auto read_settled(Read&& read) {
@@ -501,7 +525,7 @@ class RuleTable {
     return value;
   }
   bool has_conflicting_waiter_locked(const RuleRequest& held) const noexcept;
-  void settle(Grants& grants, std::vector<RuleRequest*>& orphans) noexcept;
+  void settle(Grants& grants, Orphans& orphans) noexcept;
 
   // Unordered sets of requests, each request knowing its position: O(1) insertion and removal
   // without touching any other request but the one moved into the gap.
@@ -527,8 +551,8 @@ class RuleTable {
   bool blocked_by_custom(const RuleRequest& request) const noexcept;
   static bool conflicting(const RuleRequest& a, const RuleRequest& b) noexcept;
   bool enter(RuleRequest& request, EntryCache* cache, bool parkable, Grants& grants,
-             std::vector<RuleRequest*>& orphans);
-  bool revoke_parked(const RuleRequest& request, Grants& grants, std::vector<RuleRequest*>& orphans);
+             Orphans& orphans);
+  bool revoke_parked(const RuleRequest& request, Grants& grants, Orphans& orphans);
   std::uint32_t mark_clear(RuleRequest& request) noexcept;
   std::size_t parked_idle() const noexcept;
   void grant(RuleRequest& request, Grants& grants);
@@ -539,8 +563,14 @@ class RuleTable {
   void prune(RuleNode& node);
 
   TableMutex mutex_;
-  // Requests submitted and not entered yet, newest first (linked through next_submitted_).
-  std::atomic<RuleRequest*> submitted_{nullptr};
+  // Submissions not carried out yet, newest first, linked through next_submitted_: a request's
+  // address, with release_tag set for a release (else it is to be entered).
+  static constexpr std::uintptr_t release_tag = 1;
+  std::atomic<std::uintptr_t> submitted_{0};
+  void push_submitted(RuleRequest& request, std::uintptr_t tag) noexcept;
+  static RuleRequest& submitted_request(std::uintptr_t submission) noexcept {
+    return *reinterpret_cast<RuleRequest*>(submission & ~release_tag);
+  }
   const std::uint64_t id_;
   std::uint64_t next_ticket_ = 0;
   std::size_t held_ = 0;

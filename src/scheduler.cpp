@@ -32,7 +32,7 @@ namespace {
 // one arena submission per batch, then the worker spawns them locally (far cheaper than one
 // enqueue each).
 constexpr std::size_t async_batch_size = 256;
-// Tasklets with rules from the synchronous thread entering the rule table under one lock: few, so
+// Tasklets with rules from the synchronous thread submitted to the rule table together: few, so
 // that a chain of holders starts while the synchronous thread is still adding to it.
 constexpr std::size_t rule_batch_size = 16;
 
@@ -204,6 +204,15 @@ struct Scheduler::Impl::RunnerTask {
   }
 };
 
+// Enters what was submitted to the rule table (see enter_rule_batch).
+struct Scheduler::Impl::EnterTask {
+  Impl* impl;
+  void operator()() const {
+    WorkerTaskScope scope(impl->workers_, *impl);
+    impl->manager_.table_.drain();
+  }
+};
+
 struct Scheduler::Impl::BatchTask {
   Impl* impl;
   mutable std::vector<TaskletPtr> tasklets;
@@ -265,8 +274,14 @@ struct Scheduler::Impl::TaskletHold final : detail::InlineRuleRequest<N>, detail
     delete this;
     impl.finish(std::move(ended), nullptr);
   }
+  // Once granted, `tasklet` is empty: it can hold the rule instead (owning it, pointing nowhere).
+  bool retain_rule(const Rule& rule) noexcept override {
+    assert(!tasklet);
+    tasklet = TaskletPtr(rule, nullptr);
+    return true;
+  }
 
-  TaskletPtr tasklet;
+  TaskletPtr tasklet;  // while it waits; then perhaps its rule (retain_rule)
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -456,10 +471,6 @@ void Scheduler::Impl::start_holding(TaskletPtr tasklet, Directive directive) {
   auto* hold = new TaskletHold<N>(std::move(tasklet), directive);
   TaskletAccess::hold(raw) = hold;
   if (detail::state().sync_of == this && running_.load(std::memory_order_relaxed)) {
-    // Only runs of one rule object are entered together: they mostly wait for each other anyway,
-    // whereas holding the lock for a batch of unrelated requests would keep the releasing workers
-    // waiting on it.
-    if (!entering_.empty() && entering_.back()->rule() != raw.rule().get()) enter_rule_batch();
     take_reserved(holds_, reserved_holds_);
     entering_.push_back(hold);
     entering_tasklets_.emplace_back(&hold->tasklet, directive);
@@ -477,10 +488,8 @@ void Scheduler::Impl::release_rule(Tasklet& tasklet) noexcept {
   detail::RuleRequest* hold = TaskletAccess::hold(tasklet);
   if (hold == nullptr) return;
   TaskletAccess::hold(tasklet) = nullptr;
-  detail::Grants grants;
-  manager_.table_.release(*hold, grants);
-  delete hold;
-  detail::RuleTable::notify(grants);
+  // Left to the table's lock holder when there is one: a releasing worker never sleeps on it.
+  manager_.table_.release_and_delete(*hold, tasklet.rule());
 }
 
 bool Scheduler::Impl::withdraw(Tasklet& tasklet) {
@@ -722,29 +731,17 @@ void Scheduler::Impl::take_reserved(std::atomic<std::size_t>& counter, std::size
   --reserved;
 }
 
-// The synchronous thread's tasklets with rules enter the table together. Those granted at once
-// go on here; the others wait there, and their grants continue them (and may free them: only the
-// granted ones are touched after the table has them).
+// The synchronous thread's tasklets with rules are submitted to the table together (in order, in
+// one atomic step) and entered by a task on the workers, unless a thread that takes the table's
+// lock first enters them. The synchronous thread, which makes the work for everyone, spends no
+// time in the table, nor waits for its lock. The grants continue the tasklets (granted()) and give
+// back the counts taken ahead for them.
 void Scheduler::Impl::enter_rule_batch() {
   if (entering_.empty()) return;
-  if (entering_.size() == 1) {
-    // Alone: submitted, so that this thread need not wait for a worker that holds the table's
-    // lock. Its count in holds_ (taken ahead) is given back by its delivery.
-    detail::RuleRequest* hold = entering_.front();
-    entering_.clear();
-    entering_tasklets_.clear();
-    manager_.table_.submit(*hold);
-    return;
-  }
-  std::array<bool, rule_batch_size> granted{};
-  manager_.table_.acquire_all(entering_, granted.data());
+  manager_.table_.submit_all(entering_);
   entering_.clear();
-  for (std::size_t i = 0; i < entering_tasklets_.size(); ++i) {
-    if (!granted[i]) continue;
-    ++reserved_holds_;  // no delivery to wait for
-    dispatch(std::move(*entering_tasklets_[i].first), entering_tasklets_[i].second);
-  }
   entering_tasklets_.clear();
+  spawn(EnterTask{this});
 }
 
 void Scheduler::Impl::flush_async_batch() {

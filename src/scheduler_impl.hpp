@@ -108,8 +108,8 @@ struct Scheduler::Impl {
   // run() looks at active_.
   std::size_t reserved_active_ = 0;
   std::size_t reserved_holds_ = 0;
-  // Requests of tasklets with rules it started, entered into the rule table together (one taking
-  // of the table's lock for many) when there are enough or at the batch's submission.
+  // Requests of tasklets with rules it started, submitted to the rule table together when there
+  // are enough, at the batch's submission, or before this thread makes another request.
   std::vector<detail::RuleRequest*> entering_;
   std::vector<std::pair<TaskletPtr*, Directive>> entering_tasklets_;  // TaskletHold::tasklet, pending
   std::vector<TaskletPtr> sync_batch_;
@@ -127,6 +127,7 @@ struct Scheduler::Impl {
  private:
   struct PhaseTask;
   struct BatchTask;
+  struct EnterTask;
   struct RunnerTask;
   template <std::size_t N>
   struct TaskletHold;

@@ -290,6 +290,117 @@ TEST_F(RuleTableTest, AnAcquireWaitingForTheLockComesAfterWhatWasSubmittedMeanwh
   table_.release(held);
 }
 
+// A heap-allocated request handed to release_and_delete: it keeps its rule once asked to, and
+// says when it is deleted.
+struct Released final : InlineRuleRequest<2> {
+  Released(Rule rule, std::atomic<int>& deletions) : kept(std::move(rule)), deleted(deletions) {
+    set_rule(kept.get());
+  }
+  ~Released() override { deleted.fetch_add(1); }
+  void granted() noexcept override { ++grants; }
+  void cancelled() noexcept override { ++cancels; }
+  bool retain_rule(const Rule& rule) noexcept override {
+    retained = rule;
+    return true;
+  }
+  Rule kept;
+  Rule retained;
+  std::atomic<int>& deleted;
+  int grants = 0;
+  int cancels = 0;
+};
+
+// With the lock free, release_and_delete releases at once, lets the next one through and deletes
+// the request; its rule is not retained.
+TEST_F(RuleTableTest, ReleaseAndDeleteWithTheLockFreeReleasesAtOnce) {
+  const Rule light = rules::mutex("light");
+  std::atomic<int> deleted{0};
+  auto* first = new Released(light, deleted);
+  Probe next(light);
+  ASSERT_TRUE(table_.acquire(*first));
+  ASSERT_FALSE(table_.acquire(next));
+  EXPECT_FALSE(first->retained) << "nothing to retain the rule for: the lock was free";
+  table_.release_and_delete(*first, light);
+  EXPECT_EQ(deleted.load(), 1);
+  EXPECT_EQ(next.grants, 1);
+  table_.release(next);
+}
+
+// A release left while another thread holds the lock is done by that thread before it lets go, in
+// the order of the submissions around it: the request keeps its rule meanwhile, and is deleted
+// once released.
+TEST_F(RuleTableTest, AReleaseLeftWhileTheLockIsHeldIsDoneByItsHolderInOrder) {
+  const auto holding = std::make_shared<LockHoldingRule>(true);
+  const auto plain = std::make_shared<LockHoldingRule>(false);
+  Probe held(plain), checker(holding);
+  ASSERT_TRUE(table_.acquire(held));
+  std::atomic<int> deleted{0};
+  Rule mine = rules::path("/r");  // the released request's alone: the others have their own objects
+  const std::weak_ptr<const SchedulingRule> watch = mine;
+  auto* first = new Released(mine, deleted);
+  Probe waiter(rules::path("/r")), later(rules::path("/r"));
+  ASSERT_TRUE(table_.acquire(*first));
+  ASSERT_FALSE(table_.acquire(waiter));
+  std::thread holder([&] { EXPECT_TRUE(table_.acquire(checker)); });
+  holding->inside.wait();
+  table_.release_and_delete(*first, mine);
+  EXPECT_TRUE(table_.has_submitted()) << "the release waits for the lock's holder";
+  EXPECT_EQ(deleted.load(), 0);
+  EXPECT_EQ(waiter.grants, 0);
+  // As a finished tasklet drops its rule: only the copy the request retained is left.
+  first->kept.reset();
+  mine.reset();
+  EXPECT_FALSE(watch.expired()) << "the request retained its rule";
+  table_.submit(later);
+  EXPECT_EQ(later.grants, 0);
+  holding->go.count_down();
+  holder.join();
+  EXPECT_FALSE(table_.has_submitted());
+  EXPECT_EQ(deleted.load(), 1) << "released and deleted by the holder";
+  EXPECT_TRUE(watch.expired()) << "the retained rule went with the request";
+  EXPECT_EQ(waiter.grants, 1) << "the release let the waiter through";
+  EXPECT_EQ(later.grants, 0) << "submitted after the release, and behind the waiter";
+  table_.release(waiter);
+  EXPECT_EQ(later.grants, 1);
+  table_.release(later);
+  table_.release(checker);
+  table_.release(held);
+}
+
+// submit_all enters nothing on the calling thread: the requests wait for drain() (or whoever takes
+// the lock next), which enters them in their order.
+TEST_F(RuleTableTest, RequestsSubmittedTogetherWaitForADrainAndKeepTheirOrder) {
+  const Rule light = rules::mutex("light");
+  Probe first(light), second(light), third(light), other(rules::path("/free"));
+  std::vector<RuleRequest*> batch{&first, &second, &other, &third};
+  table_.submit_all(batch);
+  EXPECT_TRUE(table_.has_submitted());
+  EXPECT_EQ(first.grants + second.grants + third.grants + other.grants, 0);
+  table_.drain();
+  EXPECT_FALSE(table_.has_submitted());
+  EXPECT_EQ(first.grants, 1);
+  EXPECT_EQ(other.grants, 1) << "a request that conflicts with none is granted at once";
+  EXPECT_EQ(second.grants + third.grants, 0);
+  table_.release(first);
+  EXPECT_EQ(second.grants, 1);
+  EXPECT_EQ(third.grants, 0);
+  // A second batch comes after the first, and an acquire after both.
+  Probe fourth(light), fifth(light), last(light);
+  std::vector<RuleRequest*> more{&fourth, &fifth};
+  table_.submit_all(more);
+  EXPECT_FALSE(table_.acquire(last)) << "entered after the batch it follows";
+  table_.release(second);
+  EXPECT_EQ(third.grants, 1);
+  table_.release(third);
+  EXPECT_EQ(fourth.grants, 1);
+  table_.release(fourth);
+  EXPECT_EQ(fifth.grants, 1);
+  table_.release(fifth);
+  EXPECT_EQ(last.grants, 1);
+  table_.release(last);
+  table_.release(other);
+}
+
 TEST_F(RuleTableTest, WithdrawingAWaiterLetsThoseBehindItThrough) {
   Probe x(rules::path("/a/x")), all(rules::path("/a")), y(rules::path("/a/y"));
   EXPECT_TRUE(table_.acquire(x));
