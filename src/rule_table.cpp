@@ -403,18 +403,21 @@ void RuleTable::acquire_all(std::span<RuleRequest* const> requests, bool* grante
   notify(grants);
 }
 
-void RuleTable::push_submitted(RuleRequest& request, std::uintptr_t tag) noexcept {
+bool RuleTable::push_submitted(RuleRequest& request, std::uintptr_t tag) noexcept {
   const std::uintptr_t submission = reinterpret_cast<std::uintptr_t>(&request) | tag;
   std::uintptr_t newest = submitted_.load(std::memory_order_relaxed);
   do {
     request.next_submitted_ = newest;
   } while (!submitted_.compare_exchange_weak(newest, submission, std::memory_order_release,
                                              std::memory_order_relaxed));
+  return newest == 0;
 }
 
+// Only a submission that finds none before it needs to see to the stack: whoever made it non-empty
+// went through settle() after its push, which leaves the whole stack (everything pushed until it is
+// taken) to the thread that enters it.
 void RuleTable::submit(RuleRequest& request) {
-  push_submitted(request, 0);
-  drain();
+  if (push_submitted(request, 0)) drain();
 }
 
 void RuleTable::submit_all(std::span<RuleRequest* const> requests) noexcept {
@@ -449,8 +452,7 @@ void RuleTable::release_and_delete(RuleRequest& request, const Rule& rule) noexc
     mutex_.unlock();
     settle(grants, orphans);
   } else if (request.retain_rule(rule)) {
-    push_submitted(request, release_tag);
-    settle(grants, orphans);
+    if (push_submitted(request, release_tag)) settle(grants, orphans);
   } else {
     {
       Locked lock(*this, grants);

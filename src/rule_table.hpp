@@ -567,7 +567,8 @@ class RuleTable {
   // address, with release_tag set for a release (else it is to be entered).
   static constexpr std::uintptr_t release_tag = 1;
   std::atomic<std::uintptr_t> submitted_{0};
-  void push_submitted(RuleRequest& request, std::uintptr_t tag) noexcept;
+  // Pushes a submission; true when it found none before it.
+  bool push_submitted(RuleRequest& request, std::uintptr_t tag) noexcept;
   static RuleRequest& submitted_request(std::uintptr_t submission) noexcept {
     return *reinterpret_cast<RuleRequest*>(submission & ~release_tag);
   }
