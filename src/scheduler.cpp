@@ -792,6 +792,9 @@ void Scheduler::Impl::run_sync_phase(TaskletPtr tasklet) noexcept {
 // sync tasklet (sleeping while there is none) and run them. False once nothing is left.
 bool Scheduler::Impl::drain_sync_queue_once() {
   flush_async_batch();
+  // What this thread submitted and no worker has entered yet (they may all be busy for long) goes in
+  // now, before it looks for work or sleeps: a sync tasklet may be waiting for its rule.
+  manager_.table_.drain();
   {
     std::unique_lock lock(mutex_);
     while (sync_queue_.empty()) {

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <latch>
 #include <mutex>
+#include <future>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -390,6 +391,45 @@ TEST_P(DispatcherTest, SyncPhasesWithRulesRunOnTheSyncThread) {
   }
   scheduler().run();
   EXPECT_EQ(elsewhere.load(), 0);
+}
+
+// The synchronous thread's requests are entered by a task on the workers, but a sync tasklet must
+// not wait for a worker to be free: here the only worker waits for that very tasklet, and the
+// synchronous thread enters what it submitted itself before it waits for work.
+TEST(DispatcherBusyWorkersTest, ASyncTaskletWithARuleDoesNotWaitForABusyWorker) {
+  auto manager = JobManager::create(JobManager::Options{1, nullptr});
+  auto scheduler = Scheduler::create(SchedulerOptions{manager, nullptr, 0});
+  const Rule rule = rules::mutex("sync side");
+  std::latch blocker_started{1};
+  std::promise<void> ran;
+  std::shared_future<void> sync_ran = ran.get_future().share();
+  std::atomic<bool> blocker_saw_it{false};
+  scheduler->schedule(
+      make_tasklet([&, phase = 0]() mutable {
+        if (phase++ == 0) {
+          api::current().schedule(make_tasklet([&] {
+                                    blocker_started.count_down();
+                                    // Bounded only so that a regression fails instead of hanging.
+                                    blocker_saw_it = sync_ran.wait_for(60s) == std::future_status::ready;
+                                    return Directive::done;
+                                  }),
+                                  Directive::async);
+          return Directive::sync;  // the blocker starts when this turn ends
+        }
+        blocker_started.wait();  // the only worker is busy from now on
+        api::current().schedule(make_tasklet(
+                                    [&] {
+                                      ran.set_value();
+                                      return Directive::done;
+                                    },
+                                    rule),
+                                Directive::sync);
+        return Directive::done;
+      }),
+      Directive::sync);
+  scheduler->run();
+  EXPECT_TRUE(blocker_saw_it.load()) << "the sync tasklet waited for the busy worker";
+  EXPECT_EQ(manager->rule_stats().held, 0u);
 }
 
 }  // namespace
