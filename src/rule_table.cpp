@@ -434,6 +434,9 @@ void RuleTable::submit_all(std::span<RuleRequest* const> requests) noexcept {
 }
 
 void RuleTable::drain() noexcept {
+  // A submission this thread made, or one made before a task that calls this was spawned, is seen
+  // here unless it was entered already; one made concurrently is its submitter's to see to.
+  if (submitted_.load(std::memory_order_acquire) == 0) return;
   Grants grants;
   Orphans orphans;
   settle(grants, orphans);
