@@ -392,17 +392,6 @@ bool RuleTable::acquire(RuleRequest& request, EntryCache* cache, bool parkable) 
   return granted;
 }
 
-void RuleTable::acquire_all(std::span<RuleRequest* const> requests, bool* granted) {
-  Grants grants;
-  {
-    Locked lock(*this, grants);
-    for (std::size_t i = 0; i < requests.size(); ++i) {
-      granted[i] = enter(*requests[i], nullptr, false, grants, lock.orphans());
-    }
-  }
-  notify(grants);
-}
-
 bool RuleTable::push_submitted(RuleRequest& request, std::uintptr_t tag) noexcept {
   const std::uintptr_t submission = reinterpret_cast<std::uintptr_t>(&request) | tag;
   std::uintptr_t newest = submitted_.load(std::memory_order_relaxed);

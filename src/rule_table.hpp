@@ -421,10 +421,6 @@ class RuleTable {
   /// lock (that thread then enters it before it lets go). Never waits for the lock.
   void drain() noexcept;
 
-  /// As acquire() for each request in turn, under one taking of the lock (in ticket order, as if
-  /// entered one by one); granted[i] tells whether requests[i] was granted at once.
-  void acquire_all(std::span<RuleRequest* const> requests, bool* granted);
-
   /// The owner of a granted parkable request is done with it: true when the request stays in the
   /// table, parked (the owner keeps the object, and may resume(), unpark() or orphan() it); false
   /// when a conflicting request wants it, and the owner must release() it. Lock-free.

@@ -297,7 +297,7 @@ Scheduler::Impl::~Impl() {
   // What a run() that ended abnormally left: requests not entered yet end unrun (with the async
   // batch, in drop_pending), and the counts taken ahead go back.
   for (std::size_t i = 0; i < entering_.size(); ++i) {
-    TaskletPtr& tasklet = *entering_tasklets_[i].first;
+    TaskletPtr& tasklet = *entering_tasklets_[i];
     TaskletAccess::hold(*tasklet) = nullptr;
     async_batch_.push_back(std::move(tasklet));
     delete entering_[i];
@@ -473,7 +473,7 @@ void Scheduler::Impl::start_holding(TaskletPtr tasklet, Directive directive) {
   if (detail::state().sync_of == this && running_.load(std::memory_order_relaxed)) {
     take_reserved(holds_, reserved_holds_);
     entering_.push_back(hold);
-    entering_tasklets_.emplace_back(&hold->tasklet, directive);
+    entering_tasklets_.push_back(&hold->tasklet);
     if (entering_.size() >= rule_batch_size) enter_rule_batch();
     return;
   }

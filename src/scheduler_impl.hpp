@@ -111,7 +111,7 @@ struct Scheduler::Impl {
   // Requests of tasklets with rules it started, submitted to the rule table together when there
   // are enough, at the batch's submission, or before this thread makes another request.
   std::vector<detail::RuleRequest*> entering_;
-  std::vector<std::pair<TaskletPtr*, Directive>> entering_tasklets_;  // TaskletHold::tasklet, pending
+  std::vector<TaskletPtr*> entering_tasklets_;  // their TaskletHold::tasklet (for the destructor)
   std::vector<TaskletPtr> sync_batch_;
 
   std::atomic<bool> spawned_{false};  // any oneTBB task was ever created (the destructor waits)
