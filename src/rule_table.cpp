@@ -392,21 +392,20 @@ bool RuleTable::acquire(RuleRequest& request, EntryCache* cache, bool parkable) 
   return granted;
 }
 
-bool RuleTable::push_submitted(RuleRequest& request, std::uintptr_t tag) noexcept {
+void RuleTable::push_submitted(RuleRequest& request, std::uintptr_t tag) noexcept {
   const std::uintptr_t submission = reinterpret_cast<std::uintptr_t>(&request) | tag;
   std::uintptr_t newest = submitted_.load(std::memory_order_relaxed);
   do {
     request.next_submitted_ = newest;
   } while (!submitted_.compare_exchange_weak(newest, submission, std::memory_order_release,
                                              std::memory_order_relaxed));
-  return newest == 0;
 }
 
-// Only a submission that finds none before it needs to see to the stack: whoever made it non-empty
-// went through settle() after its push, which leaves the whole stack (everything pushed until it is
-// taken) to the thread that enters it.
+// Every submission sees to the stack itself (settle): what is below it may have been pushed by
+// submit_all, which leaves its requests to a drain() that can come much later.
 void RuleTable::submit(RuleRequest& request) {
-  if (push_submitted(request, 0)) drain();
+  push_submitted(request, 0);
+  drain();
 }
 
 void RuleTable::submit_all(std::span<RuleRequest* const> requests) noexcept {
@@ -444,7 +443,8 @@ void RuleTable::release_and_delete(RuleRequest& request, const Rule& rule) noexc
     mutex_.unlock();
     settle(grants, orphans);
   } else if (request.retain_rule(rule)) {
-    if (push_submitted(request, release_tag)) settle(grants, orphans);
+    push_submitted(request, release_tag);
+    settle(grants, orphans);
   } else {
     {
       Locked lock(*this, grants);
@@ -460,7 +460,9 @@ void RuleTable::release_and_delete(RuleRequest& request, const Rule& rule) noexc
 // gone on, and a half-entered request would break the table.
 void RuleTable::enter_submitted(Grants& grants, Orphans& orphans) noexcept {
   if (submitted_.load(std::memory_order_relaxed) == 0) return;  // mostly: no write to share
-  std::uintptr_t newest = submitted_.exchange(0, std::memory_order_acquire);
+  // Until they are in, has_submitted() must not say "nothing": set before the stack looks empty.
+  entering_submitted_.store(true, std::memory_order_relaxed);
+  std::uintptr_t newest = submitted_.exchange(0, std::memory_order_acq_rel);
   std::uintptr_t oldest = 0;
   while (newest != 0) {
     RuleRequest& request = submitted_request(newest);
@@ -481,21 +483,16 @@ void RuleTable::enter_submitted(Grants& grants, Orphans& orphans) noexcept {
       grants.push_back(&request);
     }
   }
+  entering_submitted_.store(false, std::memory_order_release);
 }
 
 // After letting the lock go (or submitting): enters what was submitted meanwhile, unless another
 // thread holds the lock, which does it when it lets go. The fences order our read of submitted_
-// after our unlock, and a submitter's try_lock after its push: one of us sees the other. Before
-// each further round, the grants so far are announced: their holders need not wait for it.
+// after our unlock, and a submitter's try_lock after its push: one of us sees the other.
 void RuleTable::settle(Grants& grants, Orphans& orphans) noexcept {
   for (;;) {
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (submitted_.load(std::memory_order_relaxed) == 0) return;
-    if (!grants.empty()) {
-      notify(grants);
-      grants.clear();
-    }
-    if (!mutex_.try_lock()) return;
+    if (submitted_.load(std::memory_order_relaxed) == 0 || !mutex_.try_lock()) return;
     enter_submitted(grants, orphans);
     mutex_.unlock();
   }

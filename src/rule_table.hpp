@@ -463,9 +463,11 @@ class RuleTable {
   /// Whether some waiting request conflicts with `held` (a held request).
   bool has_conflicting_waiter(const RuleRequest& held);
 
-  /// Whether submitted requests wait to be entered (a parked request must not be resumed past
-  /// them: they came first).
-  bool has_submitted() const noexcept { return submitted_.load(std::memory_order_acquire) != 0; }
+  /// Whether submitted requests wait to be entered, or a lock holder is entering those it took
+  /// (a parked request must not be resumed past them: they came first).
+  bool has_submitted() const noexcept {
+    return submitted_.load(std::memory_order_acquire) != 0 || entering_submitted_.load(std::memory_order_acquire);
+  }
 
   /// Cancels every waiting request (their cancelled() is called). For the owner's shutdown.
   void cancel_all_waiting();
@@ -486,7 +488,7 @@ class RuleTable {
   // releases) is carried out first, in the order it came, so that the operation comes after it;
   // after the lock is let go, what came while it was held is carried out by this thread, unless
   // another holds the lock again (which then does the same). Their grants join `grants`, which the
-  // caller notifies afterwards (or settle() does, before each further round).
+  // caller notifies afterwards.
   class Locked {
    public:
     Locked(RuleTable& table, Grants& grants) : table_(table), grants_(grants) {
@@ -563,8 +565,8 @@ class RuleTable {
   // address, with release_tag set for a release (else it is to be entered).
   static constexpr std::uintptr_t release_tag = 1;
   std::atomic<std::uintptr_t> submitted_{0};
-  // Pushes a submission; true when it found none before it.
-  bool push_submitted(RuleRequest& request, std::uintptr_t tag) noexcept;
+  std::atomic<bool> entering_submitted_{false};  // a lock holder took the stack and enters it
+  void push_submitted(RuleRequest& request, std::uintptr_t tag) noexcept;
   static RuleRequest& submitted_request(std::uintptr_t submission) noexcept {
     return *reinterpret_cast<RuleRequest*>(submission & ~release_tag);
   }

@@ -793,8 +793,12 @@ void Scheduler::Impl::run_sync_phase(TaskletPtr tasklet) noexcept {
 bool Scheduler::Impl::drain_sync_queue_once() {
   flush_async_batch();
   // What this thread submitted and no worker has entered yet (they may all be busy for long) goes in
-  // now, before it looks for work or sleeps: a sync tasklet may be waiting for its rule.
-  manager_.table_.drain();
+  // now, before it looks for work or sleeps: a sync tasklet may be waiting for its rule. The grants
+  // it delivers may end tasklets whose destructors schedule more here: that goes out too.
+  if (manager_.table_.has_submitted()) {
+    manager_.table_.drain();
+    flush_async_batch();
+  }
   {
     std::unique_lock lock(mutex_);
     while (sync_queue_.empty()) {

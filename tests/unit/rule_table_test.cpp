@@ -401,6 +401,41 @@ TEST_F(RuleTableTest, RequestsSubmittedTogetherWaitForADrainAndKeepTheirOrder) {
   table_.release(other);
 }
 
+// A submission on top of requests that submit_all left for a later drain() enters them all itself
+// when the lock is free: nobody else may come for a long time.
+TEST_F(RuleTableTest, ASubmissionOnTopOfAnUndrainedBatchEntersIt) {
+  const Rule light = rules::mutex("light");
+  Probe batched(light), submitted(rules::path("/elsewhere"));
+  std::vector<RuleRequest*> batch{&batched};
+  table_.submit_all(batch);
+  table_.submit(submitted);
+  EXPECT_FALSE(table_.has_submitted());
+  EXPECT_EQ(batched.grants, 1);
+  EXPECT_EQ(submitted.grants, 1);
+  table_.release(batched);
+  table_.release(submitted);
+}
+
+// While a lock holder enters what it took from the stack, has_submitted() still says so: a parked
+// begin_rule request must not be resumed past requests that are on their way in.
+TEST_F(RuleTableTest, RequestsBeingEnteredStillCountAsSubmitted) {
+  const auto holding = std::make_shared<LockHoldingRule>(true);
+  const auto plain = std::make_shared<LockHoldingRule>(false);
+  Probe held(plain), checker(holding);
+  ASSERT_TRUE(table_.acquire(held));
+  std::vector<RuleRequest*> batch{&checker};
+  table_.submit_all(batch);
+  std::thread drainer([&] { table_.drain(); });  // stops inside the check of `checker`
+  holding->inside.wait();
+  EXPECT_TRUE(table_.has_submitted()) << "taken off the stack, but not entered yet";
+  holding->go.count_down();
+  drainer.join();
+  EXPECT_FALSE(table_.has_submitted());
+  EXPECT_EQ(checker.grants, 1);
+  table_.release(checker);
+  table_.release(held);
+}
+
 TEST_F(RuleTableTest, WithdrawingAWaiterLetsThoseBehindItThrough) {
   Probe x(rules::path("/a/x")), all(rules::path("/a")), y(rules::path("/a/y"));
   EXPECT_TRUE(table_.acquire(x));
