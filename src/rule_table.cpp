@@ -392,39 +392,33 @@ bool RuleTable::acquire(RuleRequest& request, EntryCache* cache, bool parkable) 
   return granted;
 }
 
-void RuleTable::push_submitted(RuleRequest& request, std::uintptr_t tag) noexcept {
-  const std::uintptr_t submission = reinterpret_cast<std::uintptr_t>(&request) | tag;
-  std::uintptr_t newest = submitted_.load(std::memory_order_relaxed);
-  do {
-    request.next_submitted_ = newest;
-  } while (!submitted_.compare_exchange_weak(newest, submission, std::memory_order_release,
-                                             std::memory_order_relaxed));
-}
-
 // Every submission sees to the stack itself (settle): what is below it may have been pushed by
 // submit_all, which leaves its requests to a drain() that can come much later.
 void RuleTable::submit(RuleRequest& request) {
-  push_submitted(request, 0);
+  RuleRequest* newest = submitted_.load(std::memory_order_relaxed);
+  do {
+    request.next_submitted_ = newest;
+  } while (!submitted_.compare_exchange_weak(newest, &request, std::memory_order_release,
+                                             std::memory_order_relaxed));
   drain();
 }
 
 void RuleTable::submit_all(std::span<RuleRequest* const> requests) noexcept {
   if (requests.empty()) return;
   // Linked newest first, as if pushed one by one; the oldest then links to what was there.
-  for (std::size_t i = requests.size() - 1; i > 0; --i)
-    requests[i]->next_submitted_ = reinterpret_cast<std::uintptr_t>(requests[i - 1]);
+  for (std::size_t i = requests.size() - 1; i > 0; --i) requests[i]->next_submitted_ = requests[i - 1];
   RuleRequest& oldest = *requests.front();
-  const auto newest = reinterpret_cast<std::uintptr_t>(requests.back());
-  std::uintptr_t head = submitted_.load(std::memory_order_relaxed);
+  RuleRequest* head = submitted_.load(std::memory_order_relaxed);
   do {
     oldest.next_submitted_ = head;
-  } while (!submitted_.compare_exchange_weak(head, newest, std::memory_order_release, std::memory_order_relaxed));
+  } while (!submitted_.compare_exchange_weak(head, requests.back(), std::memory_order_release,
+                                             std::memory_order_relaxed));
 }
 
 void RuleTable::drain() noexcept {
   // A submission this thread made, or one made before a task that calls this was spawned, is seen
   // here unless it was entered already; one made concurrently is its submitter's to see to.
-  if (submitted_.load(std::memory_order_acquire) == 0) return;
+  if (submitted_.load(std::memory_order_acquire) == nullptr) return;
   Grants grants;
   Orphans orphans;
   settle(grants, orphans);
@@ -432,56 +426,24 @@ void RuleTable::drain() noexcept {
   for (RuleRequest* orphan : orphans) delete orphan;
 }
 
-void RuleTable::release_and_delete(RuleRequest& request, const Rule& rule) noexcept {
-  Grants grants;
-  Orphans orphans;
-  if (mutex_.try_lock()) {
-    enter_submitted(grants, orphans);
-    assert(request.in_table_ && request.held_);
-    leave(request, grants);
-    orphans.push_back(&request);
-    mutex_.unlock();
-    settle(grants, orphans);
-  } else if (request.retain_rule(rule)) {
-    push_submitted(request, release_tag);
-    settle(grants, orphans);
-  } else {
-    {
-      Locked lock(*this, grants);
-      leave(request, grants);
-      lock.orphans().push_back(&request);
-    }
-  }
-  notify(grants);
-  for (RuleRequest* orphan : orphans) delete orphan;
-}
-
 // Under the lock. Out of memory while entering terminates, as while queueing: the submitter has
 // gone on, and a half-entered request would break the table.
 void RuleTable::enter_submitted(Grants& grants, Orphans& orphans) noexcept {
-  if (submitted_.load(std::memory_order_relaxed) == 0) return;  // mostly: no write to share
+  if (submitted_.load(std::memory_order_relaxed) == nullptr) return;  // mostly: no write to share
   // Until they are in, has_submitted() must not say "nothing": set before the stack looks empty.
   entering_submitted_.store(true, std::memory_order_relaxed);
-  std::uintptr_t newest = submitted_.exchange(0, std::memory_order_acq_rel);
-  std::uintptr_t oldest = 0;
-  while (newest != 0) {
-    RuleRequest& request = submitted_request(newest);
-    const std::uintptr_t next = request.next_submitted_;
-    request.next_submitted_ = oldest;
+  RuleRequest* newest = submitted_.exchange(nullptr, std::memory_order_acq_rel);
+  RuleRequest* oldest = nullptr;
+  while (newest != nullptr) {
+    RuleRequest* next = newest->next_submitted_;
+    newest->next_submitted_ = oldest;
     oldest = newest;
     newest = next;
   }
-  while (oldest != 0) {
-    RuleRequest& request = submitted_request(oldest);
-    const bool release = (oldest & release_tag) != 0;
-    oldest = std::exchange(request.next_submitted_, 0);
-    if (release) {
-      assert(request.in_table_ && request.held_);
-      leave(request, grants);
-      orphans.push_back(&request);
-    } else if (enter(request, nullptr, false, grants, orphans)) {
-      grants.push_back(&request);
-    }
+  while (oldest != nullptr) {
+    RuleRequest& request = *oldest;
+    oldest = std::exchange(request.next_submitted_, nullptr);
+    if (enter(request, nullptr, false, grants, orphans)) grants.push_back(&request);
   }
   entering_submitted_.store(false, std::memory_order_release);
 }
@@ -492,7 +454,7 @@ void RuleTable::enter_submitted(Grants& grants, Orphans& orphans) noexcept {
 void RuleTable::settle(Grants& grants, Orphans& orphans) noexcept {
   for (;;) {
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (submitted_.load(std::memory_order_relaxed) == 0 || !mutex_.try_lock()) return;
+    if (submitted_.load(std::memory_order_relaxed) == nullptr || !mutex_.try_lock()) return;
     enter_submitted(grants, orphans);
     mutex_.unlock();
   }

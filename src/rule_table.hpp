@@ -200,12 +200,6 @@ class RuleRequest {
   }
   virtual void granted() noexcept = 0;
   virtual void cancelled() noexcept = 0;
-  /// For RuleTable::release_and_delete: makes this request keep `rule` (its rule) alive until it
-  /// is deleted, and says whether it did; the default cannot.
-  virtual bool retain_rule(const Rule& rule) noexcept {
-    static_cast<void>(rule);
-    return false;
-  }
   /// Who asked (a tasklet, for instance), so that its request can be found and withdrawn.
   virtual const void* owner() const noexcept { return nullptr; }
 
@@ -253,7 +247,7 @@ class RuleRequest {
   // Kept small: one of these waits in the table for every queued tasklet with a rule.
   const SchedulingRule* rule_ = nullptr;
   std::uint64_t ticket_ = 0;
-  std::uintptr_t next_submitted_ = 0;  // in RuleTable::submitted_: the next older submission
+  RuleRequest* next_submitted_ = nullptr;  // in RuleTable::submitted_, before it is entered
   RuleEntry* entries_;            // the subclass's room, or the heap
   std::uint32_t entry_count_ = 0;
   std::uint32_t unclear_ = 0;     // nodes where the request is not clear yet
@@ -440,12 +434,6 @@ class RuleTable {
   void release(RuleRequest& request);
   /// As release(), but hands the newly granted requests to the caller to notify.
   void release(RuleRequest& request, Grants& grants);
-  /// Releases a held request and deletes it (outside the lock), without waiting for the table's
-  /// lock: when another thread holds it, the release is left to that thread, which does it before
-  /// it lets go (after what was submitted earlier) and notifies the requests it lets through. The
-  /// request then keeps `rule`, its rule, alive until it is deleted (RuleRequest::retain_rule);
-  /// one that cannot waits for the lock instead. Lock-free when the lock is taken.
-  void release_and_delete(RuleRequest& request, const Rule& rule) noexcept;
 
   /// Withdraws a waiting request; false when it was granted meanwhile (its granted() runs or ran).
   bool withdraw(RuleRequest& request);
@@ -466,7 +454,8 @@ class RuleTable {
   /// Whether submitted requests wait to be entered, or a lock holder is entering those it took
   /// (a parked request must not be resumed past them: they came first).
   bool has_submitted() const noexcept {
-    return submitted_.load(std::memory_order_acquire) != 0 || entering_submitted_.load(std::memory_order_acquire);
+    return submitted_.load(std::memory_order_acquire) != nullptr ||
+           entering_submitted_.load(std::memory_order_acquire);
   }
 
   /// Cancels every waiting request (their cancelled() is called). For the owner's shutdown.
@@ -484,11 +473,10 @@ class RuleTable {
   static void notify(const Grants& grants) noexcept;
 
  private:
-  // The table's lock, taken for one operation. What was submitted meanwhile (requests to enter,
-  // releases) is carried out first, in the order it came, so that the operation comes after it;
-  // after the lock is let go, what came while it was held is carried out by this thread, unless
-  // another holds the lock again (which then does the same). Their grants join `grants`, which the
-  // caller notifies afterwards.
+  // The table's lock, taken for one operation. Requests submitted meanwhile are entered first, in
+  // the order they came, so that the operation comes after them; after the lock is let go, those
+  // that came while it was held are entered by this thread, unless another holds the lock again
+  // (which then does the same). Their grants join `grants`, which the caller notifies afterwards.
   class Locked {
    public:
     Locked(RuleTable& table, Grants& grants) : table_(table), grants_(grants) {
@@ -502,7 +490,7 @@ class RuleTable {
     }
     Locked(const Locked&) = delete;
     Locked& operator=(const Locked&) = delete;
-    // Requests the table gave up (parked ones revoked, released ones): deleted after unlocking.
+    // Parked requests revoked and owned by the table: deleted once the lock is let go.
     Orphans& orphans() noexcept { return orphans_; }
 
    private:
@@ -561,15 +549,9 @@ class RuleTable {
   void prune(RuleNode& node);
 
   TableMutex mutex_;
-  // Submissions not carried out yet, newest first, linked through next_submitted_: a request's
-  // address, with release_tag set for a release (else it is to be entered).
-  static constexpr std::uintptr_t release_tag = 1;
-  std::atomic<std::uintptr_t> submitted_{0};
+  // Requests submitted and not entered yet, newest first (linked through next_submitted_).
+  std::atomic<RuleRequest*> submitted_{nullptr};
   std::atomic<bool> entering_submitted_{false};  // a lock holder took the stack and enters it
-  void push_submitted(RuleRequest& request, std::uintptr_t tag) noexcept;
-  static RuleRequest& submitted_request(std::uintptr_t submission) noexcept {
-    return *reinterpret_cast<RuleRequest*>(submission & ~release_tag);
-  }
   const std::uint64_t id_;
   std::uint64_t next_ticket_ = 0;
   std::size_t held_ = 0;

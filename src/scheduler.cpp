@@ -274,14 +274,7 @@ struct Scheduler::Impl::TaskletHold final : detail::InlineRuleRequest<N>, detail
     delete this;
     impl.finish(std::move(ended), nullptr);
   }
-  // Once granted, `tasklet` is empty: it can hold the rule instead (owning it, pointing nowhere).
-  bool retain_rule(const Rule& rule) noexcept override {
-    assert(!tasklet);
-    tasklet = TaskletPtr(rule, nullptr);
-    return true;
-  }
-
-  TaskletPtr tasklet;  // while it waits; then perhaps its rule (retain_rule)
+  TaskletPtr tasklet;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -488,8 +481,10 @@ void Scheduler::Impl::release_rule(Tasklet& tasklet) noexcept {
   detail::RuleRequest* hold = TaskletAccess::hold(tasklet);
   if (hold == nullptr) return;
   TaskletAccess::hold(tasklet) = nullptr;
-  // Left to the table's lock holder when there is one: a releasing worker never sleeps on it.
-  manager_.table_.release_and_delete(*hold, tasklet.rule());
+  detail::Grants grants;
+  manager_.table_.release(*hold, grants);
+  delete hold;
+  detail::RuleTable::notify(grants);
 }
 
 bool Scheduler::Impl::withdraw(Tasklet& tasklet) {
