@@ -274,6 +274,7 @@ struct Scheduler::Impl::TaskletHold final : detail::InlineRuleRequest<N>, detail
     delete this;
     impl.finish(std::move(ended), nullptr);
   }
+
   TaskletPtr tasklet;
 };
 
