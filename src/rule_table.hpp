@@ -247,7 +247,7 @@ class RuleRequest {
   // Kept small: one of these waits in the table for every queued tasklet with a rule.
   const SchedulingRule* rule_ = nullptr;
   std::uint64_t ticket_ = 0;
-  RuleRequest* next_submitted_ = nullptr;  // in RuleTable::submitted_, before it is entered
+  std::uintptr_t next_submitted_ = 0;  // in RuleTable::submitted_, before it is entered (tagged)
   RuleEntry* entries_;            // the subclass's room, or the heap
   std::uint32_t entry_count_ = 0;
   std::uint32_t unclear_ = 0;     // nodes where the request is not clear yet
@@ -454,7 +454,7 @@ class RuleTable {
   /// Whether submitted requests wait to be entered, or a lock holder is entering those it took
   /// (a parked request must not be resumed past them: they came first).
   bool has_submitted() const noexcept {
-    return submitted_.load(std::memory_order_acquire) != nullptr ||
+    return submitted_.load(std::memory_order_acquire) != 0 ||
            entering_submitted_.load(std::memory_order_acquire);
   }
 
@@ -499,6 +499,11 @@ class RuleTable {
     Orphans orphans_;
   };
   void enter_submitted(Grants& grants, Orphans& orphans) noexcept;
+  struct SubmittedRun;
+  static constexpr std::uintptr_t run_tag = 1;
+  static std::uintptr_t& submitted_link(std::uintptr_t entry) noexcept;
+  void push_submitted(std::uintptr_t newest, std::uintptr_t& oldest_link) noexcept;
+  void enter_together(std::span<RuleRequest* const> requests, Grants& grants, Orphans& orphans) noexcept;
   // Reads the table under the lock, after entering what was submitted.
   template <class Read>
   auto read_settled(Read&& read) {
@@ -549,8 +554,9 @@ class RuleTable {
   void prune(RuleNode& node);
 
   TableMutex mutex_;
-  // Requests submitted and not entered yet, newest first (linked through next_submitted_).
-  std::atomic<RuleRequest*> submitted_{nullptr};
+  // What was submitted and not entered yet, newest first: requests linked through next_submitted_,
+  // and requests submitted together (tagged: see submit_all), each linked to the next older one.
+  std::atomic<std::uintptr_t> submitted_{0};
   std::atomic<bool> entering_submitted_{false};  // a lock holder took the stack and enters it
   const std::uint64_t id_;
   std::uint64_t next_ticket_ = 0;
