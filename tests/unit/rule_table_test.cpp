@@ -324,6 +324,28 @@ TEST_F(RuleTableTest, RequestsSubmittedTogetherWaitForADrainAndKeepTheirOrder) {
   table_.release(other);
 }
 
+// Runs (one entry on the stack for several requests) and requests linked one by one (a run of one)
+// pile up on the same stack; the drain enters them all in the order they were submitted.
+TEST_F(RuleTableTest, RunsAndSingleRequestsOnOneStackGoInInTheirOrder) {
+  const Rule light = rules::mutex("light");
+  Probe first(light), second(light), alone(light), third(light), fourth(light);
+  const std::vector<RuleRequest*> run{&first, &second};
+  const std::vector<RuleRequest*> one{&alone};
+  const std::vector<RuleRequest*> later{&third, &fourth};
+  table_.submit_all(run);
+  table_.submit_all(one);
+  table_.submit_all(later);
+  EXPECT_EQ(table_.waiting_count(), 4u) << "counting enters them first";
+  EXPECT_FALSE(table_.has_submitted());
+  const std::vector<Probe*> order{&first, &second, &alone, &third, &fourth};
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    for (std::size_t j = 0; j < order.size(); ++j)
+      EXPECT_EQ(order[j]->grants, j <= i ? 1 : 0) << "after " << i << " releases, request " << j;
+    table_.release(*order[i]);
+  }
+  EXPECT_TRUE(table_.is_idle());
+}
+
 // A submission on top of requests that submit_all left for a later drain() enters them all itself
 // when the lock is free: nobody else may come for a long time.
 TEST_F(RuleTableTest, ASubmissionOnTopOfAnUndrainedBatchEntersIt) {
