@@ -452,17 +452,6 @@ void RuleTable::submit_all(std::span<RuleRequest* const> requests) noexcept {
   push_submitted(reinterpret_cast<std::uintptr_t>(run) | run_tag, run->next);
 }
 
-void RuleTable::free_orphans(const Orphans& orphans) noexcept {
-  for (RuleRequest* orphan : orphans) {
-    const auto entry = reinterpret_cast<std::uintptr_t>(orphan);
-    if ((entry & run_tag) != 0) {
-      deallocate_bytes(reinterpret_cast<SubmittedRun*>(entry & ~run_tag));
-    } else {
-      delete orphan;
-    }
-  }
-}
-
 void RuleTable::drain() noexcept {
   // A submission this thread made, or one made before a task that calls this was spawned, is seen
   // here unless it was entered already; one made concurrently is its submitter's to see to.
@@ -471,7 +460,7 @@ void RuleTable::drain() noexcept {
   Orphans orphans;
   settle(grants, orphans);
   notify(grants);
-  free_orphans(orphans);
+  for (RuleRequest* orphan : orphans) delete orphan;
 }
 
 // Under the lock. Out of memory while entering terminates, as while queueing: the submitter has
@@ -495,9 +484,7 @@ void RuleTable::enter_submitted(Grants& grants, Orphans& orphans) noexcept {
     if ((entry & run_tag) != 0) {
       auto* run = reinterpret_cast<SubmittedRun*>(entry & ~run_tag);
       enter_together(*run, grants, orphans);
-      // Freed once the lock is let go: the block is the submitter's, and freeing it here would
-      // reach into the allocator's lists for it while everyone waits for the lock.
-      orphans.push_back(reinterpret_cast<RuleRequest*>(entry));  // tagged as a run
+      deallocate_bytes(run);
     } else {
       auto& request = *reinterpret_cast<RuleRequest*>(entry);
       if (enter(request, nullptr, false, grants, orphans)) grants.push_back(&request);

@@ -381,7 +381,7 @@ struct EntryCache {
 
 /// Requests newly granted by a release or cancellation, to notify outside the lock.
 using Grants = boost::container::small_vector<RuleRequest*, 4>;
-/// Requests the table owns and deletes once it has let its lock go (and spent runs, tagged).
+/// Requests the table owns and deletes once it has let its lock go.
 using Orphans = boost::container::small_vector<RuleRequest*, 8>;
 
 class RuleTable {
@@ -486,11 +486,11 @@ class RuleTable {
     ~Locked() {
       table_.mutex_.unlock();
       table_.settle(grants_, orphans_);
-      free_orphans(orphans_);
+      for (RuleRequest* orphan : orphans_) delete orphan;
     }
     Locked(const Locked&) = delete;
     Locked& operator=(const Locked&) = delete;
-    // Parked requests revoked and owned by the table, and spent runs: freed once the lock is let go.
+    // Parked requests revoked and owned by the table: deleted once the lock is let go.
     Orphans& orphans() noexcept { return orphans_; }
 
    private:
@@ -499,8 +499,6 @@ class RuleTable {
     Orphans orphans_;
   };
   void enter_submitted(Grants& grants, Orphans& orphans) noexcept;
-  // Deletes the orphans, and frees the spent runs among them (tagged: see enter_submitted).
-  static void free_orphans(const Orphans& orphans) noexcept;
   struct SubmittedRun;
   static constexpr std::uintptr_t run_tag = 1;
   static std::uintptr_t& submitted_link(std::uintptr_t entry) noexcept;

@@ -366,9 +366,9 @@ TEST_F(RuleTableTest, ASubmissionOnTopOfAnUndrainedBatchEntersIt) {
 TEST_F(RuleTableTest, RequestsBeingEnteredStillCountAsSubmitted) {
   const auto holding = std::make_shared<LockHoldingRule>(true);
   const auto plain = std::make_shared<LockHoldingRule>(false);
-  Probe held(plain), checker(holding);
+  Probe held(plain), checker(holding), after(rules::path("/after"));
   ASSERT_TRUE(table_.acquire(held));
-  std::vector<RuleRequest*> batch{&checker};
+  std::vector<RuleRequest*> batch{&checker, &after};  // a run: entered from its block
   table_.submit_all(batch);
   std::thread drainer([&] { table_.drain(); });  // stops inside the check of `checker`
   holding->inside.wait();
@@ -377,6 +377,8 @@ TEST_F(RuleTableTest, RequestsBeingEnteredStillCountAsSubmitted) {
   drainer.join();
   EXPECT_FALSE(table_.has_submitted());
   EXPECT_EQ(checker.grants, 1);
+  EXPECT_EQ(after.grants, 1);
+  table_.release(after);
   table_.release(checker);
   table_.release(held);
 }
