@@ -409,6 +409,7 @@ struct RuleTable::SubmittedRun {
 };
 
 std::uintptr_t& RuleTable::submitted_link(std::uintptr_t entry) noexcept {
+  static_assert(alignof(RuleRequest) > run_tag && alignof(SubmittedRun) > run_tag, "the tag's bit is free");
   if ((entry & run_tag) != 0) return reinterpret_cast<SubmittedRun*>(entry & ~run_tag)->next;
   return reinterpret_cast<RuleRequest*>(entry)->next_submitted_;
 }
