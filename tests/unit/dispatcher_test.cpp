@@ -3,9 +3,9 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <future>
 #include <latch>
 #include <mutex>
-#include <future>
 #include <optional>
 #include <stdexcept>
 #include <string>
