@@ -498,7 +498,7 @@ void RuleTable::enter_submitted(Grants& grants, Orphans& orphans) noexcept {
 // are on their way into this core's cache: with a backlog those misses overlap instead of queueing
 // up under the lock (the path workload took about a third less time per job). A request is fetched
 // only where its rule differs from the one before it: prefetching every request of a run of one
-// rule (a mutex's tasklets) measured 15-30 % slower for that workload, and that run costs little
+// rule (a mutex's tasklets) measured 18-34 % slower for that workload, and that run costs little
 // to enter (every request waits at the same node).
 void RuleTable::enter_together(SubmittedRun& run, Grants& grants, Orphans& orphans) noexcept {
   RuleRequest* const* requests = run.requests();
