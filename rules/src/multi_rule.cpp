@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "key_relations.hpp"
+#include "make_rule.hpp"
 
 namespace tasklet {
 namespace {
@@ -70,7 +71,7 @@ Rule MultiRule::combine(std::span<const Rule> rules) {
   Children children;
   children.reserve(kept.size());
   for (Keyed& k : kept) children.push_back(std::move(k.rule));
-  return std::make_shared<const MultiRule>(Token{}, std::move(children));
+  return rules::detail::make_rule<MultiRule>(Token{}, std::move(children));
 }
 
 bool MultiRule::contains(const SchedulingRule& other) const {

@@ -4,16 +4,18 @@
 #include <memory>
 #include <utility>
 
+#include "make_rule.hpp"
+
 namespace tasklet::rules {
 
-Rule mutex(std::string name) { return std::make_shared<const MutexRule>(std::move(name)); }
+Rule mutex(std::string name) { return detail::make_rule<MutexRule>(std::move(name)); }
 
-Rule path(std::string_view path) { return std::make_shared<const PathRule>(path, PathRule::Mode::exclusive); }
+Rule path(std::string_view path) { return detail::make_rule<PathRule>(path, PathRule::Mode::exclusive); }
 
 Rule write_path(std::string_view path) { return rules::path(path); }
 
 Rule read_path(std::string_view path) {
-  return std::make_shared<const PathRule>(path, PathRule::Mode::shared);
+  return detail::make_rule<PathRule>(path, PathRule::Mode::shared);
 }
 
 Rule combine(Rule a, Rule b) {
