@@ -16,7 +16,9 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -113,6 +115,10 @@ struct Scheduler::Impl {
   std::vector<detail::RuleRequest*> entering_;
   std::vector<TaskletPtr*> entering_tasklets_;  // their TaskletHold::tasklet (for the destructor)
   std::vector<TaskletPtr> sync_batch_;
+  // Flow control of those requests (let_rules_catch_up): the holds this thread started, and what
+  // holds_ less its own count was when it last gave up waiting for the backlog to shrink.
+  std::size_t holds_started_ = 0;
+  std::int64_t stuck_at_ = std::numeric_limits<std::int64_t>::max();
 
   std::atomic<bool> spawned_{false};  // any oneTBB task was ever created (the destructor waits)
 
@@ -149,6 +155,7 @@ struct Scheduler::Impl {
   void spawn(Task task);
   void flush_async_batch();
   void enter_rule_batch();
+  void let_rules_catch_up();
   void park(TaskletPtr tasklet, std::uint64_t expected, std::uint64_t parked_word);
   void finish(TaskletPtr tasklet, std::exception_ptr error) noexcept;
 

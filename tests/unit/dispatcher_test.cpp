@@ -393,6 +393,40 @@ TEST_P(DispatcherTest, SyncPhasesWithRulesRunOnTheSyncThread) {
   EXPECT_EQ(elsewhere.load(), 0);
 }
 
+// Past about a thousand waiting tasklets the synchronous thread lets the workers catch up before it
+// starts more. Here nothing can catch up: every tasklet waits for a rule the synchronous thread
+// itself holds (as its tasklet's rule, or begun in the phase), so it must go on after a while
+// instead of waiting for them (a regression hangs here).
+TEST_P(DispatcherTest, TaskletsWaitingForTheSyncThreadDoNotHoldItBack) {
+  constexpr int count = 5'000;
+  const Rule rule = rules::mutex("held by the sync thread");
+  for (const bool own_rule : {true, false}) {
+    std::vector<int> order;  // guarded by the rule
+    std::atomic<bool> sync_done{false};
+    std::atomic<int> ran_early{0};
+    auto seed = make_tasklet([&] {
+      std::optional<RuleScope> scope;
+      if (!own_rule) scope.emplace(*manager_, rule);
+      for (int i = 0; i < count; ++i) {
+        api::current().schedule(async_job(rule,
+                                          [&, i] {
+                                            if (!sync_done.load()) ran_early.fetch_add(1);
+                                            order.push_back(i);
+                                          }),
+                                Directive::async);
+      }
+      sync_done = true;
+      return Directive::done;
+    });
+    if (own_rule) seed->set_rule(rule);
+    scheduler().schedule(std::move(seed), Directive::sync);
+    scheduler().run();
+    EXPECT_EQ(ran_early.load(), 0) << "own rule: " << own_rule;
+    ASSERT_EQ(order.size(), static_cast<std::size_t>(count)) << "own rule: " << own_rule;
+    for (int i = 0; i < count; ++i) ASSERT_EQ(order[static_cast<std::size_t>(i)], i) << "own rule: " << own_rule;
+  }
+}
+
 // The synchronous thread's requests are entered by a task on the workers, but a sync tasklet must
 // not wait for a worker to be free: here the only worker waits for that very tasklet, and the
 // synchronous thread enters what it submitted itself before it waits for work.
