@@ -235,21 +235,25 @@ struct Scheduler::Impl::BatchTask {
 // A tasklet's request for its rule. While it waits it owns the tasklet; once granted it continues
 // the tasklet with the directive it was started with. Its entries are in place for rules of up to
 // N entries (start() picks N), so one block holds the whole request. It is counted in the
-// scheduler's holds_ until it is done with the scheduler, which the destructor waits for.
+// scheduler's holds_ or sync_holds_ until it is done with the scheduler, which the destructor waits for.
 //
 // Delivering a grant or a cancellation can run user code (a tasklet ended by it is destroyed), and
 // that code may drop the last reference to this very scheduler. Its destructor, on this thread,
 // must not wait for the delivery it is nested in: each delivery in progress is on a thread-local
-// list, which the destructor marks instead (and the delivery then leaves the count alone).
+// list, which the destructor counts out itself instead (and the delivery then leaves it alone).
 struct Scheduler::Impl::Delivery {
-  explicit Delivery(Impl& scheduler) noexcept : impl(&scheduler), outer(innermost) { innermost = this; }
+  Delivery(Impl& scheduler, std::atomic<std::size_t>& counted_in) noexcept
+      : impl(&scheduler), count(&counted_in), outer(innermost) {
+    innermost = this;
+  }
   Delivery(const Delivery&) = delete;
   Delivery& operator=(const Delivery&) = delete;
   ~Delivery() {
     innermost = outer;
-    if (impl != nullptr) impl->holds_.fetch_sub(1, std::memory_order_release);  // it may go now
+    if (impl != nullptr) count->fetch_sub(1, std::memory_order_release);  // it may go now
   }
   Impl* impl;  // null once its destructor has counted this delivery out
+  std::atomic<std::size_t>* count;  // holds_ or sync_holds_
   Delivery* outer;
   static thread_local Delivery* innermost;
 };
@@ -258,23 +262,27 @@ thread_local Scheduler::Impl::Delivery* Scheduler::Impl::Delivery::innermost = n
 
 template <std::size_t N>
 struct Scheduler::Impl::TaskletHold final : detail::InlineRuleRequest<N>, detail::PooledObject {
-  TaskletHold(TaskletPtr waiting, Directive first) : tasklet(std::move(waiting)) {
+  // `by_sync_thread`: counted in sync_holds_ (started by the synchronous thread), else in holds_.
+  TaskletHold(TaskletPtr waiting, Directive first, bool by_sync_thread) : tasklet(std::move(waiting)) {
     this->set_rule(tasklet->rule().get());  // the tasklet's rule cannot change while it is active
-    static_assert(static_cast<int>(Directive::done) < 8, "the first directive is kept in 3 bits");
-    this->set_own_bits(static_cast<std::uint8_t>(first));
+    static_assert(static_cast<int>(Directive::done) < 4, "the first directive is kept in 2 bits");
+    this->set_own_bits(static_cast<std::uint8_t>(static_cast<unsigned>(first) | (by_sync_thread ? 4u : 0u)));
   }
   // The directive it was started with, for its first phase.
-  Directive pending() const noexcept { return static_cast<Directive>(this->own_bits()); }
+  Directive pending() const noexcept { return static_cast<Directive>(this->own_bits() & 3u); }
+  std::atomic<std::size_t>& count_in(Impl& impl) const noexcept {
+    return (this->own_bits() & 4u) != 0 ? impl.sync_holds_ : impl.holds_;
+  }
   const void* owner() const noexcept override { return tasklet.get(); }
   Impl& scheduler() const noexcept { return TaskletAccess::scheduler(*tasklet)->impl(); }
   void granted() noexcept override {
     Impl& impl = scheduler();
-    const Delivery delivery(impl);
+    const Delivery delivery(impl, count_in(impl));
     impl.dispatch(std::move(tasklet), pending());
   }
   void cancelled() noexcept override {
     Impl& impl = scheduler();
-    const Delivery delivery(impl);
+    const Delivery delivery(impl, count_in(impl));
     TaskletPtr ended = std::move(tasklet);
     TaskletAccess::hold(*ended) = nullptr;  // it never held the rule: nothing to release
     delete this;
@@ -305,25 +313,26 @@ Scheduler::Impl::~Impl() {
   }
   entering_.clear();
   entering_tasklets_.clear();
-  holds_.fetch_sub(std::exchange(reserved_holds_, 0), std::memory_order_relaxed);
+  sync_holds_.fetch_sub(std::exchange(reserved_holds_, 0), std::memory_order_relaxed);
   // Tasklets still waiting for their rules end unrun; one whose grant is being delivered right now
   // (by a releasing thread, outside the table's lock) is let through first. The search is over
   // every live request of the manager, so it is skipped when none of ours can be among them.
-  if (holds_.load(std::memory_order_acquire) != 0) {
+  if (holds_.load(std::memory_order_acquire) != 0 || sync_holds_.load(std::memory_order_acquire) != 0) {
     manager_.table_.withdraw_waiting_if([this](const detail::RuleRequest& request) {
       const auto* tasklet = static_cast<const Tasklet*>(request.owner());
       return tasklet != nullptr && TaskletAccess::scheduler(*tasklet) == &self_;
     });
   }
-  std::size_t nested = 0;  // deliveries on this thread that led here: not waited for
+  // Deliveries on this thread that led here are not waited for.
   for (Delivery* delivery = Delivery::innermost; delivery != nullptr; delivery = delivery->outer) {
     if (delivery->impl == this) {
       delivery->impl = nullptr;
-      ++nested;
+      delivery->count->fetch_sub(1, std::memory_order_relaxed);
     }
   }
-  holds_.fetch_sub(nested, std::memory_order_relaxed);
-  while (holds_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+  while (holds_.load(std::memory_order_acquire) != 0 || sync_holds_.load(std::memory_order_acquire) != 0) {
+    std::this_thread::yield();
+  }
   drop_pending();
   if (spawned_.load(std::memory_order_acquire)) {
     // Wait for the tails of our oneTBB tasks (the phase that finished last may still be leaving).
@@ -468,16 +477,17 @@ void Scheduler::Impl::start(TaskletPtr tasklet, Directive directive) {
 template <std::size_t N>
 void Scheduler::Impl::start_holding(TaskletPtr tasklet, Directive directive) {
   Tasklet& raw = *tasklet;
-  auto* hold = new TaskletHold<N>(std::move(tasklet), directive);
+  const bool batched = detail::state().sync_of == this && running_.load(std::memory_order_relaxed);
+  auto* hold = new TaskletHold<N>(std::move(tasklet), directive, batched);
   TaskletAccess::hold(raw) = hold;
-  if (detail::state().sync_of == this && running_.load(std::memory_order_relaxed)) {
-    take_reserved(holds_, reserved_holds_);
+  if (batched) {
+    take_reserved(sync_holds_, reserved_holds_);
     ++holds_started_;
     entering_.push_back(hold);
     entering_tasklets_.push_back(&hold->tasklet);
     if (entering_.size() >= rule_batch_size) {
       enter_rule_batch();
-      if (holds_.load(std::memory_order_relaxed) > backlog_limit) let_rules_catch_up();
+      if (sync_holds_.load(std::memory_order_relaxed) - reserved_holds_ > backlog_limit) let_rules_catch_up();
     }
     return;
   }
@@ -753,28 +763,27 @@ void Scheduler::Impl::enter_rule_batch() {
 // The synchronous thread can start tasklets with rules several times faster than the workers get
 // through them when they conflict: the rest wait in the rule table, and a table with 10^5 waiting
 // requests costs two to three times as much per request as one with 10^3 (each request it takes up
-// is a cache miss by then). So the synchronous thread, past backlog_limit waiting tasklets, yields
-// its CPU until the workers have the backlog down to backlog_resume: the backlog, and the cost
-// per job, stay flat (path rules: 0.67x the time per job at 10^6). It never waits for a backlog
-// that does not move: the tasklets may wait for this very thread (its begin_rule, a sync tasklet
-// that holds a rule). After backlog_patience turns without a grant it goes on, and it does not
-// hold back again until something was granted since.
+// is a cache miss by then). So the synchronous thread, past backlog_limit of its own tasklets
+// waiting for their rules (other threads' tasklets do not hold it back), yields its CPU until the
+// workers have them down to backlog_resume: the backlog, and the cost per job, stay flat (path
+// rules: 0.67x the time per job at 10^6). It never waits for a backlog that does not move: the
+// tasklets may wait for this very thread (its begin_rule, a sync tasklet that holds a rule). After
+// backlog_patience turns without a delivery it goes on, and it does not hold back again until
+// backlog_resume more of its tasklets were delivered: a backlog that is partly stuck would
+// otherwise cost the patience at every batch.
 void Scheduler::Impl::let_rules_catch_up() {
-  // holds_ less what this thread added: it falls exactly when holds are delivered.
-  const auto others = [this](std::size_t holds) {
-    return static_cast<std::int64_t>(holds) - static_cast<std::int64_t>(reserved_holds_ + holds_started_);
-  };
-  std::size_t backlog = holds_.load(std::memory_order_relaxed);
-  if (others(backlog) >= stuck_at_) return;  // nothing delivered since it last gave up
-  stuck_at_ = std::numeric_limits<std::int64_t>::max();
+  // Of the tasklets this thread started, how many are undelivered, and how many were delivered.
+  const auto waiting = [this] { return sync_holds_.load(std::memory_order_relaxed) - reserved_holds_; };
+  std::size_t backlog = waiting();
+  if (holds_started_ - backlog < rearm_at_) return;
   for (int idle = 0; backlog > backlog_resume;) {
     std::this_thread::yield();
-    const std::size_t now = holds_.load(std::memory_order_relaxed);
+    const std::size_t now = waiting();
     if (now < backlog) {
       backlog = now;
       idle = 0;
     } else if (++idle == backlog_patience) {
-      stuck_at_ = others(now);
+      rearm_at_ = holds_started_ - now + backlog_resume;
       return;
     }
   }
@@ -783,7 +792,7 @@ void Scheduler::Impl::let_rules_catch_up() {
 void Scheduler::Impl::flush_async_batch() {
   enter_rule_batch();
   if (reserved_holds_ != 0) {
-    holds_.fetch_sub(std::exchange(reserved_holds_, 0), std::memory_order_release);
+    sync_holds_.fetch_sub(std::exchange(reserved_holds_, 0), std::memory_order_release);
   }
   if (reserved_active_ != 0) {
     // Perhaps the last count: nobody is woken, as the synchronous thread looks at it next.

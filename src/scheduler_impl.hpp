@@ -18,7 +18,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
-#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -84,7 +83,10 @@ struct Scheduler::Impl {
   oneapi::tbb::task_group group_;
 
   std::atomic<std::size_t> active_{0};
-  std::atomic<std::size_t> holds_{0};  // TaskletHolds not yet done with this scheduler
+  // TaskletHolds not yet done with this scheduler: those that the synchronous thread started inside
+  // run() (plus the counts it took ahead for them), and the others.
+  std::atomic<std::size_t> sync_holds_{0};
+  std::atomic<std::size_t> holds_{0};
   std::atomic<bool> running_{false};
   bool background_ = false;
 
@@ -115,10 +117,10 @@ struct Scheduler::Impl {
   std::vector<detail::RuleRequest*> entering_;
   std::vector<TaskletPtr*> entering_tasklets_;  // their TaskletHold::tasklet (for the destructor)
   std::vector<TaskletPtr> sync_batch_;
-  // Flow control of those requests (let_rules_catch_up): the holds this thread started, and what
-  // holds_ less its own count was when it last gave up waiting for the backlog to shrink.
+  // Flow control of those requests (let_rules_catch_up): the holds this thread started, and how
+  // many of them must have been delivered before it holds back again after giving up.
   std::size_t holds_started_ = 0;
-  std::int64_t stuck_at_ = std::numeric_limits<std::int64_t>::max();
+  std::size_t rearm_at_ = 0;
 
   std::atomic<bool> spawned_{false};  // any oneTBB task was ever created (the destructor waits)
 

@@ -88,11 +88,12 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   /// SchedulerNotRunning for `async` while run() is not active, and std::invalid_argument for a
   /// null tasklet. On the implicit scheduler (api::current() of a thread with none) a `sync`
   /// tasklet scheduled from its own thread runs inline before schedule() returns, and an exception
-  /// from those phases is rethrown here. Thread-safe; may block only to acquire the tasklet's rule
-  /// when it runs inline. Flow control: on the synchronous thread inside run(), while more than
-  /// 1,024 of this scheduler's tasklets wait for their rules, scheduling more tasklets with rules
-  /// yields the CPU (at every 16th) until the workers have let half of them through; it goes on
-  /// after 64 yields in which none was let through (they may be waiting for this very thread).
+  /// from those phases is rethrown here. Thread-safe. Blocks to acquire the tasklet's rule when it
+  /// runs inline, and yields the CPU for flow control: on the synchronous thread inside run(),
+  /// while more than 1,024 of the tasklets with rules that this thread started wait for their
+  /// rules, scheduling more of them (at every 16th) waits until the workers have let all but 512
+  /// through. It goes on after 64 yields in which none was let through (they may be waiting for
+  /// this very thread), and then holds back again only once 512 more were let through.
   Scheduler& schedule(std::shared_ptr<Tasklet> tasklet, Directive directive);
 
   /// Suspends `tasklet`: an idle tasklet becomes parked; a tasklet calling this from its own
