@@ -35,9 +35,10 @@ constexpr std::size_t async_batch_size = 256;
 // Tasklets with rules from the synchronous thread submitted to the rule table together: few, so
 // that a chain of holders starts while the synchronous thread is still adding to it.
 constexpr std::size_t rule_batch_size = 16;
-// How many of a scheduler's tasklets may wait for their rules before the synchronous thread,
-// starting more, lets the workers catch up (see let_rules_catch_up); the backlog it lets them get
-// down to; and how many turns without a single grant it gives them before it goes on anyway.
+// How many of the tasklets with rules that the synchronous thread started may wait for their
+// rules before it lets the workers catch up (see let_rules_catch_up); the backlog it lets them get
+// down to, which is also how many must be delivered after it gave up before it holds back again;
+// and how many turns without a delivery it gives them before it goes on anyway.
 constexpr std::size_t backlog_limit = 1024;
 constexpr std::size_t backlog_resume = backlog_limit / 2;
 constexpr int backlog_patience = 64;
@@ -775,7 +776,8 @@ void Scheduler::Impl::let_rules_catch_up() {
   // Of the tasklets this thread started, how many are undelivered, and how many were delivered.
   const auto waiting = [this] { return sync_holds_.load(std::memory_order_relaxed) - reserved_holds_; };
   std::size_t backlog = waiting();
-  if (holds_started_ - backlog < rearm_at_) return;
+  if (holds_started_ - backlog < rearm_at_ || backlog <= backlog_resume) return;
+  ++catch_up_waits_;
   for (int idle = 0; backlog > backlog_resume;) {
     std::this_thread::yield();
     const std::size_t now = waiting();
@@ -784,6 +786,7 @@ void Scheduler::Impl::let_rules_catch_up() {
       idle = 0;
     } else if (++idle == backlog_patience) {
       rearm_at_ = holds_started_ - now + backlog_resume;
+      ++catch_up_give_ups_;
       return;
     }
   }

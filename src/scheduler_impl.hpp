@@ -106,7 +106,7 @@ struct Scheduler::Impl {
   // the sync tasklets taken from the queue for one turn of the loop.
   std::vector<TaskletPtr> async_batch_;
   std::size_t uncounted_in_batch_ = 0;  // new tasklets in async_batch_ not yet in active_
-  // Counts the synchronous thread added to active_ and holds_ ahead of the tasklets with rules it
+  // Counts the synchronous thread added to active_ and sync_holds_ ahead of the tasklets with rules it
   // starts (which run at once, so they cannot wait for the batch), one atomic add per block
   // instead of one per tasklet. The unused rest is given back when the batch is submitted, before
   // run() looks at active_.
@@ -121,6 +121,9 @@ struct Scheduler::Impl {
   // many of them must have been delivered before it holds back again after giving up.
   std::size_t holds_started_ = 0;
   std::size_t rearm_at_ = 0;
+  // How often it held back and how often it gave up doing so (for tests and diagnostics).
+  std::size_t catch_up_waits_ = 0;
+  std::size_t catch_up_give_ups_ = 0;
 
   std::atomic<bool> spawned_{false};  // any oneTBB task was ever created (the destructor waits)
 

@@ -34,8 +34,8 @@ template <class R, class... Args>
 Rule make_rule(Args&&... args) {
   // One block, as with std::make_shared; the Rule shares its ownership and points at the rule.
   auto block = std::make_shared<const RuleApart<R>>(std::forward<Args>(args)...);
-  // `block` is moved from inside the constructor only, after both arguments were evaluated.
-  return Rule(std::move(block), &block->rule);
+  const R* rule = &block->rule;
+  return Rule(std::move(block), rule);
 }
 
 }  // namespace tasklet::rules::detail

@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "scheduler_impl.hpp"
 #include "support/test_support.hpp"
 #include "tasklet/tasklet.hpp"
 
@@ -425,6 +426,82 @@ TEST_P(DispatcherTest, TaskletsWaitingForTheSyncThreadDoNotHoldItBack) {
     ASSERT_EQ(order.size(), static_cast<std::size_t>(count)) << "own rule: " << own_rule;
     for (int i = 0; i < count; ++i) ASSERT_EQ(order[static_cast<std::size_t>(i)], i) << "own rule: " << own_rule;
   }
+}
+
+// Flow control counts only the synchronous thread's own tasklets: here a worker leaves 3,000
+// tasklets waiting (for a rule another thread holds), and the synchronous thread, starting a few
+// of its own, never holds back for them (it did when it counted every tasklet of the scheduler,
+// for as long as such a backlog took to drain).
+TEST_P(DispatcherTest, OtherThreadsWaitingTaskletsDoNotHoldTheSyncThreadBack) {
+  constexpr int waiting = 3'000;
+  const Rule busy = rules::mutex("held by another thread");
+  const Rule free = rules::mutex("free");
+  std::latch held(1), posted(1), may_release(1);
+  std::thread holder([&] {
+    RuleScope scope(*manager_, busy);
+    held.count_down();
+    may_release.wait();
+  });
+  held.wait();
+  std::atomic<int> ran{0};
+  scheduler().schedule(make_tasklet([&, phase = 0]() mutable {
+                         if (phase++ == 0) {
+                           api::current().schedule(make_tasklet([&] {  // on a worker
+                                                     for (int i = 0; i < waiting; ++i) {
+                                                       api::current().schedule(
+                                                           async_job(busy, [&] { ran.fetch_add(1); }),
+                                                           Directive::async);
+                                                     }
+                                                     posted.count_down();
+                                                     return Directive::done;
+                                                   }),
+                                                   Directive::async);
+                           return Directive::sync;
+                         }
+                         posted.wait();
+                         for (int i = 0; i < 64; ++i) {
+                           api::current().schedule(async_job(free, [&] { ran.fetch_add(1); }), Directive::async);
+                         }
+                         may_release.count_down();
+                         return Directive::done;
+                       }),
+                       Directive::sync);
+  scheduler().run();
+  holder.join();
+  EXPECT_EQ(ran.load(), waiting + 64);
+  EXPECT_EQ(scheduler().impl().catch_up_waits_, 0u) << "held back for other threads' tasklets";
+}
+
+// When part of its backlog cannot move (it waits for the synchronous thread's own rule) and the
+// rest can, the synchronous thread gives up holding back at most once per 512 deliveries since
+// it last gave up: re-arming after every delivery cost it 64 yields at every batch.
+TEST_P(DispatcherTest, APartlyStuckBacklogCostsFewGiveUps) {
+  constexpr int pairs = 3'000;
+  const Rule mine = rules::mutex("the sync thread's");
+  const Rule free = rules::mutex("free");
+  std::atomic<int> stuck_ran{0}, free_ran{0};
+  std::atomic<bool> seed_done{false};
+  auto seed = make_tasklet([&] {
+    for (int i = 0; i < pairs; ++i) {
+      api::current().schedule(async_job(mine,
+                                        [&] {
+                                          if (seed_done.load()) stuck_ran.fetch_add(1);
+                                        }),
+                              Directive::async);
+      api::current().schedule(async_job(free, [&] { free_ran.fetch_add(1); }), Directive::async);
+    }
+    seed_done = true;
+    return Directive::done;
+  });
+  seed->set_rule(mine);
+  scheduler().schedule(std::move(seed), Directive::sync);
+  scheduler().run();
+  EXPECT_EQ(stuck_ran.load(), pairs);
+  EXPECT_EQ(free_ran.load(), pairs);
+  // At most `pairs` holds were delivered while the seed ran (the stuck ones wait for it).
+  const auto& impl = scheduler().impl();
+  EXPECT_GE(impl.catch_up_give_ups_, 1u) << "the stuck half alone passes the limit";
+  EXPECT_LE(impl.catch_up_give_ups_, 1u + pairs / 512u);
 }
 
 // The synchronous thread's requests are entered by a task on the workers, but a sync tasklet must
