@@ -202,6 +202,12 @@ class RuleRequest {
   virtual void cancelled() noexcept = 0;
   /// Who asked (a tasklet, for instance), so that its request can be found and withdrawn.
   virtual const void* owner() const noexcept { return nullptr; }
+  /// Takes a reference to `rule` (this request's rule), kept until the request is deleted, so that
+  /// it can be handed back (RuleTable::hand_back); false for a kind of request that cannot.
+  virtual bool keep_rule(const Rule& rule) noexcept {
+    static_cast<void>(rule);
+    return false;
+  }
 
  protected:
   /// Three bits of the subclass's own, kept in a byte the request has spare: set them before the
@@ -434,6 +440,15 @@ class RuleTable {
   void release(RuleRequest& request);
   /// As release(), but hands the newly granted requests to the caller to notify.
   void release(RuleRequest& request, Grants& grants);
+  /// As release(request, grants), unless another thread holds the lock: then false, and nothing
+  /// was done. Never waits for the lock.
+  bool try_release(RuleRequest& request, Grants& grants) noexcept;
+  /// Leaves the release of a held request that is not parkable to the thread that holds the lock,
+  /// or else the next one to take it (as submit() does), which notifies the requests it lets
+  /// through and then deletes the request, outside the lock. The owner gives the request up; it
+  /// must keep its rule alive until it is deleted (other requests' pairwise checks may ask the
+  /// rule until then). Lock-free.
+  void hand_back(RuleRequest& request) noexcept;
 
   /// Withdraws a waiting request; false when it was granted meanwhile (its granted() runs or ran).
   bool withdraw(RuleRequest& request);
@@ -501,6 +516,7 @@ class RuleTable {
   void enter_submitted(Grants& grants, Orphans& orphans) noexcept;
   struct SubmittedRun;
   static constexpr std::uintptr_t run_tag = 1;
+  static constexpr std::uintptr_t release_tag = 2;  // a held request handed back (hand_back)
   static std::uintptr_t& submitted_link(std::uintptr_t entry) noexcept;
   void push_submitted(std::uintptr_t newest, std::uintptr_t& oldest_link) noexcept;
   void enter_together(SubmittedRun& run, Grants& grants, Orphans& orphans) noexcept;
@@ -555,7 +571,8 @@ class RuleTable {
 
   TableMutex mutex_;
   // What was submitted and not entered yet, newest first: requests linked through next_submitted_,
-  // and requests submitted together (tagged: see submit_all), each linked to the next older one.
+  // requests submitted together (tagged: see submit_all), each linked to the next older one, and
+  // held requests handed back (tagged: see hand_back), to release.
   std::atomic<std::uintptr_t> submitted_{0};
   std::atomic<bool> entering_submitted_{false};  // a lock holder took the stack and enters it
   const std::uint64_t id_;

@@ -275,6 +275,12 @@ struct Scheduler::Impl::TaskletHold final : detail::InlineRuleRequest<N>, detail
     return (this->own_bits() & 4u) != 0 ? impl.sync_holds_ : impl.holds_;
   }
   const void* owner() const noexcept override { return tasklet.get(); }
+  // Once granted, `tasklet` is free: a handed-back hold keeps its rule there (an aliasing pointer
+  // that owns the rule and points at nothing).
+  bool keep_rule(const Rule& rule) noexcept override {
+    tasklet = TaskletPtr(rule, nullptr);
+    return true;
+  }
   Impl& scheduler() const noexcept { return TaskletAccess::scheduler(*tasklet)->impl(); }
   void granted() noexcept override {
     Impl& impl = scheduler();
@@ -503,9 +509,19 @@ void Scheduler::Impl::release_rule(Tasklet& tasklet) noexcept {
   detail::RuleRequest* hold = TaskletAccess::hold(tasklet);
   if (hold == nullptr) return;
   TaskletAccess::hold(tasklet) = nullptr;
+  // A worker that finds the table's lock taken leaves the release to its holder and goes on: two
+  // workers finishing tasklets with rules would otherwise take turns at the lock, each spinning
+  // while the other releases (a tenth of their time in the path workload).
   detail::Grants grants;
-  manager_.table_.release(*hold, grants);
-  delete hold;
+  detail::RuleTable& table = manager_.table_;
+  if (table.try_release(*hold, grants)) {
+    delete hold;
+  } else if (hold->keep_rule(tasklet.rule())) {
+    table.hand_back(*hold);  // the tasklet and its rule may go now
+  } else {
+    table.release(*hold, grants);
+    delete hold;
+  }
   detail::RuleTable::notify(grants);
 }
 
