@@ -747,7 +747,7 @@ void RuleTable::release(RuleRequest& request, Grants& grants) {
 }
 
 bool RuleTable::try_release(RuleRequest& request, Grants& grants) noexcept {
-  if (!mutex_.try_lock()) return false;
+  if (!mutex_.try_lock_briefly()) return false;
   Orphans orphans;
   enter_submitted(grants, orphans);
   assert(request.in_table_ && request.held_);

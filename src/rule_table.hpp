@@ -70,9 +70,23 @@ class TableMutex {
   ~TableMutex() { pthread_mutex_destroy(&mutex_); }
   void lock() noexcept { pthread_mutex_lock(&mutex_); }
   bool try_lock() noexcept { return pthread_mutex_trylock(&mutex_) == 0; }
+  /// try_lock, tried again for about as long as the table's operations take: a holder that runs
+  /// has mostly let go by then, and one that was preempted is not waited for.
+  bool try_lock_briefly() noexcept {
+    for (int tries = 0; tries < brief_tries; ++tries) {
+      if (try_lock()) return true;
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#elif defined(__aarch64__)
+      asm volatile("yield");
+#endif
+    }
+    return try_lock();
+  }
   void unlock() noexcept { pthread_mutex_unlock(&mutex_); }
 
  private:
+  static constexpr int brief_tries = 300;
 #ifdef PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP
   pthread_mutex_t mutex_ = PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP;
 #else
@@ -440,8 +454,8 @@ class RuleTable {
   void release(RuleRequest& request);
   /// As release(), but hands the newly granted requests to the caller to notify.
   void release(RuleRequest& request, Grants& grants);
-  /// As release(request, grants), unless another thread holds the lock: then false, and nothing
-  /// was done. Never waits for the lock.
+  /// As release(request, grants), unless another thread holds the lock for longer than a short
+  /// spin: then false, and nothing was done. Never sleeps waiting for the lock.
   bool try_release(RuleRequest& request, Grants& grants) noexcept;
   /// Leaves the release of a held request that is not parkable to the thread that holds the lock,
   /// or else the next one to take it (as submit() does), which notifies the requests it lets
@@ -569,11 +583,12 @@ class RuleTable {
   void leave(RuleRequest& request, Grants& grants);
   void prune(RuleNode& node);
 
-  TableMutex mutex_;
   // What was submitted and not entered yet, newest first: requests linked through next_submitted_,
   // requests submitted together (tagged: see submit_all), each linked to the next older one, and
-  // held requests handed back (tagged: see hand_back), to release.
-  std::atomic<std::uintptr_t> submitted_{0};
+  // held requests handed back (tagged: see hand_back), to release. On a cache line of its own: the
+  // synchronous thread pushes onto it all the time, and the lock and the table are the workers'.
+  alignas(64) std::atomic<std::uintptr_t> submitted_{0};
+  alignas(64) TableMutex mutex_;
   std::atomic<bool> entering_submitted_{false};  // a lock holder took the stack and enters it
   const std::uint64_t id_;
   std::uint64_t next_ticket_ = 0;
