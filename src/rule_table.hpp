@@ -74,7 +74,7 @@ class TableMutex {
   /// has mostly let go by then, and one that was preempted is not waited for.
   bool try_lock_briefly() noexcept {
     for (int tries = 0; tries < brief_tries; ++tries) {
-      if (try_lock()) return true;
+      if (!looks_locked() && try_lock()) return true;
 #if defined(__x86_64__) || defined(__i386__)
       __builtin_ia32_pause();
 #elif defined(__aarch64__)
@@ -87,6 +87,15 @@ class TableMutex {
 
  private:
   static constexpr int brief_tries = 300;
+  // Reads the lock word without writing its cache line, so that spinning does not slow the holder's
+  // unlock down (glibc's layout; elsewhere, every try writes).
+  bool looks_locked() const noexcept {
+#ifdef __GLIBC__
+    return __atomic_load_n(&mutex_.__data.__lock, __ATOMIC_RELAXED) != 0;
+#else
+    return false;
+#endif
+  }
 #ifdef PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP
   pthread_mutex_t mutex_ = PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP;
 #else
