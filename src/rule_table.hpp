@@ -70,8 +70,9 @@ class TableMutex {
   ~TableMutex() { pthread_mutex_destroy(&mutex_); }
   void lock() noexcept { pthread_mutex_lock(&mutex_); }
   bool try_lock() noexcept { return pthread_mutex_trylock(&mutex_) == 0; }
-  /// try_lock, tried again for about as long as the table's operations take: a holder that runs
-  /// has mostly let go by then, and one that was preempted is not waited for.
+  /// try_lock, tried again for up to brief_tries pauses (about 9 us on the AMD EPYC we measure on):
+  /// longer than the table's operations, so a holder that runs has let go by then, while one that
+  /// was preempted is not waited for.
   bool try_lock_briefly() noexcept {
     for (int tries = 0; tries < brief_tries; ++tries) {
       if (!looks_locked() && try_lock()) return true;
