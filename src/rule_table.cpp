@@ -409,10 +409,9 @@ struct RuleTable::SubmittedRun {
 };
 
 std::uintptr_t& RuleTable::submitted_link(std::uintptr_t entry) noexcept {
-  static_assert(alignof(RuleRequest) > (run_tag | release_tag) && alignof(SubmittedRun) > run_tag,
-                "the tags' bits are free");
+  static_assert(alignof(RuleRequest) > run_tag && alignof(SubmittedRun) > run_tag, "the tag's bit is free");
   if ((entry & run_tag) != 0) return reinterpret_cast<SubmittedRun*>(entry & ~run_tag)->next;
-  return reinterpret_cast<RuleRequest*>(entry & ~release_tag)->next_submitted_;
+  return reinterpret_cast<RuleRequest*>(entry)->next_submitted_;
 }
 
 // Puts `newest` on the submitted stack; `oldest_link`, the link of the oldest entry pushed with it,
@@ -487,10 +486,6 @@ void RuleTable::enter_submitted(Grants& grants, Orphans& orphans) noexcept {
       auto* run = reinterpret_cast<SubmittedRun*>(entry & ~run_tag);
       enter_together(*run, grants, orphans);
       deallocate_bytes(run);
-    } else if ((entry & release_tag) != 0) {
-      auto& request = *reinterpret_cast<RuleRequest*>(entry & ~release_tag);
-      leave(request, grants);
-      orphans.push_back(&request);  // deleted once the lock is let go
     } else {
       auto& request = *reinterpret_cast<RuleRequest*>(entry);
       if (enter(request, nullptr, false, grants, orphans)) grants.push_back(&request);
@@ -744,23 +739,6 @@ void RuleTable::release(RuleRequest& request, Grants& grants) {
   Locked lock(*this, grants);
   assert(request.in_table_ && request.held_);
   leave(request, grants);
-}
-
-bool RuleTable::try_release(RuleRequest& request, Grants& grants) noexcept {
-  if (!mutex_.try_lock_briefly()) return false;
-  Orphans orphans;
-  enter_submitted(grants, orphans);
-  assert(request.in_table_ && request.held_);
-  leave(request, grants);
-  mutex_.unlock();
-  settle(grants, orphans);
-  for (RuleRequest* orphan : orphans) delete orphan;
-  return true;
-}
-
-void RuleTable::hand_back(RuleRequest& request) noexcept {
-  push_submitted(reinterpret_cast<std::uintptr_t>(&request) | release_tag, request.next_submitted_);
-  drain();
 }
 
 void RuleTable::release(RuleRequest& request) {
