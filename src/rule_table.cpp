@@ -109,13 +109,38 @@ RuleTable::~RuleTable() {
   parked_.clear();
   // Held requests belong to their holders, who must have released them; forget what is left.
   live_.clear();
+  rootless_from_ = 0;
   customs_.clear();
   blocked_.clear();
 }
 
-void RuleTable::insert(RequestSet& set, RuleRequest& request, std::uint32_t RuleRequest::*index) {
-  request.*index = static_cast<std::uint32_t>(set.size());
-  set.push_back(&request);
+void RuleTable::place_live(RuleRequest& request, std::size_t at) noexcept {
+  live_[at] = &request;
+  request.live_index_ = static_cast<std::uint32_t>(at);
+}
+
+void RuleTable::insert_live(RuleRequest& request, bool rootless) {
+  live_.push_back(&request);
+  request.live_index_ = static_cast<std::uint32_t>(live_.size() - 1);
+  if (rootless) return;
+  if (request.live_index_ != rootless_from_) {
+    place_live(*live_[rootless_from_], live_.size() - 1);
+    place_live(request, rootless_from_);
+  }
+  ++rootless_from_;
+}
+
+void RuleTable::erase_live(RuleRequest& request) noexcept {
+  const std::size_t hole = request.live_index_;
+  if (hole < rootless_from_) {
+    // The last of the first part fills the hole, and the last request its place.
+    const std::size_t last_rooted = --rootless_from_;
+    place_live(*live_[last_rooted], hole);
+    if (live_.size() - 1 != last_rooted) place_live(*live_.back(), last_rooted);
+  } else {
+    place_live(*live_.back(), hole);
+  }
+  live_.pop_back();
 }
 
 // Requests with custom parts are few, and each of them costs pairwise checks anyway: a search
@@ -123,13 +148,6 @@ void RuleTable::insert(RequestSet& set, RuleRequest& request, std::uint32_t Rule
 void RuleTable::remove_custom(RuleRequest& request) noexcept {
   *std::find(customs_.begin(), customs_.end(), &request) = customs_.back();
   customs_.pop_back();
-}
-
-void RuleTable::erase(RequestSet& set, RuleRequest& request, std::uint32_t RuleRequest::*index) noexcept {
-  RuleRequest* moved = set.back();
-  set[request.*index] = moved;
-  moved->*index = request.*index;
-  set.pop_back();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -195,7 +213,10 @@ void RuleTable::add_entry(RuleRequest& request, RuleNode& node, LockMode mode, b
   entry.set_mode(mode);
 }
 
-void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom, const RuleKey& key, bool merge) {
+// `with_root`: whether a path atom takes its intent entry at the root (see root intents, in the
+// header); its own entry there, for a rule on the root, it always takes.
+void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom, const RuleKey& key, bool merge,
+                         bool with_root) {
   switch (key.kind) {
     case RuleKey::Kind::identity:
       add_entry(request, identity_node(atom), LockMode::x, merge);
@@ -207,14 +228,14 @@ void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom, const
       const LockMode target = key.shared ? LockMode::s : LockMode::x;
       RuleNote* note = note_on(atom, count);
       if (note != nullptr && note->count == count && note->generation == node_generation_) {
-        for (std::size_t i = 0; i < count; ++i)
+        for (std::size_t i = with_root || count == 1 ? 0 : 1; i < count; ++i)
           add_entry(request, *note->nodes()[i], i + 1 == count ? target : intent, merge);
         return;
       }
       RuleNode* node = &root_;
       std::size_t depth = 0;
       for (const std::string& segment : key.segments) {
-        add_entry(request, *node, intent, merge);
+        if (with_root || node != &root_) add_entry(request, *node, intent, merge);
         if (note != nullptr) note->nodes()[depth++] = node;
         node = &path_node(*node, segment);
       }
@@ -228,7 +249,7 @@ void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom, const
     }
     case RuleKey::Kind::multi:
       for (const Rule& child : key.children) {
-        if (child) add_atom(request, *child, child->key(), true);
+        if (child) add_atom(request, *child, child->key(), true, with_root);
       }
       return;
     case RuleKey::Kind::custom:
@@ -275,6 +296,56 @@ bool RuleTable::blocked_by_custom(const RuleRequest& request) const noexcept {
     if (blocks(*other)) return true;
   }
   return false;
+}
+
+// Whether some request holds or waits for S, SIX or X at the root (and so can conflict there).
+bool RuleTable::root_claimed() const noexcept {
+  constexpr auto claims = static_cast<std::uint8_t>(1u << index_of(LockMode::s) | 1u << index_of(LockMode::six) |
+                                                    1u << index_of(LockMode::x));
+  return (root_.occupied & claims) != 0;
+}
+
+// Whether a rule's key claims the root: a rule on "/" itself, or a multi rule with one.
+static bool claims_root(const RuleKey& key) noexcept {
+  switch (key.kind) {
+    case RuleKey::Kind::path:
+      return key.segments.empty();
+    case RuleKey::Kind::multi:
+      return std::any_of(key.children.begin(), key.children.end(),
+                         [](const Rule& child) { return child && claims_root(child->key()); });
+    default:
+      return false;
+  }
+}
+
+// Appends the root intent that a request's entries imply: IX when it takes IX, SIX or X on a
+// child of the root, else IS. The caller has reserved room for it, or may let it throw.
+void RuleTable::add_root_intent(RuleRequest& request) {
+  LockMode intent = LockMode::is;
+  for (const RuleEntry& entry : request.entries()) {
+    const LockMode mode = entry.mode();
+    if (entry.node()->parent == &root_ && mode != LockMode::is && mode != LockMode::s) intent = LockMode::ix;
+  }
+  RuleEntry& entry = request.push_entry();
+  entry.set_node(root_);
+  entry.set_mode(intent);
+}
+
+// For a newcomer that claims the root: the rootless live requests take their intents there, as if
+// they had taken them when they entered. The root holds only intents now (nobody claimed it), so
+// each is clear at once: counted as granted for a holder, as clear for a waiting request.
+void RuleTable::give_root_intents() noexcept {
+  for (std::size_t at = rootless_from_; at < live_.size(); ++at) {
+    RuleRequest& request = *live_[at];
+    assert(request.entry_count_ < request.entry_capacity());  // reserved when it entered
+    add_root_intent(request);
+    RuleEntry& entry = request.entries_[request.entry_count_ - 1];
+    entry.set_clear(true);
+    const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
+    ++(request.held_ ? root_.granted : root_.clear_waiting)[mode];
+    root_.refresh(mode);
+  }
+  rootless_from_ = live_.size();
 }
 
 // Whether an entry of `mode` with `ticket` (not yet granted, not yet counted as clear) is clear at
@@ -324,16 +395,32 @@ bool RuleTable::enter(RuleRequest& request, EntryCache* cache, bool parkable, Gr
   {
     request.ticket_ = ++next_ticket_;
     request.held_ = false;
-    if (cache != nullptr && cache->same_rule && cache->table == id_ &&
-        cache->generation == node_generation_ && request.entry_count_ != 0) {
-      // The entries found last time stand (the ticket is the request's, not theirs).
-    } else {
+    const bool reuse = cache != nullptr && cache->same_rule && cache->table == id_ &&
+                       cache->generation == node_generation_ && request.entry_count_ != 0;
+    if (!reuse) {
       request.clear_entries();
       request.has_custom_ = false;
       const RuleKey key = request.rule_->key();
-      add_atom(request, *request.rule_, key, false);
+      add_atom(request, *request.rule_, key, false, root_claimed() || claims_root(key));
       if (cache != nullptr) *cache = EntryCache{id_, node_generation_, false};
     }
+    // Where the request stands at the root: it claims it, takes an intent there, or is rootless.
+    bool at_root = false, claims = false, on_path = false;
+    for (const RuleEntry& entry : request.entries()) {
+      if (entry.node() == &root_) {
+        at_root = true;
+        claims = entry.mode() != LockMode::is && entry.mode() != LockMode::ix;
+      } else {
+        on_path = on_path || entry.node()->identity == nullptr;
+      }
+    }
+    if (reuse && on_path && !at_root && root_claimed()) {
+      add_root_intent(request);  // the entries found last time, with the root's intent added
+      at_root = true;
+    }
+    const bool rootless = on_path && !at_root;
+    if (rootless) request.reserve_entries(request.entry_count_ + std::size_t{1});  // for give_root_intents
+    if (claims) give_root_intents();
 
     // A parked request's rule may be gone (its owner's frame kept it alive), so a custom rule cannot
     // be asked about it: a request with custom parts takes every parked request out first.
@@ -347,7 +434,7 @@ bool RuleTable::enter(RuleRequest& request, EntryCache* cache, bool parkable, Gr
       unclear = mark_clear(request);
     }
     request.in_table_ = true;
-    insert(live_, request, &RuleRequest::live_index_);
+    insert_live(request, rootless);
     if (request.has_custom_) customs_.push_back(&request);
     request.parkable_ = parkable && !request.has_custom_;
     request.park_.store(request.parkable_ ? Park::active : Park::none, std::memory_order_relaxed);
@@ -710,7 +797,7 @@ void RuleTable::leave(RuleRequest& request, Grants& grants) {
   } else {
     unlink_waiting(request);
   }
-  erase(live_, request, &RuleRequest::live_index_);
+  erase_live(request);
   if (request.has_custom_) remove_custom(request);
   if (request.parkable_) {
     *std::find(parked_.begin(), parked_.end(), &request) = parked_.back();
@@ -775,7 +862,7 @@ void RuleTable::cancel_all_waiting() {
     // Every waiter goes, so nobody is left to be let through: unlink without walking.
     for (RuleRequest* request : cancelled) {
       unlink_waiting(*request);
-      erase(live_, *request, &RuleRequest::live_index_);
+      erase_live(*request);
       if (request->has_custom_) remove_custom(*request);
       if (request->parkable_) {
         std::erase(parked_, request);

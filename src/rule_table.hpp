@@ -19,6 +19,12 @@
 //    the queue fronts; an entry leaves its queue once, when it becomes clear (amortised O(1)).
 //    Entries that are clear on arrival (the intent modes on ancestors, mostly) are never linked, so
 //    granting them touches the node's counters only, not other requests' memory.
+// Root intents are taken lazily: every path request would take IS or IX on the root, the one node
+// that all of them share, and yet only a request for the root itself (a rule on "/", alone or in a
+// multi rule) can conflict there. So a path request takes no entry at the root while nobody claims
+// it (no S, SIX or X held or waiting there). A newcomer that claims it first gives every live
+// request without a root entry its intent entry there (clear: the root holds only intents then),
+// and then enters as usual. Each request gets that entry at most once: O(1) amortised.
 // Custom rules have no index: a request with a custom part is checked pairwise against every held
 // and earlier waiting request (the custom rule asked, as receiver); other requests are checked
 // pairwise only against requests with custom parts. Those calls run under the table's lock.
@@ -518,17 +524,23 @@ class RuleTable {
   bool has_conflicting_waiter_locked(const RuleRequest& held) const noexcept;
   void settle(Grants& grants, Orphans& orphans) noexcept;
 
-  // Unordered sets of requests, each request knowing its position: O(1) insertion and removal
-  // without touching any other request but the one moved into the gap.
-  using RequestSet = std::vector<RuleRequest*>;
-  static void insert(RequestSet& set, RuleRequest& request, std::uint32_t RuleRequest::*index);
-  static void erase(RequestSet& set, RuleRequest& request, std::uint32_t RuleRequest::*index) noexcept;
+  // live_ in two parts, each request knowing its position: O(1) insertion and removal, touching
+  // at most two other requests (those moved to keep the parts whole).
+  void insert_live(RuleRequest& request, bool rootless);
+  void erase_live(RuleRequest& request) noexcept;
+  void place_live(RuleRequest& request, std::size_t at) noexcept;
   void remove_custom(RuleRequest& request) noexcept;
+  // Root intents (see root_claimed_by): whether the root is claimed, and giving every rootless
+  // live request its intent entry there, for a newcomer that claims it.
+  bool root_claimed() const noexcept;
+  void give_root_intents() noexcept;
+  void add_root_intent(RuleRequest& request);
 
   // Withdraws the waiting requests that collect(std::vector<RuleRequest*>&) lists under the lock.
   template <class Collect>
   std::size_t withdraw_collected(Collect&& collect);
-  void add_atom(RuleRequest& request, const SchedulingRule& atom, const RuleKey& key, bool merge);
+  void add_atom(RuleRequest& request, const SchedulingRule& atom, const RuleKey& key, bool merge,
+                bool with_root);
   RuleNote* note_on(const SchedulingRule& rule, std::size_t room);
   static void add_entry(RuleRequest& request, RuleNode& node, LockMode mode, bool merge);
   // Out of memory while queueing terminates: a half-queued request would break the table.
@@ -568,7 +580,10 @@ class RuleTable {
   static constexpr std::size_t kept_identity_nodes = 1024;
   static constexpr std::size_t kept_path_nodes = 16384;
   std::unordered_map<const SchedulingRule*, std::unique_ptr<RuleNode>> identities_;
-  RequestSet live_;                    // every held or waiting request
+  // Every held or waiting request. Those from rootless_from_ on have path entries but none at the
+  // root: they entered while nobody claimed the root, and get their intent there when someone does.
+  std::vector<RuleRequest*> live_;
+  std::size_t rootless_from_ = 0;
   std::vector<RuleRequest*> customs_;  // the live requests with custom parts
   std::vector<RuleRequest*> blocked_;  // waiting requests held back by a custom check, ticket order
   std::vector<RuleRequest*> parked_;   // the parkable requests in the table (one per thread, at most)

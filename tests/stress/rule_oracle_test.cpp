@@ -121,6 +121,9 @@ class RulePool {
     };
     for (int i = 0; i < 24; ++i) add(write_path, rules::path(random_path()));
     for (int i = 0; i < 16; ++i) add(read_path, rules::read_path(random_path()));
+    // The root, which path requests take their intent on only once somebody claims it.
+    add(write_path, rules::path("/"));
+    add(read_path, rules::read_path("/"));
     for (int colour = 0; colour < 4; ++colour) {  // two objects per colour: conflicts beyond identity
       add(custom_rule, std::make_shared<ColourRule>(colour));
       add(custom_rule, std::make_shared<ColourRule>(colour));
@@ -146,12 +149,12 @@ class RulePool {
       // Rules made for nesting only: "/a" then "/a/n", and reads under a read.
       const RuleKey key = rules_[a]->key();
       if (key.kind == RuleKey::Kind::path) {
-        std::string path;  // never the root: every pool path has a first segment
+        std::string path;  // empty for the root
         for (const std::string& segment : key.segments) path += "/" + segment;
         const std::string below = path + "/n";
         if (!key.shared) {
           nested_[a].push_back(rules::path(below));
-          nested_[a].push_back(rules::read_path(path));
+          nested_[a].push_back(rules::read_path(path.empty() ? "/" : path));
         }
         nested_[a].push_back(rules::read_path(below + "/r"));
       }

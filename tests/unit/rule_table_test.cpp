@@ -107,6 +107,73 @@ TEST_F(RuleTableTest, BroadRuleIsNotOvertakenByLaterNarrowOnes) {
   table_.release(y);
 }
 
+// Path requests take their intent on the root only once somebody claims it (a rule on "/"): those
+// that entered before, held or waiting, must count there all the same, and later ones wait behind.
+TEST_F(RuleTableTest, ARuleOnTheRootCountsThePathsThatEnteredBeforeIt) {
+  Probe dir(rules::path("/a")), file(rules::path("/a/f")), reader(rules::read_path("/b/r"));
+  EXPECT_TRUE(table_.acquire(dir));
+  EXPECT_FALSE(table_.acquire(file));
+  EXPECT_TRUE(table_.acquire(reader));
+  Probe read_all(rules::read_path("/")), write_all(rules::path("/"));
+  EXPECT_FALSE(table_.acquire(read_all)) << "a writer below the root holds";
+  Probe later_read(rules::read_path("/e")), later_write(rules::path("/c"));
+  EXPECT_TRUE(table_.acquire(later_read)) << "readers share with a waiting reader of the root";
+  EXPECT_FALSE(table_.acquire(later_write)) << "a writer comes after the waiting reader of the root";
+  EXPECT_FALSE(table_.acquire(write_all));
+  table_.release(dir);
+  EXPECT_EQ(file.grants, 1);
+  EXPECT_EQ(read_all.grants, 0) << "/a/f, waiting when the root was claimed, is a writer below it";
+  table_.release(file);
+  EXPECT_EQ(read_all.grants, 1);
+  EXPECT_EQ(later_write.grants, 0);
+  table_.release(read_all);
+  EXPECT_EQ(later_write.grants, 1);
+  EXPECT_EQ(write_all.grants, 0);
+  for (Probe* probe : {&reader, &later_read, &later_write}) table_.release(*probe);
+  EXPECT_EQ(write_all.grants, 1);
+  // With the root claimed, a newcomer below it waits; once it is free, paths go without it again.
+  Probe below(rules::path("/d/e"));
+  EXPECT_FALSE(table_.acquire(below));
+  table_.release(write_all);
+  EXPECT_EQ(below.grants, 1);
+  Probe sibling(rules::path("/d/g"));
+  EXPECT_TRUE(table_.acquire(sibling));
+  table_.release(below);
+  table_.release(sibling);
+}
+
+// A multi rule that reads the root and writes below it takes SIX there: another reader of the root
+// conflicts with it, though it shares with a plain reader of the root.
+TEST_F(RuleTableTest, AMultiRuleThatReadsTheRootAndWritesBelowItExcludesReadersOfTheRoot) {
+  Probe mixed(rules::combine(rules::read_path("/"), rules::path("/a/b")));
+  Probe reader(rules::read_path("/")), other_reader(rules::read_path("/x"));
+  EXPECT_TRUE(table_.acquire(mixed));
+  EXPECT_FALSE(table_.acquire(reader));
+  table_.release(mixed);
+  EXPECT_EQ(reader.grants, 1);
+  EXPECT_TRUE(table_.acquire(other_reader));
+  table_.release(reader);
+  table_.release(other_reader);
+}
+
+// A thread's recycled request reuses the entries it found last time; found while nobody claimed
+// the root, they have none there, and must take one when the root is claimed now.
+TEST_F(RuleTableTest, RecycledThreadRequestsTakeTheRootIntentWhenTheRootIsClaimed) {
+  const Rule rule = rules::path("/a/b");
+  ThreadHold* hold = ThreadHold::make(rule, table_);
+  ASSERT_TRUE(hold->acquire(table_));
+  table_.release(*hold);
+  ThreadHold::recycle(hold);
+  Probe read_all(rules::read_path("/"));
+  ASSERT_TRUE(table_.acquire(read_all));
+  hold = ThreadHold::make(rule, table_);
+  EXPECT_FALSE(hold->acquire(table_)) << "/a/b writes below the root, which is read";
+  table_.release(read_all);
+  EXPECT_TRUE(hold->is_held());
+  table_.release(*hold);
+  ThreadHold::recycle(hold);
+}
+
 TEST_F(RuleTableTest, ReadersShareAndAWriterExcludesThem) {
   Probe r1(rules::read_path("/data")), r2(rules::read_path("/data/x")), w(rules::path("/data/x/y"));
   Probe r3(rules::read_path("/data"));
@@ -601,7 +668,9 @@ class RuleFactory {
     for (int i = 1; i <= 2; ++i) colours_.push_back(std::make_shared<ColourRule>(i));
   }
   Rule any() {
-    switch (pick(0, 9)) {
+    switch (pick(0, 10)) {
+      case 10:
+        return any_root();
       case 0:
         return mutexes_[static_cast<std::size_t>(pick(0, 2))];
       case 1:
@@ -618,8 +687,13 @@ class RuleFactory {
 
  private:
   int pick(int low, int high) { return std::uniform_int_distribution<int>(low, high)(random_); }
+  // A rule on the root itself, which the table indexes lazily (requests that entered while nobody
+  // claimed the root get their intent there when one comes).
+  Rule any_root() { return pick(0, 1) == 0 ? rules::path("/") : rules::read_path("/"); }
   Rule any_simple() {
-    switch (pick(0, 3)) {
+    switch (pick(0, 4)) {
+      case 4:
+        return any_root();
       case 0:
         return mutexes_[static_cast<std::size_t>(pick(0, 2))];
       case 1:
