@@ -78,6 +78,11 @@ struct ThreadContext {
 
 ThreadContext& context() noexcept;
 
+/// Whether the code running now is a task on the workers (a phase, a job, an entering task), which
+/// hands the tasklets it lets through to the same worker, rather than the synchronous thread or a
+/// thread of the user's.
+bool in_worker_task() noexcept;
+
 /// The state of the code running now on this thread.
 inline TaskState& state() noexcept { return *context().state; }
 

@@ -1,5 +1,7 @@
 #include "rule_table.hpp"
 
+#include "context.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -496,9 +498,10 @@ struct RuleTable::SubmittedRun {
 };
 
 std::uintptr_t& RuleTable::submitted_link(std::uintptr_t entry) noexcept {
-  static_assert(alignof(RuleRequest) > run_tag && alignof(SubmittedRun) > run_tag, "the tag's bit is free");
+  static_assert(alignof(RuleRequest) > (run_tag | release_tag) && alignof(SubmittedRun) > run_tag,
+                "the tags' bits are free");
   if ((entry & run_tag) != 0) return reinterpret_cast<SubmittedRun*>(entry & ~run_tag)->next;
-  return reinterpret_cast<RuleRequest*>(entry)->next_submitted_;
+  return reinterpret_cast<RuleRequest*>(entry & ~release_tag)->next_submitted_;
 }
 
 // Puts `newest` on the submitted stack; `oldest_link`, the link of the oldest entry pushed with it,
@@ -573,6 +576,10 @@ void RuleTable::enter_submitted(Grants& grants, Orphans& orphans) noexcept {
       auto* run = reinterpret_cast<SubmittedRun*>(entry & ~run_tag);
       enter_together(*run, grants, orphans);
       deallocate_bytes(run);
+    } else if ((entry & release_tag) != 0) {
+      auto& request = *reinterpret_cast<RuleRequest*>(entry & ~release_tag);
+      leave(request, grants);
+      orphans.push_back(&request);  // deleted once the lock is let go
     } else {
       auto& request = *reinterpret_cast<RuleRequest*>(entry);
       if (enter(request, nullptr, false, grants, orphans)) grants.push_back(&request);
@@ -600,6 +607,12 @@ void RuleTable::enter_together(SubmittedRun& run, Grants& grants, Orphans& orpha
   }
 }
 
+void RuleTable::took_lock() noexcept {
+  const bool on_worker = in_worker_task();
+  if (holder_on_worker_.load(std::memory_order_relaxed) != on_worker)
+    holder_on_worker_.store(on_worker, std::memory_order_relaxed);
+}
+
 // After letting the lock go (or submitting): enters what was submitted meanwhile, unless another
 // thread holds the lock, which does it when it lets go. The fences order our read of submitted_
 // after our unlock, and a submitter's try_lock after its push: one of us sees the other.
@@ -607,6 +620,7 @@ void RuleTable::settle(Grants& grants, Orphans& orphans) noexcept {
   for (;;) {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (submitted_.load(std::memory_order_relaxed) == 0 || !mutex_.try_lock()) return;
+    took_lock();
     enter_submitted(grants, orphans);
     mutex_.unlock();
   }
@@ -826,6 +840,24 @@ void RuleTable::release(RuleRequest& request, Grants& grants) {
   Locked lock(*this, grants);
   assert(request.in_table_ && request.held_);
   leave(request, grants);
+}
+
+bool RuleTable::try_release(RuleRequest& request, Grants& grants) noexcept {
+  if (!mutex_.try_lock_briefly()) return false;
+  took_lock();
+  Orphans orphans;
+  enter_submitted(grants, orphans);
+  assert(request.in_table_ && request.held_);
+  leave(request, grants);
+  mutex_.unlock();
+  settle(grants, orphans);
+  for (RuleRequest* orphan : orphans) delete orphan;
+  return true;
+}
+
+void RuleTable::hand_back(RuleRequest& request) noexcept {
+  push_submitted(reinterpret_cast<std::uintptr_t>(&request) | release_tag, request.next_submitted_);
+  drain();
 }
 
 void RuleTable::release(RuleRequest& request) {

@@ -24,6 +24,8 @@ ThreadContext& context() noexcept {
   thread_local ThreadContext ctx;
   return ctx;
 }
+
+bool in_worker_task() noexcept { return context().state->worker_of != nullptr; }
 }  // namespace detail
 
 namespace {
@@ -275,6 +277,12 @@ struct Scheduler::Impl::TaskletHold final : detail::InlineRuleRequest<N>, detail
     return (this->own_bits() & 4u) != 0 ? impl.sync_holds_ : impl.holds_;
   }
   const void* owner() const noexcept override { return tasklet.get(); }
+  // Once granted, `tasklet` is free: a handed-back hold keeps its rule there (an aliasing pointer
+  // that owns the rule and points at nothing).
+  bool keep_rule(const Rule& rule) noexcept override {
+    tasklet = TaskletPtr(rule, nullptr);
+    return true;
+  }
   Impl& scheduler() const noexcept { return TaskletAccess::scheduler(*tasklet)->impl(); }
   void granted() noexcept override {
     Impl& impl = scheduler();
@@ -503,9 +511,21 @@ void Scheduler::Impl::release_rule(Tasklet& tasklet) noexcept {
   detail::RuleRequest* hold = TaskletAccess::hold(tasklet);
   if (hold == nullptr) return;
   TaskletAccess::hold(tasklet) = nullptr;
+  // The lock is tried for a short spin (then this worker hands itself the tasklet it lets through);
+  // if it stays taken by a task on the workers, the release is left to that holder and this worker
+  // goes back to work rather than sleeping on the lock. Another holder (the synchronous thread, a
+  // user's thread) would post what the release lets through from there: then it waits for the lock
+  // (docs/design.md, "A release waits for the lock only briefly, and hands itself only to a worker").
   detail::Grants grants;
-  manager_.table_.release(*hold, grants);
-  delete hold;
+  detail::RuleTable& table = manager_.table_;
+  if (table.try_release(*hold, grants)) {
+    delete hold;
+  } else if (table.holder_takes_releases() && hold->keep_rule(tasklet.rule())) {
+    table.hand_back(*hold);  // the tasklet and its rule may go now
+  } else {
+    table.release(*hold, grants);
+    delete hold;
+  }
   detail::RuleTable::notify(grants);
 }
 

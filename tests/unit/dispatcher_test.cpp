@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <future>
 #include <latch>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -502,6 +503,77 @@ TEST_P(DispatcherTest, APartlyStuckBacklogCostsFewGiveUps) {
   const auto& impl = scheduler().impl();
   EXPECT_GE(impl.catch_up_give_ups_, 1u) << "the stuck half alone passes the limit";
   EXPECT_LE(impl.catch_up_give_ups_, 1u + pairs / 512u);
+}
+
+// A custom rule whose first conflict check against a path rule (made under the rule table's lock)
+// waits for `go`, then reads the rule it was asked about.
+class InspectingRule final : public SchedulingRule {
+ public:
+  bool contains(const SchedulingRule& other) const override { return &other == this; }
+  bool is_conflicting(const SchedulingRule& other) const override {
+    if (&other == this) return true;  // as validation asks
+    if (other.key().kind == RuleKey::Kind::path && armed_.exchange(false)) {
+      inside.count_down();
+      go.wait();
+      seen = other.to_string();  // use after free, were the rule gone
+    }
+    return false;
+  }
+  std::string to_string() const override { return "inspecting rule"; }
+  mutable std::latch inside{1}, go{1};
+  mutable std::string seen;
+
+ private:
+  mutable std::atomic<bool> armed_{true};
+};
+
+// Counts `gone` down when destroyed (with the last callable that shares it).
+struct SignalsDestruction {
+  explicit SignalsDestruction(std::latch& latch) : gone(latch) {}
+  SignalsDestruction(const SignalsDestruction&) = delete;
+  SignalsDestruction& operator=(const SignalsDestruction&) = delete;
+  ~SignalsDestruction() { gone.count_down(); }
+  std::latch& gone;
+};
+
+// A tasklet that ends while a worker holds the rule table's lock leaves its release to that worker
+// (hand_back) and is destroyed at once. Until the release is done, its rule is kept alive: the
+// holder may still be asking a custom rule about it. (The tasklet runs on the synchronous thread,
+// so that one worker is enough for the holder.)
+TEST_P(DispatcherTest, ARuleReleasedWhileTheTableIsBusyLivesUntilTheReleaseIsDone) {
+  Rule rule = rules::path("/handed/back");
+  const std::weak_ptr<const SchedulingRule> watched = rule;
+  const auto inspecting = std::make_shared<InspectingRule>();
+  std::latch running(1), gone(1);
+  scheduler().schedule(make_tasklet([&, phase = 0]() mutable {
+                         if (phase++ == 0) return Directive::async;
+                         running.wait();
+                         // Asks `inspecting` about the tasklet's rule under the lock, and waits there.
+                         RuleScope scope(*manager_, inspecting);
+                         return Directive::done;
+                       }),
+                       Directive::sync);
+  scheduler().schedule(make_tasklet(
+                           [&, signal = std::make_shared<SignalsDestruction>(gone), phase = 0]() mutable {
+                             // The next turn of the run loop, once the holder's async phase went out.
+                             if (phase++ == 0) return Directive::sync;
+                             running.count_down();
+                             inspecting->inside.wait();  // the worker has the lock now
+                             return Directive::done;
+                           },
+                           std::move(rule)),
+                       Directive::sync);
+  bool kept = false;
+  std::thread watcher([&] {
+    gone.wait();  // the tasklet ended and was destroyed, with its reference to the rule
+    kept = !watched.expired();
+    inspecting->go.count_down();
+  });
+  scheduler().run();
+  watcher.join();
+  EXPECT_TRUE(kept) << "the handed-back release keeps the rule";
+  EXPECT_EQ(inspecting->seen, "path(/handed/back)");
+  EXPECT_TRUE(watched.expired()) << "the release is done, and the rule let go";
 }
 
 // The synchronous thread's requests are entered by a task on the workers, but a sync tasklet must

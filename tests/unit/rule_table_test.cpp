@@ -328,6 +328,63 @@ TEST_F(RuleTableTest, RequestsSubmittedWhileTheLockIsHeldAreEnteredInOrderByItsH
   table_.release(held);
 }
 
+TEST_F(RuleTableTest, TryReleaseReleasesWhenTheLockIsFree) {
+  const Rule light = rules::mutex("light");
+  Probe on(light), next(light);
+  ASSERT_TRUE(table_.acquire(on));
+  EXPECT_FALSE(table_.acquire(next));
+  Grants grants;
+  EXPECT_TRUE(table_.try_release(on, grants));
+  ASSERT_EQ(grants.size(), 1u);
+  EXPECT_EQ(grants.front(), &next);
+  EXPECT_EQ(next.grants, 0) << "the caller notifies";
+  RuleTable::notify(grants);
+  EXPECT_EQ(next.grants, 1);
+  table_.release(next);
+}
+
+// A release handed back while another thread holds the lock: try_release says no at once,
+// hand_back returns at once, and the holder releases the request (letting the next one through)
+// and deletes it when it lets go.
+TEST_F(RuleTableTest, AReleaseHandedBackWhileTheLockIsHeldIsDoneByItsHolder) {
+  struct Owned final : InlineRuleRequest<2> {
+    Owned(Rule rule, std::atomic<bool>& deleted_flag) : kept(std::move(rule)), deleted(deleted_flag) {
+      set_rule(kept.get());
+    }
+    ~Owned() override { deleted = true; }
+    void granted() noexcept override {}
+    void cancelled() noexcept override {}
+    Rule kept;
+    std::atomic<bool>& deleted;
+  };
+  const auto holding = std::make_shared<LockHoldingRule>(true);
+  const auto plain = std::make_shared<LockHoldingRule>(false);
+  const Rule light = rules::mutex("light");
+  std::atomic<bool> deleted{false};
+  auto* owner = new Owned(light, deleted);
+  Probe held(plain), checker(holding), next(light);
+  ASSERT_TRUE(table_.acquire(held));
+  ASSERT_TRUE(table_.acquire(*owner));
+  EXPECT_FALSE(table_.acquire(next));
+  std::thread holder([&] { EXPECT_TRUE(table_.acquire(checker)); });
+  holding->inside.wait();
+  Grants grants;
+  EXPECT_FALSE(table_.try_release(*owner, grants)) << "the lock is taken";
+  EXPECT_TRUE(grants.empty());
+  table_.hand_back(*owner);  // returns although the lock is still taken
+  EXPECT_TRUE(table_.has_submitted());
+  EXPECT_FALSE(deleted.load());
+  EXPECT_EQ(next.grants, 0);
+  holding->go.count_down();
+  holder.join();
+  EXPECT_TRUE(deleted.load()) << "the holder released and deleted it when it let the lock go";
+  EXPECT_EQ(next.grants, 1);
+  EXPECT_FALSE(table_.has_submitted());
+  table_.release(next);
+  table_.release(checker);
+  table_.release(held);
+}
+
 // Whoever takes the lock enters what was submitted before its own operation: an acquire that was
 // waiting for the lock comes after the submitted requests, which can be withdrawn as usual.
 TEST_F(RuleTableTest, AnAcquireWaitingForTheLockComesAfterWhatWasSubmittedMeanwhile) {
