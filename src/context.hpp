@@ -78,9 +78,9 @@ struct ThreadContext {
 
 ThreadContext& context() noexcept;
 
-/// Whether the code running now is a task on the workers (a phase, a job, an entering task), which
-/// hands the tasklets it lets through to the same worker, rather than the synchronous thread or a
-/// thread of the user's.
+/// Whether the code running now is a task on the workers (a phase, a job, an entering task) of any
+/// pool, which continues the tasklets it lets through on a worker, rather than the synchronous
+/// thread or a thread of the user's.
 bool in_worker_task() noexcept;
 
 /// The state of the code running now on this thread.

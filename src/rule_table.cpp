@@ -828,8 +828,9 @@ void RuleTable::leave(RuleRequest& request, Grants& grants) {
 
   for (RuleEntry& entry : request.entries()) walk(*entry.node(), grants);
   if (!blocked_.empty()) recheck_custom_blocked(grants);
-  // Children come after their parents in the entries, so pruning backwards frees leaves first. The
-  // entries stay with the request, for an EntryCache to reuse; the next acquire rebuilds them.
+  // Children come after their parents in the entries (a root intent added late comes last, but the
+  // root is never freed), so pruning backwards frees leaves first. The entries stay with the
+  // request, for an EntryCache to reuse; the next acquire rebuilds them.
   if (path_nodes_ > kept_path_nodes || identities_.size() > kept_identity_nodes) {
     for (auto entry = request.entries().rbegin(); entry != request.entries().rend(); ++entry)
       prune(*entry->node());

@@ -220,7 +220,8 @@ class RuleRequest {
   RuleRequest(const RuleRequest&) = delete;
   RuleRequest& operator=(const RuleRequest&) = delete;
 
-  /// The rule requested; whoever owns the request keeps it alive while the request is in the table.
+  /// The rule requested; whoever owns the request keeps it alive while the request is in the table
+  /// (after a hand_back(), the request itself: see keep_rule()).
   const SchedulingRule* rule() const noexcept { return rule_; }
   void set_rule(const SchedulingRule* rule) noexcept { rule_ = rule; }
   bool is_held() const noexcept { return held_; }
@@ -346,7 +347,7 @@ struct EntryStorage {
 };
 
 /// A RuleRequest with room for N entries in place: a mutex rule takes 1, a path rule of depth d
-/// takes d + 1, a multi rule the union of its parts.
+/// up to d + 1 (d while nobody claims the root), a multi rule the union of its parts.
 template <std::size_t N>
 class InlineRuleRequest : private EntryStorage<N>, public RuleRequest {
  protected:
@@ -577,7 +578,7 @@ class RuleTable {
   void erase_live(RuleRequest& request) noexcept;
   void place_live(RuleRequest& request, std::size_t at) noexcept;
   void remove_custom(RuleRequest& request) noexcept;
-  // Root intents (see root_claimed_by): whether the root is claimed, and giving every rootless
+  // Root intents (see the top of this file): whether the root is claimed, and giving every rootless
   // live request its intent entry there, for a newcomer that claims it.
   bool root_claimed() const noexcept;
   void give_root_intents() noexcept;

@@ -464,8 +464,8 @@ void Scheduler::Impl::start(TaskletPtr tasklet, Directive directive) {
     return;
   }
   const std::size_t entries = detail::entry_count_hint(*tasklet->rule());
-  // A mutex rule takes 1 entry, a path rule of depth d takes d + 1; larger rules (deep paths, multi
-  // rules) get 8 in place and the rest on the heap.
+  // A mutex rule takes 1 entry, a path rule of depth d up to d + 1 (with the root's intent); larger
+  // rules (deep paths, multi rules) get 8 in place and the rest on the heap.
   switch (entries) {
     case 0:
     case 1:
@@ -511,8 +511,8 @@ void Scheduler::Impl::release_rule(Tasklet& tasklet) noexcept {
   detail::RuleRequest* hold = TaskletAccess::hold(tasklet);
   if (hold == nullptr) return;
   TaskletAccess::hold(tasklet) = nullptr;
-  // The lock is tried for a short spin (then this worker hands itself the tasklet it lets through);
-  // if it stays taken by a task on the workers, the release is left to that holder and this worker
+  // The lock is tried for a short spin (then this thread hands itself the tasklet it lets through);
+  // if it stays taken by a task on the workers, the release is left to that holder and this thread
   // goes back to work rather than sleeping on the lock. Another holder (the synchronous thread, a
   // user's thread) would post what the release lets through from there: then it waits for the lock
   // (docs/design.md, "A release waits for the lock only briefly, and hands itself only to a worker").
