@@ -53,6 +53,13 @@ class ColourRule final : public SchedulingRule {
 class RuleTableTest : public ::testing::Test {
  protected:
   void TearDown() override { EXPECT_TRUE(table_.is_idle()); }
+  // Takes and releases `rule` with a thread's request, which is then recycled with its entries.
+  void begin_and_end_once(const Rule& rule) {
+    ThreadHold* hold = ThreadHold::make(rule, table_);
+    EXPECT_TRUE(hold->acquire(table_));
+    table_.release(*hold);
+    ThreadHold::recycle(hold);
+  }
   RuleTable table_;
 };
 
@@ -160,13 +167,10 @@ TEST_F(RuleTableTest, AMultiRuleThatReadsTheRootAndWritesBelowItExcludesReadersO
 // the root, they have none there, and must take one when the root is claimed now.
 TEST_F(RuleTableTest, RecycledThreadRequestsTakeTheRootIntentWhenTheRootIsClaimed) {
   const Rule rule = rules::path("/a/b");
-  ThreadHold* hold = ThreadHold::make(rule, table_);
-  ASSERT_TRUE(hold->acquire(table_));
-  table_.release(*hold);
-  ThreadHold::recycle(hold);
+  begin_and_end_once(rule);
   Probe read_all(rules::read_path("/"));
   ASSERT_TRUE(table_.acquire(read_all));
-  hold = ThreadHold::make(rule, table_);
+  ThreadHold* hold = ThreadHold::make(rule, table_);
   EXPECT_FALSE(hold->acquire(table_)) << "/a/b writes below the root, which is read";
   table_.release(read_all);
   EXPECT_TRUE(hold->is_held());
@@ -605,13 +609,7 @@ TEST_F(RuleTableTest, DeepPathsWork) {
 // A thread's recycled begin_rule request keeps its resolved entries; they must be reused only for
 // the very same rule, and re-resolved for any other (even one made where the last one was).
 TEST_F(RuleTableTest, RecycledThreadRequestsReResolveADifferentRule) {
-  {
-    const Rule first = rules::path("/a");
-    ThreadHold* hold = ThreadHold::make(first, table_);
-    EXPECT_TRUE(hold->acquire(table_));
-    table_.release(*hold);
-    ThreadHold::recycle(hold);
-  }
+  begin_and_end_once(rules::path("/a"));
   Probe blocker(rules::path("/b"));
   ASSERT_TRUE(table_.acquire(blocker));
   for (int round = 0; round < 3; ++round) {
