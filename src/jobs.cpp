@@ -142,7 +142,7 @@ void Jobs::release_group_slot(Job& job, std::vector<std::shared_ptr<JobTasklet>>
     auto& g = state.group->impl();
     std::lock_guard group_lock(g.mutex);
     --g.running;
-    if (g.state != JobGroup::State::canceling && !g.throttled.empty()) {
+    if (g.state != JobGroup::State::canceling && !g.throttled.empty() && g.admits(state.group->max_threads())) {
       next = std::move(g.throttled.front());
       g.throttled.pop_front();
     }
@@ -160,7 +160,7 @@ void Jobs::enter_waiting(const std::shared_ptr<Job>& job,
   }
   if (JobGroup* group = state.group.get()) {
     std::lock_guard group_lock(group->impl().mutex);
-    if (group->max_threads() > 0 && group->impl().running >= group->max_threads()) {
+    if (!group->impl().admits(group->max_threads())) {
       group->impl().throttled.push_back(job);
       return;
     }
@@ -219,7 +219,7 @@ std::vector<std::shared_ptr<Job>> Jobs::take_admissible(JobGroup& group) {
   auto& g = group.impl();
   std::vector<std::shared_ptr<Job>> let_in;
   while (g.state != JobGroup::State::canceling && !g.throttled.empty() &&
-         (group.max_threads() <= 0 || g.running + static_cast<int>(let_in.size()) < group.max_threads())) {
+         g.admits(group.max_threads(), static_cast<int>(let_in.size()))) {
     let_in.push_back(std::move(g.throttled.front()));
     g.throttled.pop_front();
   }
@@ -269,8 +269,13 @@ RunEnd Jobs::finish_run(Job& job, Status result, std::vector<std::shared_ptr<Job
       }
       end.failed = g.failed;
       end.canceled = g.canceled;
-      // After a failure, should_cancel() decides (in complete()) before a throttled job starts.
-      if (!end.ask_should_cancel) let_in = take_admissible(*group);
+      // After a failure, should_cancel() decides (in complete()) before any job of the group is
+      // let in: the throttled ones, and those scheduled meanwhile, which are throttled too.
+      if (end.ask_should_cancel) {
+        ++g.deciding;
+      } else {
+        let_in = take_admissible(*group);
+      }
     }
     for (auto& next : let_in) enter_waiting(next, to_start);
   }
@@ -317,21 +322,20 @@ void Jobs::complete_run(RunEnd end) {
       cancel_group = end.group->should_cancel(end.done.result, end.failed, end.canceled);
     } catch (...) {
     }
-    if (cancel_group) {
-      group_cancel(*end.group);
-    } else {
-      std::vector<std::shared_ptr<JobTasklet>> to_start;
+    // Canceling first: the jobs throttled while it decided are canceled, not let in.
+    if (cancel_group) group_cancel(*end.group);
+    std::vector<std::shared_ptr<JobTasklet>> to_start;
+    {
+      std::lock_guard lock(mutex);
+      std::vector<std::shared_ptr<Job>> let_in;
       {
-        std::lock_guard lock(mutex);
-        std::vector<std::shared_ptr<Job>> let_in;
-        {
-          std::lock_guard group_lock(end.group->impl().mutex);
-          let_in = take_admissible(*end.group);
-        }
-        for (auto& next : let_in) enter_waiting(next, to_start);
+        std::lock_guard group_lock(end.group->impl().mutex);
+        --end.group->impl().deciding;
+        let_in = take_admissible(*end.group);
       }
-      start(to_start);
+      for (auto& next : let_in) enter_waiting(next, to_start);
     }
+    start(to_start);
   }
   {
     std::lock_guard lock(mutex);

@@ -229,9 +229,15 @@ struct JobGroup::Impl {
   int seeds_expected = 0;
   int seeds_done = 0;
   int running = 0;  // jobs let into the rule table and not ended
+  int deciding = 0;  // failures whose should_cancel() has not decided yet: nobody is let in
   int failed = 0;
   int canceled = 0;
-  std::deque<std::shared_ptr<Job>> throttled;  // waiting for a slot under max_threads
+  // Waiting for a slot under max_threads, or for should_cancel() to decide.
+  std::deque<std::shared_ptr<Job>> throttled;
+  // Whether a job may be let into the rule table now (under `mutex`).
+  bool admits(int max_threads, int more = 0) const noexcept {
+    return deciding == 0 && (max_threads <= 0 || running + more < max_threads);
+  }
   std::vector<std::shared_ptr<Job>> active;
   std::vector<Status> results;
   Status last_result;

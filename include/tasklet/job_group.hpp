@@ -46,7 +46,11 @@ class JobGroup : public std::enable_shared_from_this<JobGroup> {
   Impl& impl() noexcept { return *impl_; }
 
  protected:
-  /// After each job ends (but the last): whether to cancel the rest. Default: any job failed.
+  /// After each job that ends with a non-ok result (but the last): whether to cancel the rest.
+  /// Default: any job failed. Called where the job ended (its runner, or the thread that canceled
+  /// it), outside the manager's locks. No job of the group is let in until it returns (jobs
+  /// scheduled meanwhile wait in the group's queue), so it must not wait for another job of the
+  /// group. An exception means "cancel".
   virtual bool should_cancel(const Status& last_result, int failed, int canceled);
   /// The group's result from its jobs' results. Default: error if any failed, else cancel if any
   /// was canceled, else ok; the non-ok results become children.

@@ -1263,6 +1263,57 @@ class Tolerant final : public JobGroup {
   }
 };
 
+// Its should_cancel() tells the test it was asked, waits for its answer, then gives `cancel`.
+class Deliberating final : public JobGroup {
+ public:
+  Deliberating(int max_threads, bool cancel) : JobGroup("deliberating", max_threads, 2), cancel_(cancel) {}
+  Gate asked, answer;
+
+ protected:
+  bool should_cancel(const Status&, int, int) override {
+    asked.open();
+    answer.wait();
+    return cancel_;
+  }
+
+ private:
+  bool cancel_;
+};
+
+// The failure's slot is free while should_cancel() decides, and a runner is free too: a job
+// scheduled into the group then waits for the decision (and is canceled with the group).
+TEST_F(JobTest, AJobScheduledWhileTheGroupDecidesAboutAFailureWaitsForTheDecision) {
+  for (const int max_threads : {1, 0}) {
+    for (const bool cancel : {true, false}) {
+      SCOPED_TRACE("max_threads " + std::to_string(max_threads) + (cancel ? ", cancels" : ", goes on"));
+      auto group = std::make_shared<Deliberating>(max_threads, cancel);
+      std::atomic<int> ran{0};
+      auto fails = job("fails", [](ProgressMonitor&) { return Status::error("no"); });
+      auto late = job("late", [&](ProgressMonitor&) {
+        ran.fetch_add(1);
+        return Status::ok();
+      });
+      fails->set_group(group);
+      late->set_group(group);
+      fails->schedule();
+      ASSERT_TRUE(group->asked.wait());
+      late->schedule();
+      EXPECT_FALSE(late->join(50ms)) << "let in before should_cancel() decided";
+      EXPECT_EQ(ran.load(), 0);
+      group->answer.open();
+      EXPECT_TRUE(group->join(patience));
+      EXPECT_TRUE(late->join(patience));
+      if (cancel) {
+        EXPECT_EQ(ran.load(), 0);
+        EXPECT_TRUE(late->result().is_canceled());
+      } else {
+        EXPECT_EQ(ran.load(), 1);
+        EXPECT_TRUE(late->result().is_ok());
+      }
+    }
+  }
+}
+
 TEST_F(JobTest, AGroupCombinesItsResultsAndTellsTheLastDoneEvent) {
   struct GroupResult final : JobListener {
     void done(const JobEvent& e) override {
