@@ -175,28 +175,49 @@ void Jobs::enter_waiting(const std::shared_ptr<Job>& job,
   ++starting_;
 }
 
-// Hands the runs made under the lock to the job scheduler, outside it. The job may have been
-// canceled meanwhile (its run then finds itself stale); shutdown waits for these hand-offs, so the
-// scheduler outlives them.
+// Hands the runs made under the lock to the job scheduler, outside it. A job canceled meanwhile
+// could not be taken out of a queue its run was not in yet: it is taken out now (cancel() left it
+// waiting, with cancel_requested), or, when a runner has its run already, that run ends it. So a
+// canceled job's rule is never taken after the job has ended. shutdown waits for these
+// hand-offs, so the scheduler outlives them.
 void Jobs::start(std::vector<std::shared_ptr<JobTasklet>>& to_start) {
   if (to_start.empty()) return;
   const int started = static_cast<int>(to_start.size());
-  for (auto& tasklet : to_start) scheduler_->schedule(std::move(tasklet), Directive::async);
+  for (const auto& tasklet : to_start) scheduler_->schedule(tasklet, Directive::async);
+  std::vector<RunEnd> canceled;
+  std::vector<std::shared_ptr<JobTasklet>> let_in;
+  {
+    std::lock_guard lock(mutex);
+    for (const auto& tasklet : to_start) {
+      tasklet->handed = true;
+      Job& job = *tasklet->job;
+      Job::Impl& state = job.impl();
+      if (state.tasklet != tasklet || !state.cancel_requested || state.about_to_run) continue;
+      if (withdraw_waiting(job)) {
+        canceled.push_back(finish_run(job, Status::cancel(), let_in));
+      } else {
+        state.about_to_run = true;  // a runner has it: its run ends it
+      }
+    }
+    starting_ -= started;
+    if (starting_ == 0) notify_changed();
+  }
   to_start.clear();
-  std::lock_guard lock(mutex);
-  starting_ -= started;
-  if (starting_ == 0) notify_changed();
+  start(let_in);
+  for (auto& end : canceled) complete(std::move(end));
 }
 
-void Jobs::withdraw_waiting(Job& job) {
+// Takes a waiting job out of wherever it waits: true when it is out (and its run, if it had one,
+// ended unrun). False when its run cannot be taken back: a runner has it, or it is still being
+// handed to the scheduler (start() looks at it again then); the job keeps its run.
+bool Jobs::withdraw_waiting(Job& job) {
   Job::Impl& state = job.impl();
-  std::shared_ptr<JobTasklet> tasklet = std::move(state.tasklet);
   for (auto* queue : {&held_entered_, &held_}) {
     auto held =
         std::find_if(queue->begin(), queue->end(), [&](const auto& entry) { return entry.get() == &job; });
     if (held != queue->end()) {
       queue->erase(held);
-      return;
+      return true;
     }
   }
   if (JobGroup* group = state.group.get()) {
@@ -206,12 +227,15 @@ void Jobs::withdraw_waiting(Job& job) {
                               [&](const auto& entry) { return entry.get() == &job; });
     if (found != throttled.end()) {
       throttled.erase(found);
-      return;
+      return true;
     }
   }
-  // Let into the rule table: take its request back if it still waits there. If it was granted,
-  // its run finds itself stale and just ends.
-  if (tasklet) scheduler_->impl().withdraw(*tasklet);
+  // Let into the rule table: its request is taken back if it still waits there, or its run if it
+  // was granted and waits for a runner (which frees the rule now).
+  if (state.tasklet == nullptr) return true;
+  if (!scheduler_->impl().withdraw(*state.tasklet)) return false;
+  state.tasklet = nullptr;
+  return true;
 }
 
 // Throttled jobs of the group that its max_threads lets in now (under the group's lock).
@@ -432,13 +456,15 @@ bool Jobs::cancel(Job& job) {
         ended = finish_run(job, Status::cancel(), to_start);
         break;
       case JobState::waiting:
-        if (state.about_to_run) {
-          state.cancel_requested = true;
-          return false;
+        if (!state.about_to_run && withdraw_waiting(job)) {
+          ended = finish_run(job, Status::cancel(), to_start);
+          break;
         }
-        withdraw_waiting(job);
-        ended = finish_run(job, Status::cancel(), to_start);
-        break;
+        // A runner has its run, or is about to be given it: the run ends it, unrun and canceled,
+        // and join() waits for that (the rule it may hold is free by then).
+        state.cancel_requested = true;
+        if (state.tasklet != nullptr && state.tasklet->handed) state.about_to_run = true;
+        return false;
       case JobState::running:
         monitor = state.monitor;
         call_canceling = !state.canceling_called;
@@ -500,7 +526,10 @@ bool Jobs::sleep(Job& job) {
         return true;
       case JobState::waiting:
         if (state.about_to_run) return false;
-        withdraw_waiting(job);
+        if (!withdraw_waiting(job)) {
+          if (state.tasklet->handed) state.about_to_run = true;
+          return false;
+        }
         release_group_slot(job, to_start);
         state.state = JobState::sleeping;
         post(job, PendingEvent::Kind::sleeping, JobEvent{owned(job), {}, {}, nullptr});
@@ -545,13 +574,14 @@ void Jobs::run(JobTasklet& tasklet) noexcept {
   const std::shared_ptr<Job> job = tasklet.job;
   Job::Impl& state = job->impl();
   JobManager::ProgressProvider provider;
+  bool canceled = false;  // before the run was handed to this runner
   {
     std::vector<std::shared_ptr<JobTasklet>> let_in;
     std::unique_lock lock(mutex);
     if (state.tasklet.get() != &tasklet || state.state != JobState::waiting)
       return;  // canceled or put to sleep
     state.tasklet = nullptr;
-    if (suspended_) {
+    if (suspended_ && !state.cancel_requested) {
       held_entered_.push_back(job);  // waits holding nothing; resume() lets it in first
       release_group_slot(*job, let_in);
       lock.unlock();
@@ -560,11 +590,12 @@ void Jobs::run(JobTasklet& tasklet) noexcept {
     }
     state.about_to_run = true;
     provider = provider_;
+    canceled = state.cancel_requested;
   }
 
   bool go = false;
   try {
-    go = job->should_run();
+    go = !canceled && job->should_run();
   } catch (...) {
   }
   std::shared_ptr<ProgressMonitor> monitor;
@@ -591,8 +622,9 @@ void Jobs::run(JobTasklet& tasklet) noexcept {
     std::lock_guard lock(mutex);
     if (!go || state.cancel_requested) {
       release_rule();
-      ended =
-          finish_run(*job, Status::cancel(go ? "canceled before it ran" : "should_run() said no"), to_start);
+      ended = finish_run(
+          *job, Status::cancel(state.cancel_requested ? "canceled before it ran" : "should_run() said no"),
+          to_start);
       go = false;
     } else {
       state.about_to_run = false;

@@ -77,6 +77,9 @@ class JobTasklet final : public Tasklet {
   }
 
   const std::shared_ptr<Job> job;
+  // Handed to the job scheduler (under Jobs::mutex): until then its request is in no queue that
+  // cancel() could take it out of.
+  bool handed = false;
 
  private:
   Jobs& jobs_;
@@ -152,7 +155,7 @@ class Jobs final : public WaitTimer {
   void complete_run(RunEnd end);
   void post(Job& job, PendingEvent::Kind kind, JobEvent event);
   void deliver(Job& job) noexcept;
-  void withdraw_waiting(Job& job);
+  bool withdraw_waiting(Job& job);
   void release_group_slot(Job& job, std::vector<std::shared_ptr<JobTasklet>>& to_start);
   static std::vector<std::shared_ptr<Job>> take_admissible(JobGroup& group);
   void deliver_before_run(Job& job) noexcept;
@@ -198,7 +201,7 @@ struct Job::Impl {
   std::shared_ptr<detail::Jobs> jobs;  // the manager's job side: its lock guards what follows
   JobState state = JobState::none;
   bool about_to_run = false;      // taken by a runner, not running yet
-  bool cancel_requested = false;  // canceled while about to run
+  bool cancel_requested = false;  // canceled while about to run, or before its run was handed over
   bool canceling_called = false;
   bool rerun = false;          // schedule() while running: run once more
   bool rerun_pending = false;  // the run is over and the re-run not queued yet

@@ -745,6 +745,69 @@ TEST_F(JobTest, ScheduleAfterCancelingAWaitingJobQueuesItAgain) {
 // ---------------------------------------------------------------------------------------------
 // Canceling in each state
 
+// A job canceled (or put to sleep) just as a runner takes it, or just as schedule() hands its run
+// over: whichever wins, by the time join() returns its rule is free, and the job either ran (ok)
+// or did not (canceled). Repeated so that some of them land in each window; every round is
+// checked, whichever it hit.
+TEST_F(JobTest, ARuleIsFreeWhenJoinReturnsAfterACancelThatRacesTheRunner) {
+  const Rule rule = rules::mutex("raced");
+  std::atomic<int> ran{0};
+  auto j = job("raced", [&](ProgressMonitor&) {
+    ran.fetch_add(1);
+    return Status::ok();
+  });
+  j->set_rule(rule);
+  for (int i = 0; i < 2'000; ++i) {
+    const int before = ran.load();
+    j->schedule();
+    if (i % 2 == 0) {
+      j->cancel();
+    } else {
+      j->sleep();
+    }
+    if (j->state() == JobState::sleeping) {
+      ASSERT_TRUE(j->cancel()) << "round " << i;
+    }
+    ASSERT_TRUE(j->join(patience)) << "round " << i;
+    ASSERT_EQ(manager_->rule_stats().held, 0u) << "round " << i << ": the rule is still held after join()";
+    const bool did_run = ran.load() != before;
+    ASSERT_EQ(did_run, j->result().is_ok()) << "round " << i << ": " << j->result().message;
+  }
+}
+
+// The same from another thread, which cancels while schedule() is still handing the run over
+// (before its request is anywhere cancel() could take it out of): once join() has returned and
+// nobody schedules the job any more, its rule is free and its result tells whether it ran.
+TEST_F(JobTest, ARuleIsFreeWhenJoinReturnsAfterACancelFromAnotherThreadRacingSchedule) {
+  const Rule rule = rules::mutex("raced");
+  std::atomic<int> ran{0};
+  auto j = job("raced", [&](ProgressMonitor&) {
+    ran.fetch_add(1);
+    return Status::ok();
+  });
+  j->set_rule(rule);
+  std::atomic<bool> stop{false};
+  std::latch canceling{1};
+  std::thread canceler([&] {
+    canceling.count_down();
+    while (!stop.load()) j->cancel();
+  });
+  canceling.wait();
+  int canceled = 0;
+  for (int i = 0; i < 2'000; ++i) {
+    const int before = ran.load();
+    j->schedule();
+    ASSERT_TRUE(j->join(patience)) << "round " << i;
+    ASSERT_EQ(manager_->rule_stats().held, 0u) << "round " << i << ": the rule is still held after join()";
+    const bool did_run = ran.load() != before;
+    ASSERT_EQ(did_run, j->result().is_ok()) << "round " << i << ": " << j->result().message;
+    if (!did_run) ++canceled;
+  }
+  stop.store(true);
+  canceler.join();
+  RecordProperty("canceled_rounds", canceled);
+}
+
 TEST_F(JobTest, CancelReturnsWhetherTheJobWasStopped) {
   auto none = job("none", [](ProgressMonitor&) { return Status::ok(); });
   EXPECT_TRUE(none->cancel());
