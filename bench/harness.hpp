@@ -259,11 +259,22 @@ inline std::string size_label(std::size_t n) {
   return std::to_string(n);
 }
 
-/// A row for how the cost per operation grows with the size of the workload: ns/op at `large_n`
-/// divided by ns/op at `small_n` (1.0: flat). `target` bounds that growth (none: information only).
-inline Row growth_row(std::string workload, std::size_t small_n, double small_ns, std::size_t large_n,
-                      double large_ns, std::optional<double> target = std::nullopt) {
-  const double growth = small_ns > 0.0 ? large_ns / small_ns : 0.0;
+/// How the cost per operation of one workload grows from a small size to a large one: ns/op of
+/// `large()` (`large_ops` operations a call) over ns/op of `small()` (`small_ops` a call), 1.0 being
+/// flat. Measured as compare() measures a ratio: interleaved pairs, the order alternating, the
+/// median of the pairs' ratios; so a machine that changes speed between the sizes' own rows (this
+/// one does, by 2-3x, every few minutes) does not pass for growth.
+template <class Small, class Large>
+double growth(int repeats, std::size_t small_ops, Small&& small, std::size_t large_ops, Large&& large) {
+  const Comparison per_call = compare(repeats, 1, std::forward<Small>(small), std::forward<Large>(large));
+  return per_call.ratio * static_cast<double>(small_ops) / static_cast<double>(large_ops);
+}
+
+/// A row for how the cost per operation grows with the size of the workload (growth() above):
+/// ns/op at `large_n` over ns/op at `small_n` (1.0: flat). `target` bounds that growth (none:
+/// information only).
+inline Row growth_row(std::string workload, std::size_t small_n, std::size_t large_n, double growth,
+                      std::optional<double> target = std::nullopt) {
   return figure_row(std::move(workload), size_label(large_n) + "/" + size_label(small_n), growth, "x",
                     target);
 }

@@ -142,12 +142,6 @@ class Completion {
   bool done_ = false;
 };
 
-struct MutexFigures {
-  double strand_ns = 0.0;
-  double executor_ns = 0.0;
-  double tasklets_ns = 0.0;
-};
-
 void bench_mutex_rule(Report& report, const Options& options, const std::shared_ptr<JobManager>& manager) {
   // Everything persistent is made outside the timed region: the pool and its strand, the serial
   // executor, the scheduler and the rule.
@@ -159,11 +153,16 @@ void bench_mutex_rule(Report& report, const Options& options, const std::shared_
   SerialProbe probe;
   Completion completion;
 
-  std::map<std::size_t, MutexFigures> figures;
-  for (const std::size_t n : sizes(options)) {
+  // The three workloads of one size; each call runs `reps` rounds of n jobs.
+  struct Workloads {
+    std::size_t ops;
+    std::function<void()> asio_strand, serial_executor, tasklets;
+  };
+  const auto workloads_of = [&](std::size_t n) {
     const std::size_t reps = repetitions_for(n, options);
-
-    const auto asio_strand = [&] {
+    Workloads w;
+    w.ops = n * reps;
+    w.asio_strand = [&, n, reps] {
       for (std::size_t r = 0; r < reps; ++r) {
         probe.reset();
         completion.reset();
@@ -176,8 +175,7 @@ void bench_mutex_rule(Report& report, const Options& options, const std::shared_
         probe.check("asio strand", n);
       }
     };
-
-    const auto serial_executor = [&] {
+    w.serial_executor = [&, n, reps] {
       for (std::size_t r = 0; r < reps; ++r) {
         probe.reset();
         for (std::size_t i = 0; i < n; ++i) executor.post([&probe, i] { probe.visit(i); });
@@ -185,8 +183,7 @@ void bench_mutex_rule(Report& report, const Options& options, const std::shared_
         probe.check("SerialExecutor", n);
       }
     };
-
-    const auto tasklets = [&] {
+    w.tasklets = [&, n, reps] {
       for (std::size_t r = 0; r < reps; ++r) {
         probe.reset();
         run_async_tasklets(*scheduler, n, [&](std::size_t i) {
@@ -200,22 +197,31 @@ void bench_mutex_rule(Report& report, const Options& options, const std::shared_
         probe.check("tasklets on a mutex rule", n);
       }
     };
+    return w;
+  };
 
+  for (const std::size_t n : sizes(options)) {
+    const Workloads w = workloads_of(n);
     const std::vector<Comparison> results =
-        tasklet::bench::compare_each(options.repeats, n * reps, asio_strand, {serial_executor, tasklets});
+        tasklet::bench::compare_each(options.repeats, w.ops, w.asio_strand, {w.serial_executor, w.tasklets});
     report.add(comparison_row("mutex rule: SerialExecutor vs asio strand", size_label(n), results[0], 1.5));
     report.add(comparison_row("mutex rule: async tasklets vs asio strand", size_label(n), results[1], 1.5));
-    figures[n] = {results[0].baseline_ns, results[0].ours_ns, results[1].ours_ns};
   }
-  if (figures.size() >= 2) {
-    const auto& [small_n, small] = *figures.begin();
-    const auto& [large_n, large] = *figures.rbegin();
-    report.add(growth_row("mutex rule: growth, asio strand (baseline)", small_n, small.strand_ns, large_n,
-                          large.strand_ns));
-    report.add(growth_row("mutex rule: growth, SerialExecutor", small_n, small.executor_ns, large_n,
-                          large.executor_ns, 1.5));
-    report.add(growth_row("mutex rule: growth, async tasklets", small_n, small.tasklets_ns, large_n,
-                          large.tasklets_ns, 1.5));
+  if (const std::vector<std::size_t> all = sizes(options); all.size() >= 2) {
+    // Growth from the smallest size to the largest, each pair of sizes measured interleaved.
+    const std::size_t small_n = all.front();
+    const std::size_t large_n = all.back();
+    const Workloads small = workloads_of(small_n);
+    const Workloads large = workloads_of(large_n);
+    const auto growth_of = [&](const std::function<void()>& at_small, const std::function<void()>& at_large) {
+      return tasklet::bench::growth(options.repeats, small.ops, at_small, large.ops, at_large);
+    };
+    report.add(growth_row("mutex rule: growth, asio strand (baseline)", small_n, large_n,
+                          growth_of(small.asio_strand, large.asio_strand)));
+    report.add(growth_row("mutex rule: growth, SerialExecutor", small_n, large_n,
+                          growth_of(small.serial_executor, large.serial_executor), 1.5));
+    report.add(growth_row("mutex rule: growth, async tasklets", small_n, large_n,
+                          growth_of(small.tasklets, large.tasklets), 1.5));
   }
   if (manager->rule_stats().held != 0 || manager->rule_stats().waiting != 0)
     fail("rules still held or waiting after the mutex-rule workload");
@@ -385,12 +391,13 @@ void bench_path_rules(Report& report, const Options& options, const std::shared_
 
   const auto scheduler = Scheduler::create(SchedulerOptions{manager, nullptr, 0});
   PathProbe probe(tree.size());
-  std::map<std::size_t, Comparison> figures;
-  for (const std::size_t n : sizes(options)) {
+  std::map<std::size_t, PathJobs> jobs_of;  // the jobs of each size, made once
+  // `reps` rounds of the n jobs, with their rules or without.
+  const auto workload = [&](std::size_t n, bool with_rules) {
     const std::size_t reps = repetitions_for(n, options);
-    const PathJobs jobs(tree, n, 1'000 + n);
-
-    const auto run = [&](bool with_rules) {
+    const PathJobs* made = &jobs_of.try_emplace(n, tree, n, 1'000 + n).first->second;
+    return [&, made, n, reps, with_rules] {
+      const PathJobs& jobs = *made;
       for (std::size_t r = 0; r < reps; ++r) {
         probe.reset();
         run_async_tasklets(*scheduler, n, [&](std::size_t i) {
@@ -405,19 +412,24 @@ void bench_path_rules(Report& report, const Options& options, const std::shared_
         probe.check(with_rules ? "path rules" : "no rules", jobs, with_rules);
       }
     };
-
-    const Comparison result = tasklet::bench::compare(
-        options.repeats, n * reps, [&] { run(false); }, [&] { run(true); });
+  };
+  for (const std::size_t n : sizes(options)) {
+    const Comparison result = tasklet::bench::compare(options.repeats, n * repetitions_for(n, options),
+                                                      workload(n, false), workload(n, true));
     report.add(comparison_row("path rules: random depth 1-4 vs no rule", size_label(n), result, 3.0));
-    figures[n] = result;
   }
-  if (figures.size() >= 2) {
-    const auto& [small_n, small] = *figures.begin();
-    const auto& [large_n, large] = *figures.rbegin();
-    report.add(growth_row("path rules: growth, no rule (baseline)", small_n, small.baseline_ns, large_n,
-                          large.baseline_ns));
-    report.add(growth_row("path rules: growth, with path rules", small_n, small.ours_ns, large_n,
-                          large.ours_ns, 1.5));
+  if (const std::vector<std::size_t> all = sizes(options); all.size() >= 2) {
+    // Growth from the smallest size to the largest, each pair of sizes measured interleaved.
+    const std::size_t small_n = all.front();
+    const std::size_t large_n = all.back();
+    const std::size_t small_ops = small_n * repetitions_for(small_n, options);
+    const std::size_t large_ops = large_n * repetitions_for(large_n, options);
+    const auto growth_of = [&](bool with_rules) {
+      return tasklet::bench::growth(options.repeats, small_ops, workload(small_n, with_rules), large_ops,
+                                    workload(large_n, with_rules));
+    };
+    report.add(growth_row("path rules: growth, no rule (baseline)", small_n, large_n, growth_of(false)));
+    report.add(growth_row("path rules: growth, with path rules", small_n, large_n, growth_of(true), 1.5));
   }
   if (manager->rule_stats().held != 0 || manager->rule_stats().waiting != 0)
     fail("rules still held or waiting after the path-rule workload");
