@@ -178,7 +178,8 @@ void Jobs::enter_waiting(const std::shared_ptr<Job>& job,
 // Hands the runs made under the lock to the job scheduler, outside it. A job canceled meanwhile
 // could not be taken out of a queue its run was not in yet: it is taken out now (cancel() left it
 // waiting, with cancel_requested), or, when a runner has its run already, that run ends it. So a
-// canceled job's rule is never taken after the job has ended. shutdown waits for these
+// canceled job's rule is never taken after the job has ended. Such an end is completed here, on
+// whichever thread started the run (the timer's, for a delayed job). shutdown waits for these
 // hand-offs, so the scheduler outlives them.
 void Jobs::start(std::vector<std::shared_ptr<JobTasklet>>& to_start) {
   if (to_start.empty()) return;
@@ -405,7 +406,9 @@ void Jobs::schedule(Job& job, std::chrono::milliseconds delay, bool is_rerun) {
     } else if (!wanted) {
       return;
     }
-    if (state.state == JobState::running || state.about_to_run) {
+    // Running, or about to (a cancel that could not take the run back lets it end the job, unrun):
+    // once more after it ends.
+    if (state.state == JobState::running || state.about_to_run || state.cancel_requested) {
       state.rerun = true;
       state.rerun_delay = delay;
       return;
@@ -525,11 +528,8 @@ bool Jobs::sleep(Job& job) {
         disarm_timer(job);
         return true;
       case JobState::waiting:
-        if (state.about_to_run) return false;
-        if (!withdraw_waiting(job)) {
-          if (state.tasklet->handed) state.about_to_run = true;
-          return false;
-        }
+        // About to run, or canceled and left to its run to end: nothing to put to sleep.
+        if (state.about_to_run || state.cancel_requested || !withdraw_waiting(job)) return false;
         release_group_slot(job, to_start);
         state.state = JobState::sleeping;
         post(job, PendingEvent::Kind::sleeping, JobEvent{owned(job), {}, {}, nullptr});
@@ -582,6 +582,7 @@ void Jobs::run(JobTasklet& tasklet) noexcept {
       return;  // canceled or put to sleep
     state.tasklet = nullptr;
     if (suspended_ && !state.cancel_requested) {
+      state.about_to_run = false;  // waits again, from the start
       held_entered_.push_back(job);  // waits holding nothing; resume() lets it in first
       release_group_slot(*job, let_in);
       lock.unlock();

@@ -85,10 +85,11 @@ class Job : public std::enable_shared_from_this<Job> {
   void schedule(std::chrono::milliseconds delay = std::chrono::milliseconds{0});
 
   /// Waiting or sleeping: removed, done with a cancel result, returns true. Waiting, but its run
-  /// already taken by a runner (or being handed to one by a schedule() on another thread): it
-  /// will not run; that run ends it with a cancel result shortly, and join() waits for that;
-  /// returns false. Running: its monitor is canceled and canceling() is called (once per run),
-  /// returns false. None: returns true. Thread-safe; a job's rule is free once it has ended.
+  /// already taken by a runner (or not yet handed over by a schedule() on another thread): it
+  /// will not run; that run ends it with a cancel result shortly, join() waits for that, and a
+  /// schedule() meanwhile runs it once more afterwards; returns false. Running: its monitor is
+  /// canceled and canceling() is called (once per run), returns false. None: returns true.
+  /// Thread-safe; a job's rule is free once it has ended.
   bool cancel();
 
   /// Waits until the job's current run (or its wait to run) is over; returns at once for a job in
@@ -99,8 +100,8 @@ class Job : public std::enable_shared_from_this<Job> {
   bool join(std::chrono::milliseconds timeout);
 
   /// Waiting: becomes sleeping until woken. Sleeping: its wake-up time is cleared. Returns false
-  /// (and does nothing) for a running job, or a waiting one whose run a runner has already taken
-  /// or a schedule() on another thread is still handing over.
+  /// (and does nothing) for a running job, or a waiting one whose run a runner has already taken,
+  /// or a schedule() on another thread has not handed over yet, or a cancel() has left to end.
   bool sleep();
   /// A sleeping job waits again, at once or after `delay`. Ignored for jobs that are not sleeping.
   void wake_up(std::chrono::milliseconds delay = std::chrono::milliseconds{0});
