@@ -460,6 +460,7 @@ bool Jobs::cancel(Job& job) {
         break;
       case JobState::waiting:
         if (!state.about_to_run && withdraw_waiting(job)) {
+          state.rerun = false;  // asked for while an earlier cancel was pending: this one wins
           ended = finish_run(job, Status::cancel(), to_start);
           break;
         }
