@@ -14,11 +14,18 @@
 namespace tasklet::detail {
 
 Directive JobTasklet::task() {
-  jobs_.run(*this);
+  if (completion) {
+    jobs_.complete(std::move(*completion));
+  } else {
+    jobs_.run(*this);
+  }
   return Directive::done;
 }
 
 namespace {
+
+// The Jobs whose timer thread this is (timer_loop sets it): no user code runs there.
+thread_local const Jobs* timer_thread_of = nullptr;
 
 // Eclipse's priorities are deadlines: a job may start this much later than one that asked later.
 std::chrono::microseconds priority_delay(Priority priority) {
@@ -179,11 +186,15 @@ void Jobs::enter_waiting(const std::shared_ptr<Job>& job,
 // could not be taken out of a queue its run was not in yet: it is taken out now (cancel() left it
 // waiting, with cancel_requested), or, when a runner has its run already, that run ends it. So a
 // canceled job's rule is never taken after the job has ended. Such an end is completed here, on
-// whichever thread started the run (the timer's, for a delayed job). shutdown waits for these
-// hand-offs, so the scheduler outlives them.
+// the thread that started the run, or, on the timer thread, by the job scheduler: listeners and
+// group hooks never run on the timer thread (one of them may drop the manager, whose shutdown
+// joins that thread). shutdown waits for these hand-offs, so the scheduler outlives them.
 void Jobs::start(std::vector<std::shared_ptr<JobTasklet>>& to_start) {
   if (to_start.empty()) return;
   const int started = static_cast<int>(to_start.size());
+  if (auto* seam = before_hand_over.load(std::memory_order_acquire)) {
+    for (const auto& tasklet : to_start) seam(*tasklet->job);
+  }
   for (const auto& tasklet : to_start) scheduler_->schedule(tasklet, Directive::async);
   std::vector<RunEnd> canceled;
   std::vector<std::shared_ptr<JobTasklet>> let_in;
@@ -205,7 +216,22 @@ void Jobs::start(std::vector<std::shared_ptr<JobTasklet>>& to_start) {
   }
   to_start.clear();
   start(let_in);
-  for (auto& end : canceled) complete(std::move(end));
+  for (auto& end : canceled) {
+    if (timer_thread_of != this) {
+      complete(std::move(end));
+      continue;
+    }
+    std::shared_ptr<JobTasklet> completion;
+    try {
+      completion = std::make_shared<JobTasklet>(end.job, *this, deadline_for(end.job->priority()));
+      completion->set_name(end.job->name());
+      completion->completion = std::move(end);
+      scheduler_->schedule(completion, Directive::async);
+    } catch (...) {  // out of memory: completed here rather than lost
+      complete(completion && completion->completion ? *std::exchange(completion->completion, std::nullopt)
+                                                    : std::move(end));
+    }
+  }
 }
 
 // Takes a waiting job out of wherever it waits: true when it is out (and its run, if it had one,
@@ -807,6 +833,7 @@ void Jobs::disarm_timer(Job& job) {
 }
 
 void Jobs::timer_loop() {
+  timer_thread_of = this;
   std::unique_lock lock(mutex);
   while (!stopping_) {
     Clock::time_point due = Clock::time_point::max();
@@ -835,8 +862,7 @@ void Jobs::timer_loop() {
     std::vector<std::shared_ptr<JobTasklet>> to_start;
     if (job->impl().state == JobState::sleeping) enter_waiting(job, to_start);
     lock.unlock();
-    start(to_start);
-    deliver(*job);
+    start(to_start);  // posts no event: those of the schedule() that armed it are told already
     lock.lock();
   }
   // Stopped: the timed waits still armed go on as thread waits (TaskCondition::wait_until).

@@ -35,6 +35,11 @@ namespace tasklet::detail {
 
 class Jobs;
 
+/// Test seam: when set, Jobs::start calls it with each job whose run it is about to hand to the job
+/// scheduler, outside every lock. A cancel made from it lands in the window where the run is in no
+/// queue yet (cancel() returns false and the hand-over ends the job), which no timing reproduces.
+inline std::atomic<void (*)(Job&)> before_hand_over{nullptr};
+
 /// What is left to do once a run is over, outside the lock.
 struct RunEnd {
   std::shared_ptr<Job> job;
@@ -80,6 +85,9 @@ class JobTasklet final : public Tasklet {
   // Handed to the job scheduler (under Jobs::mutex): until then its request is in no queue that
   // cancel() could take it out of.
   bool handed = false;
+  // Set for a tasklet that does not run the job but completes its end (listeners, group hooks)
+  // off the timer thread: see Jobs::start.
+  std::optional<RunEnd> completion;
 
  private:
   Jobs& jobs_;
@@ -148,6 +156,7 @@ class Jobs final : public WaitTimer {
   mutable std::mutex mutex;
 
  private:
+  friend class JobTasklet;  // a completion tasklet calls complete()
   void enter_waiting(const std::shared_ptr<Job>& job, std::vector<std::shared_ptr<JobTasklet>>& to_start);
   void start(std::vector<std::shared_ptr<JobTasklet>>& to_start);
   RunEnd finish_run(Job& job, Status result, std::vector<std::shared_ptr<JobTasklet>>& to_start);

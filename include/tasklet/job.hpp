@@ -79,15 +79,18 @@ class Job : public std::enable_shared_from_this<Job> {
   const std::string& name() const noexcept { return name_; }
 
   /// Queues the job: waiting at once, or sleeping for `delay`. A running job runs once more after
-  /// it ends (with the last delay given); a waiting or sleeping job is left as it is. Calls
+  /// it ends (with the last delay given), and so does a waiting one that a cancel() has left to its
+  /// run to end; any other waiting or sleeping job is left as it is. Calls
   /// should_schedule() first. Thread-safe. Throws IllegalState for a negative delay, and when the
   /// job's manager is shutting down or has been destroyed.
   void schedule(std::chrono::milliseconds delay = std::chrono::milliseconds{0});
 
   /// Waiting or sleeping: removed, done with a cancel result, returns true. Waiting, but its run
-  /// already taken by a runner (or not yet handed over by a schedule() on another thread): it
-  /// will not run; that run ends it with a cancel result shortly, join() waits for that, and a
-  /// schedule() meanwhile runs it once more afterwards; returns false. Running: its monitor is
+  /// already taken by a runner (or not yet handed over by the thread that made it waiting: a
+  /// schedule(), wake_up(), resume() or group let-in elsewhere, or the timer): it will not run;
+  /// that run ends it with a cancel result shortly, join() waits for that, and a schedule()
+  /// meanwhile runs it once more afterwards; returns false. So a waiting job's cancel() may
+  /// return false, depending on timing: join() tells when it has ended. Running: its monitor is
   /// canceled and canceling() is called (once per run), returns false. None: returns true.
   /// Thread-safe; a job's rule is free once it has ended.
   bool cancel();
@@ -100,8 +103,8 @@ class Job : public std::enable_shared_from_this<Job> {
   bool join(std::chrono::milliseconds timeout);
 
   /// Waiting: becomes sleeping until woken. Sleeping: its wake-up time is cleared. Returns false
-  /// (and does nothing) for a running job, or a waiting one whose run a runner has already taken,
-  /// or a schedule() on another thread has not handed over yet, or a cancel() has left to end.
+  /// (and does nothing) for a running job, or a waiting one whose run a runner has already taken
+  /// or that is not handed over yet (as for cancel()), or that a cancel() has left to end.
   bool sleep();
   /// A sleeping job waits again, at once or after `delay`. Ignored for jobs that are not sleeping.
   void wake_up(std::chrono::milliseconds delay = std::chrono::milliseconds{0});

@@ -12,7 +12,9 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <oneapi/tbb/task_arena.h>
 
+#include "jobs.hpp"
 #include "support/job_support.hpp"
 #include "tasklet/tasklet.hpp"
 
@@ -269,6 +271,80 @@ TEST(JobManagerLifetime, AManagerDroppedInADoneListenerIsDestroyed) {
   EXPECT_TRUE(watch.expired());
   EXPECT_EQ(j->state(), JobState::none);
   EXPECT_TRUE(j->result().is_ok());
+}
+
+// A delayed job canceled while the timer thread hands its run to the job scheduler: the cancel
+// cannot take back a run that is in no queue yet (it returns false), and the hand-over ends the
+// job. That end's done listener drops the manager, whose shutdown joins the timer thread, so it
+// must not run there. The cancel is made from the hand-over itself (a test seam), which puts it in
+// that window every time.
+namespace hand_over {
+std::atomic<int> cancels{0};
+std::atomic<int> taken_back{0};
+void cancel_delayed(Job& job) {
+  if (job.name() != "delayed") return;
+  cancels.fetch_add(1);
+  if (job.cancel()) taken_back.fetch_add(1);
+}
+}  // namespace hand_over
+
+TEST(JobManagerLifetime, AManagerDroppedByADelayedJobCanceledInItsHandOverIsDestroyed) {
+  struct Dropper final : JobListener {
+    void done(const JobEvent& e) override {
+      if (e.job->name() != "delayed") return;
+      on_a_worker = oneapi::tbb::this_task_arena::current_thread_index() !=
+                    oneapi::tbb::task_arena::not_initialized;
+      release->open();  // the holder's run ends, so the manager's shutdown can wait for it
+      manager.reset();
+    }
+    std::shared_ptr<JobManager> manager;
+    Gate* release = nullptr;
+    std::atomic<bool> on_a_worker{false};
+  };
+  struct Seam {
+    Seam() { detail::before_hand_over = &hand_over::cancel_delayed; }
+    ~Seam() { detail::before_hand_over = nullptr; }
+  } seam;
+  Gate gone, holding, release;
+  auto manager = JobManager::create(JobManager::Options{2, nullptr});  // a runner beside the holder
+  const std::weak_ptr<JobManager> watch = manager;
+  manager->add_listener(std::make_shared<Farewell>(gone));
+  const Rule rule = rules::mutex("contended");
+  auto holder = make_job(
+      "holder",
+      [&](ProgressMonitor&) {
+        holding.open();
+        release.wait();
+        return Status::ok();
+      },
+      manager);
+  holder->set_rule(rule);
+  std::atomic<bool> delayed_ran{false};
+  auto delayed = make_job(
+      "delayed",
+      [&](ProgressMonitor&) {
+        delayed_ran = true;
+        return Status::ok();
+      },
+      manager);
+  delayed->set_rule(rule);  // held: the hand-over takes its request out of the rule table
+  auto dropper = std::make_shared<Dropper>();
+  dropper->release = &release;
+  delayed->add_listener(dropper);
+  holder->schedule();
+  ASSERT_TRUE(holding.wait());
+  dropper->manager = std::move(manager);
+  delayed->schedule(1ms);  // the timer thread hands it over, and the seam cancels it there
+  ASSERT_TRUE(gone.wait()) << "the manager was not destroyed";
+  EXPECT_TRUE(watch.expired());
+  EXPECT_EQ(hand_over::cancels.load(), 1);
+  EXPECT_EQ(hand_over::taken_back.load(), 0) << "cancel() returns false in the hand-over window";
+  EXPECT_TRUE(dropper->on_a_worker.load()) << "the done listener ran off the job scheduler";
+  EXPECT_TRUE(delayed->join(patience));
+  EXPECT_TRUE(delayed->result().is_canceled());
+  EXPECT_FALSE(delayed_ran.load());
+  EXPECT_TRUE(holder->join(patience));
+  EXPECT_TRUE(holder->result().is_ok());
 }
 
 // Managers dropped with random mixes of running, waiting, sleeping and grouped jobs: every job
