@@ -403,6 +403,9 @@ struct RuleNote {
   std::uint64_t generation;  // RuleTable::node_generation_ when the nodes were noted
   std::uint32_t count;       // nodes noted; 0: none yet
   std::uint32_t room;
+  // Requests for exactly this identity rule in the table, held or waiting (written under the lock,
+  // read by submit() without it; see RuleTable::submit).
+  std::atomic<std::uint32_t> in_table{0};
   RuleNode** nodes() noexcept { return reinterpret_cast<RuleNode**>(this + 1); }
 };
 static_assert(sizeof(RuleNote) % alignof(RuleNode*) == 0);
@@ -440,7 +443,9 @@ class RuleTable {
   /// another thread holds it, the request is left for that thread to enter before it lets the
   /// lock go. Its granted() is called in either case, at once or when its turn comes, perhaps on
   /// another thread; it counts as requested now (before anything this thread enters later).
-  /// Lock-free when the lock is taken; calls custom rules' checks under the lock.
+  /// Lock-free when the lock is taken; calls custom rules' checks under the lock. A request for an
+  /// identity rule that is already in the table (held or waiting) is left to whoever takes the
+  /// lock next: it cannot be granted before then.
   void submit(RuleRequest& request);
 
   /// As submit() for each request in turn (in that order), with one atomic step, but entering
@@ -576,6 +581,9 @@ class RuleTable {
   // at most two other requests (those moved to keep the parts whole).
   void insert_live(RuleRequest& request, bool rootless);
   void erase_live(RuleRequest& request) noexcept;
+  // The note counting `request` in RuleNote::in_table, when its rule is an identity rule with a
+  // note of this table's.
+  RuleNote* identity_note_of(const RuleRequest& request) const noexcept;
   void place_live(RuleRequest& request, std::size_t at) noexcept;
   void remove_custom(RuleRequest& request) noexcept;
   // Root intents (see the top of this file): whether the root is claimed, and giving every rootless
