@@ -443,10 +443,11 @@ class RuleTable {
   /// another thread holds it, the request is left for that thread to enter before it lets the
   /// lock go. Its granted() is called in either case, at once or when its turn comes, perhaps on
   /// another thread; it counts as requested now (before anything this thread enters later).
-  /// Lock-free when the lock is taken; calls custom rules' checks under the lock. A request for an
-  /// identity rule that is already in the table (held or waiting) is left to whoever takes the
-  /// lock next: it cannot be granted before then.
-  void submit(RuleRequest& request);
+  /// Lock-free when the lock is taken; calls custom rules' checks under the lock. `rule_pinned`:
+  /// the caller keeps request.rule() alive until this returns; then a request for an identity rule
+  /// that is already in the table (held or waiting) is left to whoever takes the lock next, as it
+  /// cannot be granted before then.
+  void submit(RuleRequest& request, bool rule_pinned = false);
 
   /// As submit() for each request in turn (in that order), with one atomic step, but entering
   /// none of them on this thread: the next thread to take the lock, or to call drain(), enters

@@ -425,7 +425,7 @@ bool Scheduler::Impl::run_is_active_for_caller() {
   return true;
 }
 
-void Scheduler::Impl::schedule(TaskletPtr tasklet, Directive directive) {
+void Scheduler::Impl::schedule(TaskletPtr tasklet, Directive directive, bool rule_pinned) {
   if (!tasklet) throw std::invalid_argument("schedule: null tasklet");
   if (directive == Directive::done) {
     if (tasklet->is_active()) throw AlreadyScheduled("schedule: " + tasklet->name() + " is already active");
@@ -452,13 +452,13 @@ void Scheduler::Impl::schedule(TaskletPtr tasklet, Directive directive) {
   } else {
     active_.fetch_add(1, std::memory_order_relaxed);
   }
-  start(std::move(tasklet), directive);
+  start(std::move(tasklet), directive, rule_pinned);
   if (directive == Directive::sync) drain_inline();
 }
 
 // A tasklet with a rule takes it before its first phase: at once when it is free, else it waits in
 // the rule table (holding no thread) and the grant continues it.
-void Scheduler::Impl::start(TaskletPtr tasklet, Directive directive) {
+void Scheduler::Impl::start(TaskletPtr tasklet, Directive directive, bool rule_pinned) {
   if (!tasklet->rule()) {
     dispatch(std::move(tasklet), directive);
     return;
@@ -469,22 +469,22 @@ void Scheduler::Impl::start(TaskletPtr tasklet, Directive directive) {
   switch (entries) {
     case 0:
     case 1:
-      return start_holding<1>(std::move(tasklet), directive);
+      return start_holding<1>(std::move(tasklet), directive, rule_pinned);
     case 2:
-      return start_holding<2>(std::move(tasklet), directive);
+      return start_holding<2>(std::move(tasklet), directive, rule_pinned);
     case 3:
-      return start_holding<3>(std::move(tasklet), directive);
+      return start_holding<3>(std::move(tasklet), directive, rule_pinned);
     case 4:
-      return start_holding<4>(std::move(tasklet), directive);
+      return start_holding<4>(std::move(tasklet), directive, rule_pinned);
     case 5:
-      return start_holding<5>(std::move(tasklet), directive);
+      return start_holding<5>(std::move(tasklet), directive, rule_pinned);
     default:
-      return start_holding<8>(std::move(tasklet), directive);
+      return start_holding<8>(std::move(tasklet), directive, rule_pinned);
   }
 }
 
 template <std::size_t N>
-void Scheduler::Impl::start_holding(TaskletPtr tasklet, Directive directive) {
+void Scheduler::Impl::start_holding(TaskletPtr tasklet, Directive directive, bool rule_pinned) {
   Tasklet& raw = *tasklet;
   const bool batched = detail::state().sync_of == this && running_.load(std::memory_order_relaxed);
   auto* hold = new TaskletHold<N>(std::move(tasklet), directive, batched);
@@ -504,7 +504,7 @@ void Scheduler::Impl::start_holding(TaskletPtr tasklet, Directive directive) {
   // Counted as a delivery to wait for: granted() continues it, at once or later, perhaps on the
   // thread that holds the table's lock now (this one does not wait for it).
   holds_.fetch_add(1, std::memory_order_relaxed);
-  manager_.table_.submit(*hold);
+  manager_.table_.submit(*hold, rule_pinned);
 }
 
 void Scheduler::Impl::release_rule(Tasklet& tasklet) noexcept {

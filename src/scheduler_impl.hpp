@@ -42,7 +42,10 @@ struct Scheduler::Impl {
   ~Impl();
 
   void run();
-  void schedule(TaskletPtr tasklet, Directive directive);
+  /// `rule_pinned`: the caller keeps the tasklet's rule alive until this returns (a
+  /// SerialExecutor's own rule), which lets its request be left to the table's next lock holder
+  /// (RuleTable::submit).
+  void schedule(TaskletPtr tasklet, Directive directive, bool rule_pinned = false);
   Rescheduler suspend(Tasklet& tasklet);
   void resume(const TaskletPtr& tasklet, std::uint32_t generation, Directive directive);
   void with(const TaskletPtr& tasklet);
@@ -149,9 +152,9 @@ struct Scheduler::Impl {
   bool run_is_active_for_caller();
   // The synchronous thread's count for one more tasklet, out of `reserved` (refilled in blocks).
   static void take_reserved(std::atomic<std::size_t>& counter, std::size_t& reserved) noexcept;
-  void start(TaskletPtr tasklet, Directive directive);
+  void start(TaskletPtr tasklet, Directive directive, bool rule_pinned = false);
   template <std::size_t N>
-  void start_holding(TaskletPtr tasklet, Directive directive);
+  void start_holding(TaskletPtr tasklet, Directive directive, bool rule_pinned);
   void continue_after_phase(TaskletPtr tasklet, Directive directive, std::exception_ptr error) noexcept;
   void dispatch(TaskletPtr tasklet, Directive directive) noexcept;
   void enqueue_sync(TaskletPtr tasklet);

@@ -69,7 +69,8 @@ SerialExecutor::Handle SerialExecutor::post_task(std::shared_ptr<detail::SerialT
   state_->outstanding.fetch_add(1, std::memory_order_relaxed);  // the task's destructor counts it out
   task->set_rule(rule_);
   Handle handle{task};
-  manager_->impl().background().schedule(std::move(task), Directive::async);
+  // The executor keeps its rule alive throughout: the post may skip the table's lock.
+  manager_->impl().background().impl().schedule(std::move(task), Directive::async, /*rule_pinned=*/true);
   return handle;
 }
 
