@@ -124,7 +124,8 @@ void RuleTable::place_live(RuleRequest& request, std::size_t at) noexcept {
 // Parkable requests are not counted: a parked one is idle and leaves only when a conflicting
 // request is entered, and its owner puts it back to use without the lock.
 RuleNote* RuleTable::identity_note_of(const RuleRequest& request) const noexcept {
-  if (request.parkable_ || request.entry_count_ != 1 || request.entries_[0].node()->identity != request.rule_) return nullptr;
+  if (request.parkable_ || request.entry_count_ != 1 || request.entries_[0].node()->identity != request.rule_)
+    return nullptr;
   RuleNote* note = request.rule_->note_.load(std::memory_order_relaxed);
   return note != nullptr && note->table == id_ ? note : nullptr;
 }
@@ -143,8 +144,10 @@ void RuleTable::insert_live(RuleRequest& request, bool rootless) {
 void RuleTable::erase_live(RuleRequest& request) noexcept {
   // Before parkable_ is cleared, and before the lock is let go (so before the settle() that then
   // sees what submit() left).
-  if (RuleNote* note = identity_note_of(request))
+  if (RuleNote* note = identity_note_of(request)) {
+    assert(note->in_table.load(std::memory_order_relaxed) != 0);  // counted when it was entered
     note->in_table.store(note->in_table.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+  }
   const std::size_t hole = request.live_index_;
   if (hole < rootless_from_) {
     // The last of the first part fills the hole, and the last request its place.
@@ -527,16 +530,17 @@ void RuleTable::push_submitted(std::uintptr_t newest, std::uintptr_t& oldest_lin
   } while (!submitted_.compare_exchange_weak(head, newest, std::memory_order_release, std::memory_order_relaxed));
 }
 
-// Every submission sees to the stack itself (settle): what is below it may have been pushed by
-// submit_all, which leaves its requests to a drain() that can come much later.
 namespace {
 // Requests a thread left in a row for the lock's next holder (see submit). Every so often it
 // enters them itself, while they are still in its cache: the holder would otherwise meet a long
 // list of them cold (a poster far ahead of the workers measured 30-50 % slower per post at 10^6).
 thread_local unsigned deferred_in_a_row = 0;
 constexpr unsigned defer_limit = 32;
-}
+}  // namespace
 
+// Every submission sees to the stack itself (settle): what is below it may have been pushed by
+// submit_all, which leaves its requests to a drain() that can come much later. The exception is
+// below.
 void RuleTable::submit(RuleRequest& request, bool rule_pinned) {
   // Read before the push: from then on the request may be entered, granted and deleted. The note
   // lives as long as the rule, which the caller keeps alive when it says so.
