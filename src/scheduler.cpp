@@ -60,7 +60,8 @@ class PhaseScope {
     ctx_.current = &scheduler;
     ctx_.phase_of = &impl;
     ctx_.tasklet = &tasklet;
-    ctx_.phase_rule = tasklet.rule() ? &tasklet.rule() : nullptr;
+    const Rule& rule = TaskletAccess::owning_rule(tasklet);  // current_rule() may hand it out
+    ctx_.phase_rule = rule ? &rule : nullptr;
     ctx_.phase_manager = &impl.manager_;
     ctx_.phase_base = ctx_.rule_stack.size();
   }
@@ -520,7 +521,7 @@ void Scheduler::Impl::release_rule(Tasklet& tasklet) noexcept {
   detail::RuleTable& table = manager_.table_;
   if (table.try_release(*hold, grants)) {
     delete hold;
-  } else if (table.holder_takes_releases() && hold->keep_rule(tasklet.rule())) {
+  } else if (table.holder_takes_releases() && hold->keep_rule(TaskletAccess::owning_rule(tasklet))) {
     table.hand_back(*hold);  // the tasklet and its rule may go now
   } else {
     table.release(*hold, grants);
@@ -744,7 +745,7 @@ bool Scheduler::Impl::yield_rule(Tasklet& tasklet) {
   if (hold == nullptr || !manager_.table_.has_conflicting_waiter(*hold)) return false;
   // Release, then queue again behind whoever waits: the same FIFO as everyone else.
   enter_pending_rules();
-  detail::ThreadHold* again = detail::ThreadHold::make(tasklet.rule(), manager_.table_);
+  detail::ThreadHold* again = detail::ThreadHold::make(TaskletAccess::owning_rule(tasklet), manager_.table_);
   detail::Grants grants;
   manager_.table_.release(*hold, grants);
   delete hold;
@@ -941,7 +942,7 @@ void Scheduler::Impl::with(const TaskletPtr& tasklet) {
   if (!tasklet) throw std::invalid_argument("with: null tasklet");
   claim(*tasklet, "with");
   active_.fetch_add(1, std::memory_order_relaxed);
-  if (const Rule& rule = tasklet->rule()) {
+  if (const Rule& rule = TaskletAccess::owning_rule(*tasklet)) {
     // The phase runs here and now, so the caller waits for the rule like a thread in begin_rule.
     enter_pending_rules();
     detail::ThreadHold* hold = detail::ThreadHold::make(rule, manager_.table_);

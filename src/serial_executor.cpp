@@ -11,10 +11,17 @@
 #include "tasklet/error.hpp"
 #include "tasklet/rules/rules.hpp"
 #include "tasklet/tasklet_base.hpp"
+#include "tasklet_state.hpp"
 
 namespace tasklet {
 
 struct SerialExecutor::State {
+  explicit State(Rule executor_rule) : rule(std::move(executor_rule)) {}
+
+  // The executor's rule, owned here for its tasks' owning_rule(): the tasks themselves keep a
+  // pointer that does not own it, so that a post and a task's end do not each take an atomic step
+  // on the rule's count (a line that the posting thread and the workers would pass back and forth).
+  const Rule rule;
   // Counted without the lock: posting and finishing touch one atomic, and only a task that may bring
   // it to zero takes the mutex, to wake wait() and the destructor. Tasks do not own the state.
   std::atomic<std::size_t> outstanding{0};
@@ -42,6 +49,8 @@ SerialTask::~SerialTask() {
   if (state_.outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) state_.idle.notify_all();
 }
 
+const Rule& SerialTask::owning_rule() const noexcept { return state_.rule; }
+
 Directive SerialTask::task() {
   try {
     run_body();
@@ -57,7 +66,7 @@ Directive SerialTask::task() {
 SerialExecutor::SerialExecutor(std::shared_ptr<JobManager> manager, std::string name)
     : manager_(manager ? std::move(manager) : JobManager::global()),
       rule_(rules::mutex(name.empty() ? "serial executor" : std::move(name))),
-      state_(std::make_shared<State>()) {}
+      state_(std::make_shared<State>(rule_)) {}
 
 SerialExecutor::~SerialExecutor() {
   cancel_all();
@@ -67,7 +76,8 @@ SerialExecutor::~SerialExecutor() {
 
 SerialExecutor::Handle SerialExecutor::post_task(std::shared_ptr<detail::SerialTask> task) {
   state_->outstanding.fetch_add(1, std::memory_order_relaxed);  // the task's destructor counts it out
-  task->set_rule(rule_);
+  // Not owning (see State::rule), and not validated again: the executor made it.
+  detail::TaskletAccess::set_trusted_rule(*task, Rule(Rule{}, rule_.get()));
   Handle handle{task};
   // The executor keeps its rule alive throughout: the post may skip the table's lock.
   manager_->impl().background().impl().schedule(std::move(task), Directive::async, /*rule_pinned=*/true);

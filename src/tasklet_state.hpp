@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <utility>
 
 #include "tasklet/tasklet_base.hpp"
 
@@ -53,6 +54,10 @@ struct TaskletAccess {
     tasklet.scheduler_.store(scheduler, std::memory_order_relaxed);
   }
   static RuleRequest*& hold(Tasklet& tasklet) noexcept { return tasklet.hold_; }
+  /// The tasklet's rule as a reference that owns it (tasklet.rule() may not: see owning_rule()).
+  static const Rule& owning_rule(const Tasklet& tasklet) noexcept { return tasklet.owning_rule(); }
+  /// Sets the rule without validating it, for a rule the library made (an inactive tasklet).
+  static void set_trusted_rule(Tasklet& tasklet, Rule rule) noexcept { tasklet.rule_ = std::move(rule); }
 };
 
 }  // namespace tasklet::detail

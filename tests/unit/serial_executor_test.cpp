@@ -255,5 +255,83 @@ TEST_P(SerialExecutorTest, APostAfterABeginRuleOfItsRuleRuns) {
   }
 }
 
+TEST_P(SerialExecutorTest, ATasksCurrentRuleOwnsTheExecutorsRule) {
+  // The tasks share the executor's rule without counting references to it; what current_rule()
+  // hands out must own the rule all the same, and outlive the executor.
+  Rule seen;
+  Rule nested;
+  bool not_contained = false;
+  std::weak_ptr<const SchedulingRule> executors;
+  {
+    SerialExecutor strand(manager_, "owned");
+    executors = strand.rule();
+    strand.post([&] {
+      seen = manager_->current_rule();
+      // A rule begun inside the task is checked against the task's rule.
+      manager_->begin_rule(strand.rule());
+      nested = manager_->current_rule();
+      manager_->end_rule(strand.rule());
+      try {
+        manager_->begin_rule(rules::mutex("elsewhere"));
+      } catch (const RuleNotContained&) {
+        not_contained = true;
+      }
+    });
+    strand.wait();
+    EXPECT_EQ(seen, strand.rule());
+    EXPECT_EQ(nested, strand.rule());
+    EXPECT_FALSE(seen.owner_before(strand.rule()) || strand.rule().owner_before(seen))
+        << "current_rule() shares ownership with the executor's rule";
+  }
+  EXPECT_TRUE(not_contained) << "a rule the task's rule does not contain was refused";
+  ASSERT_FALSE(executors.expired()) << "the rule current_rule() returned keeps it alive";
+  EXPECT_EQ(seen.use_count(), 2) << "held by `seen` and `nested` only, once the executor is gone";
+  EXPECT_EQ(seen->key().kind, RuleKey::Kind::identity);
+  seen.reset();
+  nested.reset();
+  EXPECT_TRUE(executors.expired());
+}
+
+TEST_P(SerialExecutorTest, ExecutorsComeAndGoWhileWorkersContendForTheTable) {
+  // Releases that find the table's lock taken by a busy worker are handed to it, and finished
+  // after the task (and perhaps its executor) is gone: the hand-back must own the rule. Many short
+  // executors die right after their tasks are done while tasklets with path rules keep the workers
+  // in the table (the sanitizer lanes see any use of a freed rule).
+  auto scheduler = Scheduler::create(SchedulerOptions{manager_, nullptr, 0});
+  std::atomic<bool> stop{false};
+  std::atomic<long> busy_ran{0};
+  std::thread busy([&] {
+    const std::vector<Rule> paths = {rules::path("/x"), rules::path("/x/a"), rules::path("/x/b"),
+                                     rules::path("/y"), rules::path("/y/a")};
+    while (!stop.load()) {
+      scheduler->schedule(make_tasklet([&] {
+                            for (int i = 0; i < 200; ++i) {
+                              scheduler->schedule(make_tasklet(
+                                                      [&] {
+                                                        busy_ran.fetch_add(1);
+                                                        return Directive::done;
+                                                      },
+                                                      paths[static_cast<std::size_t>(i) % paths.size()]),
+                                                  Directive::async);
+                            }
+                            return Directive::done;
+                          }),
+                          Directive::sync);
+      scheduler->run();
+    }
+  });
+  int ran = 0;  // touched by the executors' tasks only, one executor at a time
+  const int executors = 300, posts = 20;
+  for (int e = 0; e < executors; ++e) {
+    SerialExecutor strand(manager_, "short-lived");
+    for (int i = 0; i < posts; ++i) strand.post([&ran] { ++ran; });
+    strand.wait();  // the last release may still be handed back when the executor goes
+  }
+  stop = true;
+  busy.join();
+  EXPECT_EQ(ran, executors * posts);
+  EXPECT_GT(busy_ran.load(), 0);
+}
+
 }  // namespace
 }  // namespace tasklet
