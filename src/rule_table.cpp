@@ -360,7 +360,7 @@ void RuleTable::give_root_intents() noexcept {
     entry.set_clear(true);
     const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
     ++(request.held_ ? root_.granted : root_.clear_waiting)[mode];
-    root_.refresh(mode);
+    root_.refresh_counted(mode);
   }
   rootless_from_ = live_.size();
 }
@@ -463,7 +463,7 @@ bool RuleTable::enter(RuleRequest& request, EntryCache* cache, bool parkable, Gr
       for (RuleEntry& entry : request.entries()) {
         const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
         ++entry.node()->granted[mode];
-        entry.node()->refresh(mode);
+        entry.node()->refresh_counted(mode);
       }
       request.held_ = true;
       ++held_;
@@ -476,7 +476,7 @@ bool RuleTable::enter(RuleRequest& request, EntryCache* cache, bool parkable, Gr
         if (entry.clear()) {
           const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
           ++entry.node()->clear_waiting[mode];
-          entry.node()->refresh(mode);
+          entry.node()->refresh_counted(mode);
         } else {
           enqueue(request, index);
         }
@@ -767,7 +767,7 @@ void RuleTable::grant(RuleRequest& request, Grants& grants) {
     assert(entry.clear() && node.clear_waiting[mode] != 0);
     --node.clear_waiting[mode];
     ++node.granted[mode];
-    node.refresh(mode);
+    node.refresh_counted(mode);
   }
   request.held_ = true;
   ++held_;
@@ -833,7 +833,7 @@ void RuleTable::unlink_waiting(RuleRequest& request) noexcept {
     if (entry.clear()) {
       const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
       --entry.node()->clear_waiting[mode];
-      entry.node()->refresh(mode);
+      entry.node()->refresh_counted(mode);
     } else {
       dequeue(entry, request.ticket_);
     }
@@ -846,7 +846,7 @@ void RuleTable::leave(RuleRequest& request, Grants& grants) {
     for (RuleEntry& entry : request.entries()) {
       const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
       --entry.node()->granted[mode];
-      entry.node()->refresh(mode);
+      entry.node()->refresh_counted(mode);
     }
     --held_;
   } else {

@@ -41,9 +41,9 @@
 
 #include <algorithm>
 #include <array>
-#include <cassert>
 #include <atomic>
 #include <bit>
+#include <cassert>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -198,7 +198,9 @@ class WaitQueue {
   static constexpr Slot tag_mask = 7;
   static constexpr Slot hole_tag = 7;
   static bool is_hole(Slot slot) noexcept { return (slot & tag_mask) == hole_tag; }
-  static RuleRequest* request_of(Slot slot) noexcept { return reinterpret_cast<RuleRequest*>(slot & ~tag_mask); }
+  static RuleRequest* request_of(Slot slot) noexcept {
+    return reinterpret_cast<RuleRequest*>(slot & ~tag_mask);
+  }
   static std::uint64_t ticket_of(Slot slot) noexcept;
   // Skips holes to the next live slot and reads its ticket, or empties the queue.
   void advance() noexcept;
@@ -285,7 +287,7 @@ class RuleRequest {
   const SchedulingRule* rule_ = nullptr;
   std::uint64_t ticket_ = 0;
   std::uintptr_t next_submitted_ = 0;  // in RuleTable::submitted_, before it is entered (tagged)
-  RuleEntry* entries_;            // the subclass's room, or the heap
+  RuleEntry* entries_;                 // the subclass's room, or the heap
   std::uint32_t entry_count_ = 0;
   std::uint32_t unclear_ = 0;     // nodes where the request is not clear yet
   std::uint32_t live_index_ = 0;  // position in RuleTable::live_
@@ -293,7 +295,7 @@ class RuleRequest {
   std::uint8_t entry_room_;          // entries in place
   std::uint8_t entry_heap_log_ = 0;  // log2 of the heap block's capacity; 0: in place
   // Read and written only under the table's lock.
-  bool parkable_ : 1 = false;        // in RuleTable::parked_
+  bool parkable_ : 1 = false;  // in RuleTable::parked_
   bool held_ : 1 = false;
   bool in_table_ : 1 = false;
   bool has_custom_ : 1 = false;      // some atom has no index: pairwise checks
@@ -357,7 +359,11 @@ class InlineRuleRequest : private EntryStorage<N>, public RuleRequest {
 /// How many entries a request for `rule` takes, at most (a guide for choosing N above).
 std::size_t entry_count_hint(const SchedulingRule& rule) noexcept;
 
-struct alignas(16) RuleNode {  // aligned for RuleEntry's tag bits
+/// A node of the index. What the table's decisions read and write (the counts, the bits, the
+/// queues' address) fills the first cache line; the trie's links, read only when a rule's nodes are
+/// looked up, come after. With thousands of nodes in use the table outgrows a core's cache, and
+/// every line a decision touches is a miss.
+struct alignas(64) RuleNode {  // also aligns RuleEntry's tag bits
   std::array<std::uint32_t, lock_mode_count> granted{};
   std::array<std::uint32_t, lock_mode_count> clear_waiting{};  // clear entries of waiting requests
   std::uint8_t occupied = 0;  // bit per mode: some entry of that mode is granted or waits here
@@ -372,15 +378,25 @@ struct alignas(16) RuleNode {  // aligned for RuleEntry's tag bits
     if (queues_ == nullptr) queues_ = std::make_unique<std::array<WaitQueue, lock_mode_count>>();
   }
 
-  /// Recomputes the mode's bits after its counts or queue changed.
-  void refresh(std::size_t mode) noexcept {
+  /// Recomputes the mode's bits after its counts changed, its queue not: reads this line only.
+  void refresh_counted(std::size_t mode) noexcept {
     const auto bit = static_cast<std::uint8_t>(1u << mode);
-    const bool is_queued = queues_ != nullptr && !waiting(mode).empty();
-    queued = static_cast<std::uint8_t>(is_queued ? queued | bit : queued & ~bit);
     const bool is_counted = granted[mode] != 0 || clear_waiting[mode] != 0;
     counted = static_cast<std::uint8_t>(is_counted ? counted | bit : counted & ~bit);
     occupied = static_cast<std::uint8_t>(queued | counted);
   }
+  /// Recomputes the mode's bits after its queue changed (and perhaps its counts).
+  void refresh(std::size_t mode) noexcept {
+    const auto bit = static_cast<std::uint8_t>(1u << mode);
+    const bool is_queued = queues_ != nullptr && !waiting(mode).empty();
+    queued = static_cast<std::uint8_t>(is_queued ? queued | bit : queued & ~bit);
+    refresh_counted(mode);
+  }
+
+ private:
+  std::unique_ptr<std::array<WaitQueue, lock_mode_count>> queues_;
+
+ public:
   // Path trie links (identity nodes have none; they remember their rule instead).
   const SchedulingRule* identity = nullptr;
   RuleNode* parent = nullptr;
@@ -388,9 +404,6 @@ struct alignas(16) RuleNode {  // aligned for RuleEntry's tag bits
   boost::container::flat_map<std::string, std::unique_ptr<RuleNode>, std::less<>> children;
 
   bool is_unused() const noexcept;
-
- private:
-  std::unique_ptr<std::array<WaitQueue, lock_mode_count>> queues_;
 };
 
 /// A rule table's note on a rule object (SchedulingRule::note_): the nodes of its path, root first,
@@ -610,8 +623,7 @@ class RuleTable {
   static bool clear_at(const RuleNode& node, LockMode mode, std::uint64_t ticket) noexcept;
   bool blocked_by_custom(const RuleRequest& request) const noexcept;
   static bool conflicting(const RuleRequest& a, const RuleRequest& b) noexcept;
-  bool enter(RuleRequest& request, EntryCache* cache, bool parkable, Grants& grants,
-             Orphans& orphans);
+  bool enter(RuleRequest& request, EntryCache* cache, bool parkable, Grants& grants, Orphans& orphans);
   bool revoke_parked(const RuleRequest& request, Grants& grants, Orphans& orphans);
   std::uint32_t mark_clear(RuleRequest& request) noexcept;
   std::size_t parked_idle() const noexcept;
