@@ -239,15 +239,21 @@ struct Scheduler::Impl::BatchTask {
 // A tasklet's request for its rule. While it waits it owns the tasklet; once granted it continues
 // the tasklet with the directive it was started with. Its entries are in place for rules of up to
 // N entries (start() picks N), so one block holds the whole request. It is counted in the
-// scheduler's holds_ or sync_holds_ until it is done with the scheduler, which the destructor waits for.
+// scheduler's holds_ or sync_holds_ until it is done with the scheduler, which the destructor waits for;
+// the request of a tasklet with a library owner (a SerialExecutor's task) is counted by that owner
+// instead, which outlives the scheduler's part in the delivery (see detail::TaskletOwner).
 //
 // Delivering a grant or a cancellation can run user code (a tasklet ended by it is destroyed), and
 // that code may drop the last reference to this very scheduler. Its destructor, on this thread,
 // must not wait for the delivery it is nested in: each delivery in progress is on a thread-local
 // list, which the destructor counts out itself instead (and the delivery then leaves it alone).
 struct Scheduler::Impl::Delivery {
-  Delivery(Impl& scheduler, std::atomic<std::size_t>& counted_in) noexcept
-      : impl(&scheduler), count(&counted_in), outer(innermost) {
+  // Counted out of `counted_in` at the end, or told to `owner` when the tasklet has one.
+  Delivery(Impl& scheduler, std::atomic<std::size_t>& counted_in, detail::TaskletOwner* counted_by) noexcept
+      : impl(counted_by == nullptr ? &scheduler : nullptr),
+        count(&counted_in),
+        owner(counted_by),
+        outer(innermost) {
     innermost = this;
   }
   Delivery(const Delivery&) = delete;
@@ -255,9 +261,11 @@ struct Scheduler::Impl::Delivery {
   ~Delivery() {
     innermost = outer;
     if (impl != nullptr) count->fetch_sub(1, std::memory_order_release);  // it may go now
+    if (owner != nullptr) owner->delivered();                             // so may the owner
   }
-  Impl* impl;  // null once its destructor has counted this delivery out
+  Impl* impl;  // null once its destructor has counted this delivery out, or when `owner` counts it
   std::atomic<std::size_t>* count;  // holds_ or sync_holds_
+  detail::TaskletOwner* owner;
   Delivery* outer;
   static thread_local Delivery* innermost;
 };
@@ -287,12 +295,12 @@ struct Scheduler::Impl::TaskletHold final : detail::InlineRuleRequest<N>, detail
   Impl& scheduler() const noexcept { return TaskletAccess::scheduler(*tasklet)->impl(); }
   void granted() noexcept override {
     Impl& impl = scheduler();
-    const Delivery delivery(impl, count_in(impl));
+    const Delivery delivery(impl, count_in(impl), TaskletAccess::owner(*tasklet));
     impl.dispatch(std::move(tasklet), pending());
   }
   void cancelled() noexcept override {
     Impl& impl = scheduler();
-    const Delivery delivery(impl, count_in(impl));
+    const Delivery delivery(impl, count_in(impl), TaskletAccess::owner(*tasklet));
     TaskletPtr ended = std::move(tasklet);
     TaskletAccess::hold(*ended) = nullptr;  // it never held the rule: nothing to release
     delete this;
@@ -335,7 +343,7 @@ Scheduler::Impl::~Impl() {
   }
   // Deliveries on this thread that led here are not waited for.
   for (Delivery* delivery = Delivery::innermost; delivery != nullptr; delivery = delivery->outer) {
-    if (delivery->impl == this) {
+    if (delivery->impl == this) {  // counted here (an owner's delivery is not)
       delivery->impl = nullptr;
       delivery->count->fetch_sub(1, std::memory_order_relaxed);
     }
@@ -372,7 +380,7 @@ void Scheduler::Impl::drop_pending() noexcept {
     auto& state = TaskletAccess::state(*tasklet);
     TaskletAccess::set_scheduler(*tasklet, nullptr);
     state.store(st::with_generation(st::idle, st::generation(state.load())), std::memory_order_release);
-    active_.fetch_sub(1, std::memory_order_acq_rel);
+    if (!background_) active_.fetch_sub(1, std::memory_order_acq_rel);
   }
   dropped.clear();  // users' destructors run here, outside every lock
 }
@@ -410,10 +418,7 @@ void Scheduler::Impl::unclaim(Tasklet& tasklet) noexcept {
 // a stake in active_ (the synchronous thread, a phase of this scheduler) keeps run() from
 // returning, so reading running_ suffices; anyone else decides under the lock run() exits under.
 bool Scheduler::Impl::run_is_active_for_caller() {
-  if (background_) {  // always running
-    active_.fetch_add(1, std::memory_order_relaxed);
-    return true;
-  }
+  if (background_) return true;  // always running, and not counting (see active_)
   const auto& ctx = detail::state();
   if (ctx.sync_of == this || ctx.phase_of == this) {
     if (!running_.load(std::memory_order_acquire)) return false;
@@ -450,7 +455,7 @@ void Scheduler::Impl::schedule(TaskletPtr tasklet, Directive directive, bool rul
                                 ", async): the scheduler's run() is not active, so no synchronous thread "
                                 "could take the tasklet back");
     }
-  } else {
+  } else if (!background_) {
     active_.fetch_add(1, std::memory_order_relaxed);
   }
   start(std::move(tasklet), directive, rule_pinned);
@@ -488,6 +493,7 @@ template <std::size_t N>
 void Scheduler::Impl::start_holding(TaskletPtr tasklet, Directive directive, bool rule_pinned) {
   Tasklet& raw = *tasklet;
   const bool batched = detail::state().sync_of == this && running_.load(std::memory_order_relaxed);
+  assert(!batched || TaskletAccess::owner(raw) == nullptr);  // owners' tasklets go to background schedulers
   auto* hold = new TaskletHold<N>(std::move(tasklet), directive, batched);
   TaskletAccess::hold(raw) = hold;
   if (batched) {
@@ -503,8 +509,9 @@ void Scheduler::Impl::start_holding(TaskletPtr tasklet, Directive directive, boo
   }
   enter_pending_rules();
   // Counted as a delivery to wait for: granted() continues it, at once or later, perhaps on the
-  // thread that holds the table's lock now (this one does not wait for it).
-  holds_.fetch_add(1, std::memory_order_relaxed);
+  // thread that holds the table's lock now (this one does not wait for it). A library owner counts
+  // its tasklets' deliveries itself (and the posting thread then writes no line of ours).
+  if (TaskletAccess::owner(raw) == nullptr) holds_.fetch_add(1, std::memory_order_relaxed);
   manager_.table_.submit(*hold, rule_pinned);
 }
 
@@ -559,7 +566,7 @@ void Scheduler::Impl::finish(TaskletPtr tasklet, std::exception_ptr error) noexc
   release_rule(*tasklet);
   unclaim(*tasklet);
   tasklet.reset();  // the scheduler's last reference: a finished tasklet may be destroyed here
-  if (active_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+  if (!background_ && active_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     bool sleeping = false;
     {
       std::lock_guard lock(mutex_);
@@ -941,7 +948,7 @@ void Scheduler::Impl::drain_inline() {
 void Scheduler::Impl::with(const TaskletPtr& tasklet) {
   if (!tasklet) throw std::invalid_argument("with: null tasklet");
   claim(*tasklet, "with");
-  active_.fetch_add(1, std::memory_order_relaxed);
+  if (!background_) active_.fetch_add(1, std::memory_order_relaxed);
   if (const Rule& rule = TaskletAccess::owning_rule(*tasklet)) {
     // The phase runs here and now, so the caller waits for the rule like a thread in begin_rule.
     enter_pending_rules();
@@ -985,7 +992,7 @@ Rescheduler Scheduler::Impl::suspend(Tasklet& tasklet) {
           continue;
         }
         TaskletAccess::set_scheduler(tasklet, &self_);
-        active_.fetch_add(1, std::memory_order_relaxed);
+        if (!background_) active_.fetch_add(1, std::memory_order_relaxed);
         parked_.emplace(&tasklet, std::move(owned));
         return Rescheduler(self_.weak_from_this(), tasklet.weak_from_this(), generation);
       }

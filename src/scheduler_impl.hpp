@@ -85,6 +85,10 @@ struct Scheduler::Impl {
   Workers::Impl& workers_;
   oneapi::tbb::task_group group_;
 
+  // Tasklets scheduled and not yet done, for run() and active_count(). A background scheduler
+  // (a manager's, for its serial executors and its jobs) has no run() and is not visible to users:
+  // it does not count, so that its posting threads and its workers do not pass this line back and
+  // forth once per tasklet.
   std::atomic<std::size_t> active_{0};
   // TaskletHolds not yet done with this scheduler: those that the synchronous thread started inside
   // run() (plus the counts it took ahead for them), and the others.

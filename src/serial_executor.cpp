@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <mutex>
 
 #include "job_manager_impl.hpp"
@@ -15,16 +16,21 @@
 
 namespace tasklet {
 
-struct SerialExecutor::State {
-  explicit State(Rule executor_rule) : rule(std::move(executor_rule)) {}
+// The state outlives every task (the executor's destructor waits for them) and owns the rule the
+// tasks point at (detail::TaskletOwner). A task counts twice until it is done with the state: once
+// until it is destroyed, once until the delivery of its grant (or cancellation) is over, which may
+// come after it is destroyed. Both counts go in one word (tasks in the low half, deliveries in the
+// high half), so that the last to leave knows it; the background scheduler does not count them,
+// and a post writes no cache line that the workers write besides this one and the table's.
+struct SerialExecutor::State final : detail::TaskletOwner {
+  using TaskletOwner::TaskletOwner;
 
-  // The executor's rule, owned here for its tasks' owning_rule(): the tasks themselves keep a
-  // pointer that does not own it, so that a post and a task's end do not each take an atomic step
-  // on the rule's count (a line that the posting thread and the workers would pass back and forth).
-  const Rule rule;
-  // Counted without the lock: posting and finishing touch one atomic, and only a task that may bring
-  // it to zero takes the mutex, to wake wait() and the destructor. Tasks do not own the state.
-  std::atomic<std::size_t> outstanding{0};
+  static constexpr std::uint64_t one_task = 1;
+  static constexpr std::uint64_t one_delivery = std::uint64_t{1} << 32;
+
+  // Counted without the lock; only a count that may bring the word to zero takes the mutex, to
+  // wake wait() and the destructor.
+  std::atomic<std::uint64_t> outstanding{0};
   mutable std::mutex mutex;  // guards first_error and the wake-up of `idle`
   // A wait() in a job or an async phase suspends its oneTBB task instead of blocking the worker
   // that the executor's own tasks may need (with one worker, blocking it would deadlock).
@@ -32,24 +38,26 @@ struct SerialExecutor::State {
   std::exception_ptr first_error;
 
   bool is_idle() const noexcept { return outstanding.load(std::memory_order_acquire) == 0; }
+  // Takes `count` (one_task or one_delivery) out of the word. Not the last: one atomic step, no
+  // lock. Perhaps the last: under the mutex, so that a waiter (the executor's destructor, which
+  // then frees the state) sees zero only once this thread is done with the state.
+  void count_out(std::uint64_t count) noexcept {
+    std::uint64_t left = outstanding.load(std::memory_order_relaxed);
+    while (left > count && !outstanding.compare_exchange_weak(left, left - count, std::memory_order_acq_rel,
+                                                              std::memory_order_relaxed)) {
+    }
+    if (left > count) return;
+    std::lock_guard lock(mutex);
+    if (outstanding.fetch_sub(count, std::memory_order_acq_rel) == count) idle.notify_all();
+  }
+  void delivered() noexcept override { count_out(one_delivery); }
 };
 
 namespace detail {
 
-SerialTask::~SerialTask() {
-  // Not the last: one atomic step, no lock.
-  std::size_t left = state_.outstanding.load(std::memory_order_relaxed);
-  while (left > 1 && !state_.outstanding.compare_exchange_weak(left, left - 1, std::memory_order_acq_rel,
-                                                               std::memory_order_relaxed)) {
-  }
-  if (left > 1) return;
-  // Perhaps the last: counted out under the mutex, so that a waiter (the executor's destructor,
-  // which then frees the state) sees zero only once this task is done with the state.
-  std::lock_guard lock(state_.mutex);
-  if (state_.outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) state_.idle.notify_all();
-}
+SerialTask::~SerialTask() { state_.count_out(SerialExecutor::State::one_task); }
 
-const Rule& SerialTask::owning_rule() const noexcept { return state_.rule; }
+TaskletOwner* SerialTask::library_owner() const noexcept { return &state_; }
 
 Directive SerialTask::task() {
   try {
@@ -75,12 +83,18 @@ SerialExecutor::~SerialExecutor() {
 }
 
 SerialExecutor::Handle SerialExecutor::post_task(std::shared_ptr<detail::SerialTask> task) {
-  state_->outstanding.fetch_add(1, std::memory_order_relaxed);  // the task's destructor counts it out
-  // Not owning (see State::rule), and not validated again: the executor made it.
+  // The task's destructor counts the task out, the delivery of its grant or cancellation the other.
+  state_->outstanding.fetch_add(State::one_task + State::one_delivery, std::memory_order_relaxed);
+  // Not owning (the state owns it), and not validated again: the executor made it.
   detail::TaskletAccess::set_trusted_rule(*task, Rule(Rule{}, rule_.get()));
   Handle handle{task};
-  // The executor keeps its rule alive throughout: the post may skip the table's lock.
-  manager_->impl().background().impl().schedule(std::move(task), Directive::async, /*rule_pinned=*/true);
+  try {
+    // The executor keeps its rule alive throughout: the post may skip the table's lock.
+    manager_->impl().background().impl().schedule(std::move(task), Directive::async, /*rule_pinned=*/true);
+  } catch (...) {
+    state_->count_out(State::one_delivery);  // it never reached the table: no delivery will come
+    throw;
+  }
   return handle;
 }
 
@@ -108,7 +122,8 @@ void SerialExecutor::wait() {
 }
 
 std::size_t SerialExecutor::outstanding() const noexcept {
-  return state_->outstanding.load(std::memory_order_acquire);
+  return static_cast<std::size_t>(state_->outstanding.load(std::memory_order_acquire) &
+                                  (State::one_delivery - 1));
 }
 
 }  // namespace tasklet

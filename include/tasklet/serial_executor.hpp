@@ -92,8 +92,8 @@ class SerialTask : public Tasklet {
 
  private:
   virtual void run_body() = 0;
-  // rule() does not own the executor's rule (the executor outlives its tasks); this one does.
-  const Rule& owning_rule() const noexcept override;
+  // The executor's state: it keeps the rule (rule() points at it) and counts the task's delivery.
+  detail::TaskletOwner* library_owner() const noexcept override;
   // Not owned: the executor's destructor waits until every task of it is destroyed.
   SerialExecutor::State& state_;
 };

@@ -23,6 +23,7 @@ namespace tasklet {
 class Scheduler;
 namespace detail {
 struct TaskletAccess;
+struct TaskletOwner;
 class RuleRequest;
 }  // namespace detail
 
@@ -56,11 +57,10 @@ class Tasklet : public std::enable_shared_from_this<Tasklet> {
 
  private:
   friend struct detail::TaskletAccess;
-  // The library's own: rule() as a reference that owns the rule. The library's tasklets may keep
-  // a rule_ that does not own it (a SerialExecutor's tasks point at the executor's rule, which
-  // outlives them, and spare two atomic steps per task); wherever the library hands the rule on
-  // (current_rule(), a release finished after the tasklet is gone) it takes this one.
-  virtual const Rule& owning_rule() const noexcept { return rule_; }
+  // The library's own: what owns one of the library's tasklets (a SerialExecutor's tasks), which
+  // keeps their rule (their rule_ points at it without owning it) and counts the deliveries of
+  // their grants; null for every other tasklet (src/tasklet_state.hpp).
+  virtual detail::TaskletOwner* library_owner() const noexcept { return nullptr; }
 
   std::atomic<std::uint64_t> state_{0};         // see src/tasklet_state.hpp
   std::atomic<Scheduler*> scheduler_{nullptr};  // the scheduler it is active in

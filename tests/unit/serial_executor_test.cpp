@@ -82,11 +82,14 @@ TEST_P(SerialExecutorTest, CancelRemovesOnePendingTask) {
   auto second = strand.post([&] { ran.push_back(1); });
   strand.post([&] { ran.push_back(2); });
   started.wait();
+  EXPECT_EQ(strand.outstanding(), 3u) << "the running task and two pending ones";
   EXPECT_TRUE(strand.cancel(second));
   EXPECT_FALSE(strand.cancel(second)) << "cancelled already";
+  EXPECT_EQ(strand.outstanding(), 2u) << "a cancelled task is no longer counted";
   release.count_down();
   strand.wait();
   EXPECT_EQ(ran, (std::vector<int>{0, 2}));
+  EXPECT_EQ(strand.outstanding(), 0u);
   EXPECT_FALSE(strand.cancel(second));
 }
 
