@@ -9,8 +9,8 @@
 // prints a fixed-width table for people and a markdown table for docs/performance.md.
 //
 // Command line (parse_options): --repeats=K (median of K, default 7), --quick (small sizes, one
-// repeat: a smoke test), --max-n=N (largest size of the sweeps), --only=WORD (only the workloads
-// whose name contains WORD).
+// repeat: a smoke test), --max-n=N (largest size of the sweeps), --only=WORD[,WORD...] (only the
+// workloads whose name contains one of the words).
 #pragma once
 
 #include <unistd.h>
@@ -42,7 +42,14 @@ struct Options {
 
   /// True when the workload named `name` was selected with --only (or nothing was).
   bool selected(std::string_view name) const {
-    return only.empty() || name.find(only) != std::string_view::npos;
+    if (only.empty()) return true;
+    for (std::string_view words = only; !words.empty();) {
+      const std::size_t comma = words.find(',');
+      const std::string_view word = words.substr(0, comma);
+      if (!word.empty() && name.find(word) != std::string_view::npos) return true;
+      words = comma == std::string_view::npos ? std::string_view{} : words.substr(comma + 1);
+    }
+    return false;
   }
 };
 
@@ -51,7 +58,7 @@ inline Options parse_options(int argc, char** argv) {
   Options options;
   const auto usage = [&](const std::string& bad) {
     std::cerr << "unknown or malformed argument: " << bad << "\n"
-              << "usage: " << argv[0] << " [--repeats=K] [--max-n=N] [--quick] [--only=WORD]\n";
+              << "usage: " << argv[0] << " [--repeats=K] [--max-n=N] [--quick] [--only=WORD[,WORD...]]\n";
     std::exit(2);
   };
   for (int i = 1; i < argc; ++i) {

@@ -85,16 +85,22 @@ struct Scheduler::Impl {
   Workers::Impl& workers_;
   oneapi::tbb::task_group group_;
 
+  // Each of the next three lines is the cache line of its own: the workers write active_ once per
+  // tasklet and the holds once per tasklet with a rule, and read running_ once per async phase,
+  // which nobody writes while run() is active. Left to where the members happened to fall (next to
+  // group_'s counters, and to each other), the no-rule workload took 15-20 % longer per tasklet
+  // in some processes than in others (docs/performance.md, "Fifth session of 25 November").
+  //
   // Tasklets scheduled and not yet done, for run() and active_count(). A background scheduler
   // (a manager's, for its serial executors and its jobs) has no run() and is not visible to users:
   // it does not count, so that its posting threads and its workers do not pass this line back and
   // forth once per tasklet.
-  std::atomic<std::size_t> active_{0};
+  alignas(64) std::atomic<std::size_t> active_{0};
   // TaskletHolds not yet done with this scheduler: those that the synchronous thread started inside
   // run() (plus the counts it took ahead for them), and the others.
-  std::atomic<std::size_t> sync_holds_{0};
+  alignas(64) std::atomic<std::size_t> sync_holds_{0};
   std::atomic<std::size_t> holds_{0};
-  std::atomic<bool> running_{false};
+  alignas(64) std::atomic<bool> running_{false};
   bool background_ = false;
 
   mutable std::mutex mutex_;  // guards the members below up to `parked_mutex_`
