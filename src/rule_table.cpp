@@ -81,7 +81,7 @@ std::size_t entry_count_hint(const SchedulingRule& rule) noexcept {
   return 0;
 }
 
-bool RuleNode::is_unused() const noexcept { return occupied == 0 && children.empty(); }
+bool RuleNode::is_unused() const noexcept { return occupied() == 0 && children.empty(); }
 
 namespace {
 std::atomic<std::uint64_t> table_ids{0};
@@ -245,8 +245,20 @@ void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom, const
       const LockMode target = key.shared ? LockMode::s : LockMode::x;
       RuleNote* note = note_on(atom, count);
       if (note != nullptr && note->count == count && note->generation == node_generation_) {
-        for (std::size_t i = with_root || count == 1 ? 0 : 1; i < count; ++i)
-          add_entry(request, *note->nodes()[i], i + 1 == count ? target : intent, merge);
+        const std::size_t first = with_root || count == 1 ? 0 : 1;
+        if (merge) {
+          for (std::size_t i = first; i < count; ++i)
+            add_entry(request, *note->nodes()[i], i + 1 == count ? target : intent, true);
+          return;
+        }
+        // Alone in the request (reserved above): the entries are written in place.
+        RuleEntry* entry = request.entries_ + request.entry_count_;
+        for (std::size_t i = first; i < count; ++i, ++entry) {
+          *entry = RuleEntry{};
+          entry->set_node(*note->nodes()[i]);
+          entry->set_mode(i + 1 == count ? target : intent);
+        }
+        request.entry_count_ += static_cast<std::uint32_t>(count - first);
         return;
       }
       RuleNode* node = &root_;
@@ -319,7 +331,7 @@ bool RuleTable::blocked_by_custom(const RuleRequest& request) const noexcept {
 bool RuleTable::root_claimed() const noexcept {
   constexpr auto claims = static_cast<std::uint8_t>(1u << index_of(LockMode::s) | 1u << index_of(LockMode::six) |
                                                     1u << index_of(LockMode::x));
-  return (root_.occupied & claims) != 0;
+  return (root_.occupied() & claims) != 0;
 }
 
 // Whether a rule's key claims the root: a rule on "/" itself, or a multi rule with one.
@@ -359,8 +371,8 @@ void RuleTable::give_root_intents() noexcept {
     RuleEntry& entry = request.entries_[request.entry_count_ - 1];
     entry.set_clear(true);
     const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
-    ++(request.held_ ? root_.granted : root_.clear_waiting)[mode];
-    root_.refresh_counted(mode);
+    root_.count(mode);
+    if (!request.held_) ++root_.clear_waiting[mode];
   }
   rootless_from_ = live_.size();
 }
@@ -370,7 +382,7 @@ void RuleTable::give_root_intents() noexcept {
 // that is not clear yet (see the header), and so is older than every newcomer.
 bool RuleTable::clear_at(const RuleNode& node, LockMode mode, std::uint64_t ticket) noexcept {
   const std::uint8_t incompatible = incompatible_mask[index_of(mode)];
-  if ((node.occupied & incompatible) == 0) return true;  // nothing in the way
+  if ((node.occupied() & incompatible) == 0) return true;  // nothing in the way
   if ((node.counted & incompatible) != 0) return false;  // granted or clear and older
   // Only queues of incompatible modes are left: in the way when their front came earlier.
   for (unsigned left = node.queued & incompatible; left != 0; left &= left - 1) {
@@ -384,13 +396,13 @@ void RuleTable::enqueue(RuleRequest& request, std::size_t index) noexcept {
   const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
   entry.node()->make_queues();
   entry.node()->waiting(mode).push_back(request, request.ticket_, index);
-  entry.node()->refresh(mode);
+  entry.node()->refresh_queued(mode);
 }
 
 void RuleTable::dequeue(const RuleEntry& entry, std::uint64_t ticket) noexcept {
   const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
   entry.node()->waiting(mode).erase(ticket);
-  entry.node()->refresh(mode);
+  entry.node()->refresh_queued(mode);
 }
 
 // Decides where each entry of a request that is entering stands (clear or not); returns how many
@@ -462,8 +474,7 @@ bool RuleTable::enter(RuleRequest& request, EntryCache* cache, bool parkable, Gr
     if (unclear == 0 && !custom_blocked) {
       for (RuleEntry& entry : request.entries()) {
         const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
-        ++entry.node()->granted[mode];
-        entry.node()->refresh_counted(mode);
+        entry.node()->count(mode);
       }
       request.held_ = true;
       ++held_;
@@ -475,8 +486,8 @@ bool RuleTable::enter(RuleRequest& request, EntryCache* cache, bool parkable, Gr
         RuleEntry& entry = request.entries_[index];
         if (entry.clear()) {
           const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
+          entry.node()->count(mode);
           ++entry.node()->clear_waiting[mode];
-          entry.node()->refresh_counted(mode);
         } else {
           enqueue(request, index);
         }
@@ -765,9 +776,7 @@ void RuleTable::grant(RuleRequest& request, Grants& grants) {
     const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
     RuleNode& node = *entry.node();
     assert(entry.clear() && node.clear_waiting[mode] != 0);
-    --node.clear_waiting[mode];
-    ++node.granted[mode];
-    node.refresh_counted(mode);
+    --node.clear_waiting[mode];  // still counted: held now
   }
   request.held_ = true;
   ++held_;
@@ -788,8 +797,9 @@ void RuleTable::walk(RuleNode& node, Grants& grants) {
       if (const RuleRequest* next = queue.peek(4)) __builtin_prefetch(next);
       queue.pop_front();
       entry.set_clear(true);
+      node.count(mode);
       ++node.clear_waiting[mode];
-      node.refresh(mode);
+      node.refresh_queued(mode);
       if (--request.unclear_ == 0 && !request.custom_blocked_) grant(request, grants);
     }
   }
@@ -832,8 +842,8 @@ void RuleTable::unlink_waiting(RuleRequest& request) noexcept {
   for (RuleEntry& entry : request.entries()) {
     if (entry.clear()) {
       const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
+      entry.node()->uncount(mode);
       --entry.node()->clear_waiting[mode];
-      entry.node()->refresh_counted(mode);
     } else {
       dequeue(entry, request.ticket_);
     }
@@ -845,8 +855,7 @@ void RuleTable::leave(RuleRequest& request, Grants& grants) {
   if (request.held_) {
     for (RuleEntry& entry : request.entries()) {
       const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
-      --entry.node()->granted[mode];
-      entry.node()->refresh_counted(mode);
+      entry.node()->uncount(mode);
     }
     --held_;
   } else {

@@ -11,8 +11,9 @@
 //  - two requests conflict exactly when some node holds incompatible modes of them;
 //  - a waiting entry is "clear" at its node when it is compatible with the granted modes and with
 //    every earlier waiting entry there. A request is granted when it is clear at all its nodes.
-//  - Each node counts, per mode, its granted entries and its clear waiting entries, and queues only
-//    the entries that are not clear yet, in ticket order. No entry becomes clear before an earlier
+//  - Each node counts, per mode, its entries that are granted or clear (waiting but clear; both
+//    are in a newcomer's way alike), and queues only the entries that are not clear yet, in ticket
+//    order. No entry becomes clear before an earlier
 //    conflicting one does, so every clear waiting entry of a mode incompatible with a queued entry
 //    is older than it: "is an older conflicting entry waiting" needs the counts and the ticket at
 //    the front of each queue, never the entries themselves. A release walks each of its nodes from
@@ -364,11 +365,16 @@ std::size_t entry_count_hint(const SchedulingRule& rule) noexcept;
 /// looked up, come after. With thousands of nodes in use the table outgrows a core's cache, and
 /// every line a decision touches is a miss.
 struct alignas(64) RuleNode {  // also aligns RuleEntry's tag bits
-  std::array<std::uint32_t, lock_mode_count> granted{};
-  std::array<std::uint32_t, lock_mode_count> clear_waiting{};  // clear entries of waiting requests
-  std::uint8_t occupied = 0;  // bit per mode: some entry of that mode is granted or waits here
-  std::uint8_t queued = 0;    // bit per mode: waiting(mode) is not empty
-  std::uint8_t counted = 0;   // bit per mode: granted[mode] or clear_waiting[mode] is not zero
+  // Per mode: the entries granted or clear (held requests' entries and waiting requests' clear
+  // ones: to a newcomer both are in the way alike), and of those the waiting ones. Granting a
+  // request that waited moves nothing between the bits, so it only lowers clear_waiting.
+  std::array<std::uint32_t, lock_mode_count> counted_entries{};
+  std::array<std::uint32_t, lock_mode_count> clear_waiting{};
+  std::uint8_t queued = 0;   // bit per mode: waiting(mode) is not empty
+  std::uint8_t counted = 0;  // bit per mode: counted_entries[mode] is not zero
+
+  /// Bit per mode: some entry of that mode is granted or waits here.
+  std::uint8_t occupied() const noexcept { return static_cast<std::uint8_t>(queued | counted); }
 
   /// The entries of `mode` that are not clear yet, in ticket order. Only once some entry has
   /// waited here (see make_queues): most nodes never queue anything, and are kept small.
@@ -378,19 +384,20 @@ struct alignas(64) RuleNode {  // also aligns RuleEntry's tag bits
     if (queues_ == nullptr) queues_ = std::make_unique<std::array<WaitQueue, lock_mode_count>>();
   }
 
-  /// Recomputes the mode's bits after its counts changed, its queue not: reads this line only.
-  void refresh_counted(std::size_t mode) noexcept {
-    const auto bit = static_cast<std::uint8_t>(1u << mode);
-    const bool is_counted = granted[mode] != 0 || clear_waiting[mode] != 0;
-    counted = static_cast<std::uint8_t>(is_counted ? counted | bit : counted & ~bit);
-    occupied = static_cast<std::uint8_t>(queued | counted);
+  /// One more granted or clear entry of `mode` (reads and writes this line only).
+  void count(std::size_t mode) noexcept {
+    ++counted_entries[mode];
+    counted = static_cast<std::uint8_t>(counted | 1u << mode);
   }
-  /// Recomputes the mode's bits after its queue changed (and perhaps its counts).
-  void refresh(std::size_t mode) noexcept {
+  /// One fewer.
+  void uncount(std::size_t mode) noexcept {
+    assert(counted_entries[mode] != 0);
+    if (--counted_entries[mode] == 0) counted = static_cast<std::uint8_t>(counted & ~(1u << mode));
+  }
+  /// Recomputes the mode's queued bit after its queue changed.
+  void refresh_queued(std::size_t mode) noexcept {
     const auto bit = static_cast<std::uint8_t>(1u << mode);
-    const bool is_queued = queues_ != nullptr && !waiting(mode).empty();
-    queued = static_cast<std::uint8_t>(is_queued ? queued | bit : queued & ~bit);
-    refresh_counted(mode);
+    queued = static_cast<std::uint8_t>(waiting(mode).empty() ? queued & ~bit : queued | bit);
   }
 
  private:
