@@ -11,15 +11,15 @@
 //  - two requests conflict exactly when some node holds incompatible modes of them;
 //  - a waiting entry is "clear" at its node when it is compatible with the granted modes and with
 //    every earlier waiting entry there. A request is granted when it is clear at all its nodes.
-//  - Each node counts, per mode, its entries that are granted or clear (waiting but clear; both
+//  - Each node counts, per mode, its entries that are granted or clear (waiting but clear: both
 //    are in a newcomer's way alike), and queues only the entries that are not clear yet, in ticket
-//    order. No entry becomes clear before an earlier
-//    conflicting one does, so every clear waiting entry of a mode incompatible with a queued entry
-//    is older than it: "is an older conflicting entry waiting" needs the counts and the ticket at
-//    the front of each queue, never the entries themselves. A release walks each of its nodes from
-//    the queue fronts; an entry leaves its queue once, when it becomes clear (amortised O(1)).
-//    Entries that are clear on arrival (the intent modes on ancestors, mostly) are never linked, so
-//    granting them touches the node's counters only, not other requests' memory.
+//    order. No entry becomes clear before an earlier conflicting one does, so every clear waiting
+//    entry of a mode incompatible with a queued entry is older than it: "is an older conflicting
+//    entry waiting" needs the counts and the ticket at the front of each queue, never the entries
+//    themselves. A release walks each of its nodes from the queue fronts; an entry leaves its queue
+//    once, when it becomes clear (amortised O(1)). Entries that are clear on arrival (the intent
+//    modes on ancestors, mostly) are never linked, so granting them touches the node's counters
+//    only, not other requests' memory.
 // Root intents are taken lazily: every path request would take IS or IX on the root, the one node
 // that all of them share, and yet only a request for the root itself (a rule on "/", alone or in a
 // multi rule) can conflict there. So a path request takes no entry at the root while nobody claims
