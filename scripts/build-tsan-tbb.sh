@@ -32,7 +32,7 @@ export DEBIAN_FRONTEND=noninteractive
 # The project's own packages first (libtbb-dev tells which oneTBB version to build).
 bash scripts/install-deps.sh
 
-installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+installed() { [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" = "install ok installed" ]; }
 src_package=$(dpkg-query -W -f='${source:Package}' libtbb-dev)
 src_version=$(dpkg-query -W -f='${source:Version}' libtbb-dev)
 upstream_version=${src_version#*:}
@@ -57,7 +57,8 @@ cmake_args=(
   -DTBB_ENABLE_IPO=OFF
   -DCMAKE_CXX_FLAGS=-Wno-tsan
 )
-compiler_version=$(c++ --version | head -n1)
+compiler_version=$(c++ --version)
+compiler_version=${compiler_version%%$'\n'*}  # first line; no `| head` under pipefail
 stamp_text="$src_package $src_version | $compiler_version | ${cmake_args[*]}"
 stamp="$prefix/tasklet-tbb-tsan.stamp"
 
@@ -85,7 +86,10 @@ fi
 
 # Source: is the exact version served by a deb-src entry?
 source_known() {
-  apt-cache showsrc "$src_package" 2>/dev/null | grep -qx "Version: $src_version"
+  # Read whole before grep: with pipefail, an early `grep -q` exit would fail the pipe (SIGPIPE).
+  local sources
+  sources="$(apt-cache showsrc "$src_package" 2>/dev/null || true)"
+  grep -qxF "Version: $src_version" <<<"$sources"
 }
 if ! source_known; then
   # No deb-src serving it: add one for Debian 12 (main, updates, security), unless one exists.

@@ -36,12 +36,15 @@ cmake --build --preset tsan -j "$jobs"
 
 # The lane is only worth something if the binaries load the instrumented oneTBB (RUNPATH set by
 # CMake from the imported targets); Debian's libtbb12 would give false reports or hide races.
+# ldd's output is read whole before grep: with pipefail, `ldd | grep -q` fails whenever grep exits
+# at the first match while ldd is still writing (ldd dies of SIGPIPE).
 tbb_lib="$(pwd)/build/tbb-tsan/install/lib"
 for binary in build/tsan/tests/unit/unit_scheduler_test build/tsan/examples/request_response; do
+  loaded="$(env -u LD_LIBRARY_PATH ldd "$binary")"
   for lib in libtbb.so.12 libtbbmalloc.so.2; do
-    env -u LD_LIBRARY_PATH ldd "$binary" | grep -q "$lib => $tbb_lib/$lib" || {
+    grep -qF "$lib => $tbb_lib/$lib" <<<"$loaded" || {
       echo "tsan lane: $binary does not load $tbb_lib/$lib:" >&2
-      ldd "$binary" >&2
+      echo "$loaded" >&2
       exit 1
     }
   done
