@@ -43,7 +43,7 @@ class JobManager {
   /// Dropped inside one of its own jobs' run(), it waits for everything but that run, and the
   /// job's runner finishes the destruction after it. The manager's listeners are dropped last,
   /// once everything else is torn down. Never throws.
-  ~JobManager();
+  virtual ~JobManager();
   JobManager(const JobManager&) = delete;
   JobManager& operator=(const JobManager&) = delete;
 
@@ -114,17 +114,8 @@ class JobManager {
   /// The workers ASYNC phases of this manager's schedulers use by default.
   const std::shared_ptr<Workers>& workers() const noexcept;
 
-  struct Impl;
-  Impl& impl() noexcept { return *impl_; }
-
- private:
-  struct Key {};
-
- public:
-  JobManager(Key, Options options);  // use create()
-
- private:
-  std::shared_ptr<Impl> impl_;  // shared with the manager's own schedulers until their tasks end
+ protected:
+  JobManager() = default;  // made by create() only
 };
 
 /// Begins a rule on construction and ends it on destruction (also when begin_rule threw, which is

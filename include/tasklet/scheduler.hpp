@@ -74,7 +74,7 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   /// Drops what never started (queued, parked and rule-waiting tasklets), waits for running phases
   /// to end.
   /// Never throws. Must not be called from one of this scheduler's own phases.
-  ~Scheduler();
+  virtual ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
@@ -112,17 +112,8 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   /// The manager whose rule table this scheduler's tasklets use.
   const std::shared_ptr<JobManager>& manager() const noexcept;
 
-  struct Impl;
-  Impl& impl() noexcept { return *impl_; }
-
- private:
-  struct Key {};
-
- public:
-  Scheduler(Key, SchedulerOptions options);  // use create()
-
- private:
-  std::unique_ptr<Impl> impl_;
+ protected:
+  Scheduler() = default;  // made by create() only
 };
 
 }  // namespace tasklet

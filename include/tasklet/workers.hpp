@@ -16,20 +16,15 @@ class Workers {
   /// A new arena with `concurrency` worker threads (0: the machine's default concurrency).
   static std::shared_ptr<Workers> create(int concurrency = 0);
 
-  ~Workers();
+  virtual ~Workers();
   Workers(const Workers&) = delete;
   Workers& operator=(const Workers&) = delete;
 
   /// How many ASYNC phases can run at once.
   int concurrency() const noexcept;
 
-  struct Impl;
-  /// Internal access for the engine (and tasklet/tbb.hpp).
-  Impl& impl() noexcept { return *impl_; }
-  explicit Workers(std::unique_ptr<Impl> impl);
-
- private:
-  std::unique_ptr<Impl> impl_;
+ protected:
+  Workers() = default;  // made by create() or adopt_arena() only
 };
 
 }  // namespace tasklet

@@ -2,7 +2,7 @@
 // rules, and a randomized comparison against a from-scratch reference model.
 #include "rule_table.hpp"
 
-#include "job_manager_impl.hpp"
+#include "domain.hpp"
 
 #include <algorithm>
 #include <atomic>

@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "context.hpp"
-#include "job_manager_impl.hpp"
+#include "domain.hpp"
 #include "scheduler_impl.hpp"
 #include "tasklet/error.hpp"
 
@@ -94,7 +94,7 @@ void Jobs::shutdown() noexcept {
   if (timer_.joinable()) timer_.join();
   for (auto& job : pending) cancel(*job);
   // Not for what this code is inside of: its own run, or the end of a run (a done listener).
-  const Job* here = runs_a_job_here() ? detail::state().job : nullptr;
+  const Job* here = runs_a_job_here() ? running_job() : nullptr;
   int ending_here = 0;
   for (const CallFrame* call = detail::state().completing_run; call != nullptr; call = call->outer) {
     if (call->owner == this) ++ending_here;
@@ -119,14 +119,14 @@ Jobs::Registrations Jobs::detach() noexcept {
 }
 
 bool Jobs::runs_a_job_here() const noexcept {
-  const Job* job = detail::state().job;
+  const Job* job = running_job();
   return job != nullptr && job->impl_->jobs.get() == this;
 }
 
-void Jobs::destroy_after_this_run(std::shared_ptr<JobManager::Impl> manager) noexcept {
+void Jobs::destroy_after_this_run(std::shared_ptr<Domain> manager) noexcept {
   shutdown();
   std::lock_guard lock(mutex);
-  dying_after_ = detail::state().job;
+  dying_after_ = running_job();
   dying_ = std::move(manager);
 }
 
@@ -260,7 +260,7 @@ bool Jobs::withdraw_waiting(Job& job) {
   // Let into the rule table: its request is taken back if it still waits there, or its run if it
   // was granted and waits for a runner (which frees the rule now).
   if (state.tasklet == nullptr) return true;
-  if (!scheduler_->impl().withdraw(*state.tasklet)) return false;
+  if (!detail::impl(*scheduler_).withdraw(*state.tasklet)) return false;
   state.tasklet = nullptr;
   return true;
 }
@@ -446,7 +446,7 @@ void Jobs::schedule(Job& job, std::chrono::milliseconds delay, bool is_rerun) {
       std::lock_guard group_lock(group->impl().mutex);
       auto& g = group->impl();
       // Jobs scheduled from outside the group's own jobs are its seeds, even when canceled at once.
-      Job* parent = detail::state().job;
+      Job* parent = running_job();
       state.seed = !is_rerun && !(parent != nullptr && parent->impl().group.get() == group);
       if (g.state == JobGroup::State::canceling) {
         canceled_at_once = true;
@@ -530,7 +530,7 @@ Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
 // On a worker (a job joining another job) the wait suspends the task and leaves the runner limit,
 // so the job joined can run even when every runner is taken by joiners.
 bool Jobs::join(Job& job, std::chrono::milliseconds timeout) {
-  if (detail::state().job == &job) {
+  if (running_job() == &job) {
     throw IllegalState("join: job '" + job.name() + "' cannot join itself");
   }
   std::unique_lock lock(mutex);
@@ -671,7 +671,7 @@ void Jobs::run(JobTasklet& tasklet) noexcept {
   deliver_before_run(*job);  // about_to_run and running are told before the run starts
 
   TaskState& here = detail::state();
-  Job* outer = here.job;
+  Job* outer = static_cast<Job*>(here.job);
   here.job = job.get();
   Status result;
   try {
@@ -705,7 +705,7 @@ void Jobs::run(JobTasklet& tasklet) noexcept {
   start(to_start);
   complete(std::move(*ended));
 
-  std::shared_ptr<JobManager::Impl> dying;
+  std::shared_ptr<Domain> dying;
   {
     std::lock_guard lock(mutex);
     if (dying_after_ == job.get()) {
@@ -906,7 +906,7 @@ void Jobs::wake_up(Family family) {
 }
 
 bool Jobs::join(Family family, std::chrono::milliseconds timeout) {
-  if (const Job* current = detail::state().job; current != nullptr && in_family(*current, family)) {
+  if (const Job* current = running_job(); current != nullptr && in_family(*current, family)) {
     throw IllegalState("join(family) from job '" + current->name() +
                        "' of that family would wait for itself");
   }

@@ -1,4 +1,6 @@
-// Private: what a JobManager owns, and the threads' side of the rule table (begin_rule/end_rule).
+// Private: the domain of one JobManager (its rule table, its workers, its background scheduler)
+// and the threads' side of the rule table (begin_rule/end_rule). The layers above plug their own
+// per-manager state in as an extension (the jobs do).
 #pragma once
 
 #include <condition_variable>
@@ -7,18 +9,13 @@
 #include <string>
 
 #include "context.hpp"
-#include "jobs.hpp"
 #include "rule_table.hpp"
 #include "task_condition.hpp"
 #include "tasklet/job_manager.hpp"
 #include "tasklet/scheduler.hpp"
 #include "tasklet/workers.hpp"
 
-namespace tasklet {
-
-namespace detail {
-
-class Jobs;
+namespace tasklet::detail {
 
 /// A thread's request in begin_rule. wait() blocks an ordinary thread; on a worker it suspends the
 /// oneTBB task, so the worker goes on with other work (waiting callers never starve the pool), and
@@ -66,16 +63,31 @@ class ThreadHold final : public InlineRuleRequest<4> {
 /// what they hold; returns their names for the report, empty when there were none.
 std::string end_frames_above(TaskState& ctx, std::size_t base) noexcept;
 
-}  // namespace detail
+/// What a layer above keeps per manager (the jobs): told, in this order, when the manager goes.
+class DomainExtension {
+ public:
+  virtual ~DomainExtension() = default;
+  /// Cancels what has not started and waits for what runs (before the table's waiters are
+  /// cancelled).
+  virtual void shut_down() noexcept = 0;
+  /// After the table's waiters are cancelled: lets its schedulers go and forgets them. What it
+  /// still owns is dropped with the domain, after the last task of the domain's schedulers.
+  virtual void let_go() noexcept = 0;
+  /// Whether the calling code is work of the extension that shut_down() would wait for; then
+  /// finish_after_this_run() takes the domain, to shut it down once that work is over.
+  virtual bool runs_here() const noexcept = 0;
+  virtual void finish_after_this_run(std::shared_ptr<Domain> domain) noexcept = 0;
+};
 
-/// Owned by its JobManager and by the manager's own (background and job) schedulers, so the rule
-/// table outlives every task of theirs, even one still finishing after the manager is gone.
-struct JobManager::Impl : std::enable_shared_from_this<JobManager::Impl> {
-  Impl(JobManager& self, Options options);
-  ~Impl();
+/// Owned by its JobManager and by the manager's own background schedulers, so the rule table
+/// outlives every task of theirs, even one still finishing after the manager is gone.
+class Domain : public std::enable_shared_from_this<Domain> {
+ public:
+  Domain(JobManager& self, JobManager::Options options);
+  ~Domain();
 
   /// The manager is being destroyed: cancels what has not started, waits for what runs (see
-  /// ~JobManager), lets its schedulers go and detaches the job side. Once.
+  /// ~JobManager), lets its schedulers go and its extension. Once.
   void shut_down() noexcept;
 
   void begin_rule(const Rule& rule);
@@ -85,31 +97,40 @@ struct JobManager::Impl : std::enable_shared_from_this<JobManager::Impl> {
   /// The manager's own scheduler for work with no synchronous thread (serial executors):
   /// async phases only, always running. Made on first use.
   Scheduler& background();
-  /// The same for jobs, whose async phases wait in priority (deadline) order for a runner.
-  Scheduler& job_scheduler();
-  /// The job side of the manager. Made on first use; jobs share it, so it outlives the manager
-  /// (detached) while jobs of the manager are left.
-  detail::Jobs& jobs();
-  std::shared_ptr<detail::Jobs> shared_jobs();
-  /// The job side if it was made, else null (for the destructor).
-  detail::Jobs* made_jobs() const noexcept { return jobs_.get(); }
+  /// A new scheduler of that kind, for a layer above (the jobs' scheduler).
+  std::shared_ptr<Scheduler> make_background();
+
+  /// The extension of the layer above, made by `make` on first use.
+  template <class Extension, class Make>
+  Extension& extension(Make&& make) {
+    std::call_once(extension_once_, [&] { extension_ = make(); });
+    return static_cast<Extension&>(*extension_);
+  }
+  /// The extension if it was made, else null.
+  DomainExtension* made_extension() const noexcept { return extension_.get(); }
 
   JobManager& self_;
   std::shared_ptr<Workers> workers_;
-  detail::RuleTable table_;
+  RuleTable table_;
 
  private:
-  std::shared_ptr<Scheduler> make_background();
-
   std::once_flag background_once_;
   std::shared_ptr<Scheduler> background_;
-  std::once_flag jobs_once_;
-  std::shared_ptr<Scheduler> job_scheduler_;
-  std::shared_ptr<detail::Jobs> jobs_;
-  // The listeners and provider, taken from the job side at shutdown and dropped with this Impl:
-  // after the last of our schedulers' tasks, so a listener's destruction tells that the manager
-  // is entirely gone, even when one of its own tasks finished destroying it.
-  detail::Jobs::Registrations registrations_;
+  std::once_flag extension_once_;
+  std::shared_ptr<DomainExtension> extension_;
 };
 
-}  // namespace tasklet
+/// The concrete JobManager: a handle on its domain.
+class ManagerHandle final : public JobManager {
+ public:
+  explicit ManagerHandle(JobManager::Options options);
+  ~ManagerHandle() override;
+  std::shared_ptr<Domain> domain;
+};
+
+/// The domain behind a public manager (every JobManager is a ManagerHandle).
+inline Domain& domain(const JobManager& manager) noexcept {
+  return *static_cast<const ManagerHandle&>(manager).domain;
+}
+
+}  // namespace tasklet::detail

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <mutex>
 
-#include "job_manager_impl.hpp"
+#include "domain.hpp"
 #include "scheduler_impl.hpp"
 #include "task_condition.hpp"
 #include "tasklet/directive.hpp"
@@ -90,7 +90,7 @@ SerialExecutor::Handle SerialExecutor::post_task(std::shared_ptr<detail::SerialT
   Handle handle{task};
   try {
     // The executor keeps its rule alive throughout: the post may skip the table's lock.
-    manager_->impl().background().impl().schedule(std::move(task), Directive::async, /*rule_pinned=*/true);
+    detail::impl(detail::domain(*manager_).background()).schedule(std::move(task), Directive::async, /*rule_pinned=*/true);
   } catch (...) {
     state_->count_out(State::one_delivery);  // it never reached the table: no delivery will come
     throw;
@@ -100,12 +100,12 @@ SerialExecutor::Handle SerialExecutor::post_task(std::shared_ptr<detail::SerialT
 
 bool SerialExecutor::cancel(const Handle& handle) {
   const std::shared_ptr<Tasklet> task = handle.task_.lock();
-  return task && manager_->impl().background().impl().withdraw(*task);
+  return task && detail::impl(detail::domain(*manager_).background()).withdraw(*task);
 }
 
 std::size_t SerialExecutor::cancel_all() {
   const State* mine = state_.get();
-  return manager_->impl().table_.withdraw_waiting(*rule_, [mine](const detail::RuleRequest& request) {
+  return detail::domain(*manager_).table_.withdraw_waiting(*rule_, [mine](const detail::RuleRequest& request) {
     const auto* task = dynamic_cast<const detail::SerialTask*>(static_cast<const Tasklet*>(request.owner()));
     return task != nullptr && task->state() == mine;
   });

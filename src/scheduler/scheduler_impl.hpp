@@ -27,34 +27,38 @@
 
 #include <oneapi/tbb/task_group.h>
 
-#include "job_manager_impl.hpp"
+#include "context.hpp"
+#include "domain.hpp"
+#include "rule_table.hpp"
 #include "tasklet/job_manager.hpp"
 #include "tasklet/scheduler.hpp"
 #include "tasklet/workers.hpp"
 #include "workers_impl.hpp"
 
-namespace tasklet {
+namespace tasklet::detail {
 
-struct Scheduler::Impl {
+class SchedulerImpl final : public WaitObserver {
+ public:
   using TaskletPtr = std::shared_ptr<Tasklet>;
 
-  Impl(Scheduler& self, SchedulerOptions options);
-  ~Impl();
+  SchedulerImpl(Scheduler& self, SchedulerOptions options);
+  ~SchedulerImpl();
 
   void run();
   /// `rule_pinned`: the caller keeps the tasklet's rule alive until this returns (a
   /// SerialExecutor's own rule), which lets its request be left to the table's next lock holder
   /// (RuleTable::submit).
   void schedule(TaskletPtr tasklet, Directive directive, bool rule_pinned = false);
-  Rescheduler suspend(Tasklet& tasklet);
+  /// Scheduler::suspend: the suspension's generation, for its Rescheduler.
+  std::uint32_t suspend(Tasklet& tasklet);
   void resume(const TaskletPtr& tasklet, std::uint32_t generation, Directive directive);
   void with(const TaskletPtr& tasklet);
 
   /// When this thread is a synchronous thread (in run()), the requests of the tasklets with rules
   /// it started and has not entered into the rule table yet go in now, so that a request it makes
   /// next (begin_rule, with, another scheduler's tasklet) comes after them, in program order.
-  static void enter_pending_rules(const detail::TaskState& here = detail::state()) {
-    if (Impl* sync = here.sync_of; sync != nullptr && !sync->entering_.empty()) sync->enter_rule_batch();
+  static void enter_pending_rules(const TaskState& here = state()) {
+    if (SchedulerImpl* sync = here.sync_of; sync != nullptr && !sync->entering_.empty()) sync->enter_rule_batch();
   }
 
   /// The implicit scheduler of the calling thread runs its sync tasklets inline.
@@ -70,8 +74,8 @@ struct Scheduler::Impl {
   /// A runner of that queue whose phase is about to block (suspended in a wait) counts itself out
   /// of the limit, starting another runner when phases are ready; back in once it goes on. A runner
   /// that finds more runners than the limit leaves after its phase. No-op without the queue.
-  void runner_blocks() noexcept;
-  void runner_unblocks() noexcept;
+  void task_blocks() noexcept override;
+  void task_unblocks() noexcept override;
   /// The tasklet whose phase runs here lets a waiting conflicting request go first and then takes
   /// its rule again (waiting as begin_rule does). False, at once, when nobody conflicting waits.
   bool yield_rule(Tasklet& tasklet);
@@ -81,8 +85,8 @@ struct Scheduler::Impl {
 
   Scheduler& self_;
   SchedulerOptions options_;  // resolved: manager and workers are set
-  JobManager::Impl& manager_;
-  Workers::Impl& workers_;
+  Domain& domain_;
+  WorkersImpl& workers_;
   oneapi::tbb::task_group group_;
 
   // Each of the next three lines is the cache line of its own: the workers write active_ once per
@@ -127,7 +131,7 @@ struct Scheduler::Impl {
   std::size_t reserved_holds_ = 0;
   // Requests of tasklets with rules it started, submitted to the rule table together when there
   // are enough, at the batch's submission, or before this thread makes another request.
-  std::vector<detail::RuleRequest*> entering_;
+  std::vector<RuleRequest*> entering_;
   std::vector<TaskletPtr*> entering_tasklets_;  // their TaskletHold::tasklet (for the destructor)
   std::vector<TaskletPtr> sync_batch_;
   // Flow control of those requests (let_rules_catch_up): the holds this thread started, and how
@@ -185,4 +189,25 @@ struct Scheduler::Impl {
   void drop_pending() noexcept;
 };
 
-}  // namespace tasklet
+/// What api::configure and the implicit scheduler keep per thread.
+struct ThreadOptions {
+  std::shared_ptr<Scheduler> implicit;
+  SchedulerOptions configured;
+};
+ThreadOptions& thread_options() noexcept;
+
+/// The concrete Scheduler: a handle on its engine, which outlives it when the last reference goes
+/// inside one of the scheduler's own tasks.
+class SchedulerHandle final : public Scheduler {
+ public:
+  explicit SchedulerHandle(SchedulerOptions options);
+  ~SchedulerHandle() override;
+  std::unique_ptr<SchedulerImpl> impl;
+};
+
+/// The engine behind a public scheduler (every Scheduler is a SchedulerHandle).
+inline SchedulerImpl& impl(const Scheduler& scheduler) noexcept {
+  return *static_cast<const SchedulerHandle&>(scheduler).impl;
+}
+
+}  // namespace tasklet::detail

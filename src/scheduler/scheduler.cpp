@@ -8,7 +8,7 @@
 #include <oneapi/tbb/task_arena.h>
 
 #include "context.hpp"
-#include "job_manager_impl.hpp"
+#include "domain.hpp"
 #include "scheduler_impl.hpp"
 #include "tasklet/error.hpp"
 #include "tasklet_state.hpp"
@@ -20,12 +20,10 @@ using detail::TaskletAccess;
 namespace st = detail::word;
 
 namespace detail {
-ThreadContext& context() noexcept {
-  thread_local ThreadContext ctx;
-  return ctx;
+ThreadOptions& thread_options() noexcept {
+  thread_local ThreadOptions options;
+  return options;
 }
-
-bool in_worker_task() noexcept { return context().state->worker_of != nullptr; }
 }  // namespace detail
 
 namespace {
@@ -49,20 +47,20 @@ constexpr int backlog_patience = 64;
 // the outermost rule in force, and begin_rule frames from here on belong to the phase.
 class PhaseScope {
  public:
-  PhaseScope(Scheduler& scheduler, Scheduler::Impl& impl, Tasklet& tasklet) noexcept
+  PhaseScope(detail::SchedulerImpl& impl, Tasklet& tasklet) noexcept
       : ctx_(detail::state()),
         current_(ctx_.current),
         phase_of_(ctx_.phase_of),
         tasklet_(ctx_.tasklet),
         phase_rule_(ctx_.phase_rule),
-        phase_manager_(ctx_.phase_manager),
+        phase_domain_(ctx_.phase_domain),
         phase_base_(ctx_.phase_base) {
-    ctx_.current = &scheduler;
+    ctx_.current = &impl;
     ctx_.phase_of = &impl;
     ctx_.tasklet = &tasklet;
     const Rule& rule = TaskletAccess::owning_rule(tasklet);  // current_rule() may hand it out
     ctx_.phase_rule = rule ? &rule : nullptr;
-    ctx_.phase_manager = &impl.manager_;
+    ctx_.phase_domain = &impl.domain_;
     ctx_.phase_base = ctx_.rule_stack.size();
   }
   ~PhaseScope() {
@@ -70,7 +68,7 @@ class PhaseScope {
     ctx_.phase_of = phase_of_;
     ctx_.tasklet = tasklet_;
     ctx_.phase_rule = phase_rule_;
-    ctx_.phase_manager = phase_manager_;
+    ctx_.phase_domain = phase_domain_;
     ctx_.phase_base = phase_base_;
   }
   PhaseScope(const PhaseScope&) = delete;
@@ -81,20 +79,20 @@ class PhaseScope {
 
  private:
   detail::TaskState& ctx_;
-  Scheduler* current_;
-  Scheduler::Impl* phase_of_;
+  detail::SchedulerImpl* current_;
+  detail::SchedulerImpl* phase_of_;
   Tasklet* tasklet_;
   const Rule* phase_rule_;
-  JobManager::Impl* phase_manager_;
+  detail::Domain* phase_domain_;
   std::size_t phase_base_;
 };
 
 // The thread's context while it is the synchronous thread of a scheduler.
 class SyncThreadScope {
  public:
-  SyncThreadScope(Scheduler& scheduler, Scheduler::Impl& impl) noexcept
+  explicit SyncThreadScope(detail::SchedulerImpl& impl) noexcept
       : ctx_(detail::state()), current_(ctx_.current), sync_of_(ctx_.sync_of) {
-    ctx_.current = &scheduler;
+    ctx_.current = &impl;
     ctx_.sync_of = &impl;
   }
   ~SyncThreadScope() {
@@ -106,18 +104,19 @@ class SyncThreadScope {
 
  private:
   detail::TaskState& ctx_;
-  Scheduler* current_;
-  Scheduler::Impl* sync_of_;
+  detail::SchedulerImpl* current_;
+  detail::SchedulerImpl* sync_of_;
 };
 
 // A fresh state for one of a scheduler's oneTBB tasks, installed on the thread while it runs there.
 class WorkerTaskScope {
  public:
-  WorkerTaskScope(Workers::Impl& workers, Scheduler::Impl& impl) noexcept {
+  WorkerTaskScope(detail::WorkersImpl& workers, detail::SchedulerImpl& impl) noexcept {
     auto& ctx = context();
     mine_.outer = ctx.state;
     mine_.worker_of = &workers;
     mine_.task_of = &impl;
+    mine_.waits = &impl;
     ctx.state = &mine_;
   }
   // The task may have moved to another thread while suspended: go back to that thread's state.
@@ -134,8 +133,8 @@ struct PhaseResult {
   std::exception_ptr error;
 };
 
-PhaseResult run_phase(Scheduler& scheduler, Scheduler::Impl& impl, Tasklet& tasklet) noexcept {
-  PhaseScope scope(scheduler, impl, tasklet);
+PhaseResult run_phase(detail::SchedulerImpl& impl, Tasklet& tasklet) noexcept {
+  PhaseScope scope(impl, tasklet);
   PhaseResult result{Directive::done, nullptr};
   try {
     result.directive = tasklet.task();
@@ -159,7 +158,7 @@ const SchedulerOptions& inherited_options() noexcept {
   const auto& now = detail::state();
   if (now.phase_of) return now.phase_of->options_;
   if (now.sync_of) return now.sync_of->options_;
-  return context().configured;
+  return detail::thread_options().configured;
 }
 
 SchedulerOptions resolve(SchedulerOptions options) {
@@ -183,8 +182,8 @@ SchedulerOptions resolve(SchedulerOptions options) {
 // ---------------------------------------------------------------------------------------------
 // oneTBB tasks
 
-struct Scheduler::Impl::PhaseTask {
-  Impl* impl;
+struct detail::SchedulerImpl::PhaseTask {
+  SchedulerImpl* impl;
   mutable TaskletPtr tasklet;
   void operator()() const {
     WorkerTaskScope scope(impl->workers_, *impl);
@@ -193,8 +192,8 @@ struct Scheduler::Impl::PhaseTask {
 };
 
 // Drains the deadline-ordered queue; at most max_runners_ of these run at once.
-struct Scheduler::Impl::RunnerTask {
-  Impl* impl;
+struct detail::SchedulerImpl::RunnerTask {
+  SchedulerImpl* impl;
   void operator()() const {
     WorkerTaskScope scope(impl->workers_, *impl);
     for (;;) {
@@ -215,16 +214,16 @@ struct Scheduler::Impl::RunnerTask {
 };
 
 // Enters what was submitted to the rule table (see enter_rule_batch).
-struct Scheduler::Impl::EnterTask {
-  Impl* impl;
+struct detail::SchedulerImpl::EnterTask {
+  SchedulerImpl* impl;
   void operator()() const {
     WorkerTaskScope scope(impl->workers_, *impl);
-    impl->manager_.table_.drain();
+    impl->domain_.table_.drain();
   }
 };
 
-struct Scheduler::Impl::BatchTask {
-  Impl* impl;
+struct detail::SchedulerImpl::BatchTask {
+  SchedulerImpl* impl;
   mutable std::vector<TaskletPtr> tasklets;
   void operator()() const {
     WorkerTaskScope scope(impl->workers_, *impl);
@@ -247,9 +246,9 @@ struct Scheduler::Impl::BatchTask {
 // that code may drop the last reference to this very scheduler. Its destructor, on this thread,
 // must not wait for the delivery it is nested in: each delivery in progress is on a thread-local
 // list, which the destructor counts out itself instead (and the delivery then leaves it alone).
-struct Scheduler::Impl::Delivery {
+struct detail::SchedulerImpl::Delivery {
   // Counted out of `counted_in` at the end, or told to `owner` when the tasklet has one.
-  Delivery(Impl& scheduler, std::atomic<std::size_t>& counted_in, detail::TaskletOwner* counted_by) noexcept
+  Delivery(SchedulerImpl& scheduler, std::atomic<std::size_t>& counted_in, detail::TaskletOwner* counted_by) noexcept
       : impl(counted_by == nullptr ? &scheduler : nullptr),
         count(&counted_in),
         owner(counted_by),
@@ -263,17 +262,17 @@ struct Scheduler::Impl::Delivery {
     if (impl != nullptr) count->fetch_sub(1, std::memory_order_release);  // it may go now
     if (owner != nullptr) owner->delivered();                             // so may the owner
   }
-  Impl* impl;  // null once its destructor has counted this delivery out, or when `owner` counts it
+  SchedulerImpl* impl;  // null once its destructor has counted this delivery out, or when `owner` counts it
   std::atomic<std::size_t>* count;  // holds_ or sync_holds_
   detail::TaskletOwner* owner;
   Delivery* outer;
   static thread_local Delivery* innermost;
 };
 
-thread_local Scheduler::Impl::Delivery* Scheduler::Impl::Delivery::innermost = nullptr;
+thread_local detail::SchedulerImpl::Delivery* detail::SchedulerImpl::Delivery::innermost = nullptr;
 
 template <std::size_t N>
-struct Scheduler::Impl::TaskletHold final : detail::InlineRuleRequest<N>, detail::PooledObject {
+struct detail::SchedulerImpl::TaskletHold final : detail::InlineRuleRequest<N>, detail::PooledObject {
   // `by_sync_thread`: counted in sync_holds_ (started by the synchronous thread), else in holds_.
   TaskletHold(TaskletPtr waiting, Directive first, bool by_sync_thread) : tasklet(std::move(waiting)) {
     this->set_rule(tasklet->rule().get());  // the tasklet's rule cannot change while it is active
@@ -282,7 +281,7 @@ struct Scheduler::Impl::TaskletHold final : detail::InlineRuleRequest<N>, detail
   }
   // The directive it was started with, for its first phase.
   Directive pending() const noexcept { return static_cast<Directive>(this->own_bits() & 3u); }
-  std::atomic<std::size_t>& count_in(Impl& impl) const noexcept {
+  std::atomic<std::size_t>& count_in(SchedulerImpl& impl) const noexcept {
     return (this->own_bits() & 4u) != 0 ? impl.sync_holds_ : impl.holds_;
   }
   const void* owner() const noexcept override { return tasklet.get(); }
@@ -292,14 +291,14 @@ struct Scheduler::Impl::TaskletHold final : detail::InlineRuleRequest<N>, detail
     tasklet = TaskletPtr(rule, nullptr);
     return true;
   }
-  Impl& scheduler() const noexcept { return TaskletAccess::scheduler(*tasklet)->impl(); }
+  SchedulerImpl& scheduler() const noexcept { return detail::impl(*TaskletAccess::scheduler(*tasklet)); }
   void granted() noexcept override {
-    Impl& impl = scheduler();
+    SchedulerImpl& impl = scheduler();
     const Delivery delivery(impl, count_in(impl), TaskletAccess::owner(*tasklet));
     impl.dispatch(std::move(tasklet), pending());
   }
   void cancelled() noexcept override {
-    Impl& impl = scheduler();
+    SchedulerImpl& impl = scheduler();
     const Delivery delivery(impl, count_in(impl), TaskletAccess::owner(*tasklet));
     TaskletPtr ended = std::move(tasklet);
     TaskletAccess::hold(*ended) = nullptr;  // it never held the rule: nothing to release
@@ -313,13 +312,13 @@ struct Scheduler::Impl::TaskletHold final : detail::InlineRuleRequest<N>, detail
 // ---------------------------------------------------------------------------------------------
 // Life cycle
 
-Scheduler::Impl::Impl(Scheduler& self, SchedulerOptions options)
+detail::SchedulerImpl::SchedulerImpl(Scheduler& self, SchedulerOptions options)
     : self_(self),
       options_(resolve(std::move(options))),
-      manager_(options_.manager->impl()),
-      workers_(options_.workers->impl()) {}
+      domain_(detail::domain(*options_.manager)),
+      workers_(detail::impl(*options_.workers)) {}
 
-Scheduler::Impl::~Impl() {
+detail::SchedulerImpl::~SchedulerImpl() {
   // What a run() that ended abnormally left: requests not entered yet end unrun (with the async
   // batch, in drop_pending), and the counts taken ahead go back.
   for (std::size_t i = 0; i < entering_.size(); ++i) {
@@ -336,7 +335,7 @@ Scheduler::Impl::~Impl() {
   // (by a releasing thread, outside the table's lock) is let through first. The search is over
   // every live request of the manager, so it is skipped when none of ours can be among them.
   if (holds_.load(std::memory_order_acquire) != 0 || sync_holds_.load(std::memory_order_acquire) != 0) {
-    manager_.table_.withdraw_waiting_if([this](const detail::RuleRequest& request) {
+    domain_.table_.withdraw_waiting_if([this](const detail::RuleRequest& request) {
       const auto* tasklet = static_cast<const Tasklet*>(request.owner());
       return tasklet != nullptr && TaskletAccess::scheduler(*tasklet) == &self_;
     });
@@ -360,7 +359,7 @@ Scheduler::Impl::~Impl() {
   }
 }
 
-void Scheduler::Impl::drop_pending() noexcept {
+void detail::SchedulerImpl::drop_pending() noexcept {
   std::vector<TaskletPtr> dropped;
   {
     std::lock_guard lock(mutex_);
@@ -385,9 +384,9 @@ void Scheduler::Impl::drop_pending() noexcept {
   dropped.clear();  // users' destructors run here, outside every lock
 }
 
-void Scheduler::Impl::make_implicit_for_this_thread() { implicit_owner_ = std::this_thread::get_id(); }
+void detail::SchedulerImpl::make_implicit_for_this_thread() { implicit_owner_ = std::this_thread::get_id(); }
 
-void Scheduler::Impl::make_background() {
+void detail::SchedulerImpl::make_background() {
   background_ = true;
   running_.store(true, std::memory_order_release);
 }
@@ -395,7 +394,7 @@ void Scheduler::Impl::make_background() {
 // ---------------------------------------------------------------------------------------------
 // Entering and leaving the scheduler
 
-void Scheduler::Impl::claim(Tasklet& tasklet, const char* action) {
+void detail::SchedulerImpl::claim(Tasklet& tasklet, const char* action) {
   auto& state = TaskletAccess::state(tasklet);
   std::uint64_t word = state.load(std::memory_order_acquire);
   do {
@@ -408,7 +407,7 @@ void Scheduler::Impl::claim(Tasklet& tasklet, const char* action) {
   TaskletAccess::set_scheduler(tasklet, &self_);
 }
 
-void Scheduler::Impl::unclaim(Tasklet& tasklet) noexcept {
+void detail::SchedulerImpl::unclaim(Tasklet& tasklet) noexcept {
   auto& state = TaskletAccess::state(tasklet);
   TaskletAccess::set_scheduler(tasklet, nullptr);
   state.store(st::with_generation(st::idle, st::generation(state.load())), std::memory_order_release);
@@ -417,7 +416,7 @@ void Scheduler::Impl::unclaim(Tasklet& tasklet) noexcept {
 // Counts a new tasklet that will start with `async`, if run() is active. A caller that already has
 // a stake in active_ (the synchronous thread, a phase of this scheduler) keeps run() from
 // returning, so reading running_ suffices; anyone else decides under the lock run() exits under.
-bool Scheduler::Impl::run_is_active_for_caller() {
+bool detail::SchedulerImpl::run_is_active_for_caller() {
   if (background_) return true;  // always running, and not counting (see active_)
   const auto& ctx = detail::state();
   if (ctx.sync_of == this || ctx.phase_of == this) {
@@ -431,7 +430,7 @@ bool Scheduler::Impl::run_is_active_for_caller() {
   return true;
 }
 
-void Scheduler::Impl::schedule(TaskletPtr tasklet, Directive directive, bool rule_pinned) {
+void detail::SchedulerImpl::schedule(TaskletPtr tasklet, Directive directive, bool rule_pinned) {
   if (!tasklet) throw std::invalid_argument("schedule: null tasklet");
   if (directive == Directive::done) {
     if (tasklet->is_active()) throw AlreadyScheduled("schedule: " + tasklet->name() + " is already active");
@@ -464,7 +463,7 @@ void Scheduler::Impl::schedule(TaskletPtr tasklet, Directive directive, bool rul
 
 // A tasklet with a rule takes it before its first phase: at once when it is free, else it waits in
 // the rule table (holding no thread) and the grant continues it.
-void Scheduler::Impl::start(TaskletPtr tasklet, Directive directive, bool rule_pinned) {
+void detail::SchedulerImpl::start(TaskletPtr tasklet, Directive directive, bool rule_pinned) {
   if (!tasklet->rule()) {
     dispatch(std::move(tasklet), directive);
     return;
@@ -490,7 +489,7 @@ void Scheduler::Impl::start(TaskletPtr tasklet, Directive directive, bool rule_p
 }
 
 template <std::size_t N>
-void Scheduler::Impl::start_holding(TaskletPtr tasklet, Directive directive, bool rule_pinned) {
+void detail::SchedulerImpl::start_holding(TaskletPtr tasklet, Directive directive, bool rule_pinned) {
   Tasklet& raw = *tasklet;
   const bool batched = detail::state().sync_of == this && running_.load(std::memory_order_relaxed);
   assert(!batched || TaskletAccess::owner(raw) == nullptr);  // owners' tasklets go to background schedulers
@@ -512,10 +511,10 @@ void Scheduler::Impl::start_holding(TaskletPtr tasklet, Directive directive, boo
   // thread that holds the table's lock now (this one does not wait for it). A library owner counts
   // its tasklets' deliveries itself (and the posting thread then writes no line of ours).
   if (TaskletAccess::owner(raw) == nullptr) holds_.fetch_add(1, std::memory_order_relaxed);
-  manager_.table_.submit(*hold, rule_pinned);
+  domain_.table_.submit(*hold, rule_pinned);
 }
 
-void Scheduler::Impl::release_rule(Tasklet& tasklet) noexcept {
+void detail::SchedulerImpl::release_rule(Tasklet& tasklet) noexcept {
   detail::RuleRequest* hold = TaskletAccess::hold(tasklet);
   if (hold == nullptr) return;
   TaskletAccess::hold(tasklet) = nullptr;
@@ -525,7 +524,7 @@ void Scheduler::Impl::release_rule(Tasklet& tasklet) noexcept {
   // user's thread) would post what the release lets through from there: then it waits for the lock
   // (docs/design.md, "A release waits for the lock only briefly, and hands itself only to a worker").
   detail::Grants grants;
-  detail::RuleTable& table = manager_.table_;
+  detail::RuleTable& table = domain_.table_;
   if (table.try_release(*hold, grants)) {
     delete hold;
   } else if (table.holder_takes_releases() && hold->keep_rule(TaskletAccess::owning_rule(tasklet))) {
@@ -537,9 +536,9 @@ void Scheduler::Impl::release_rule(Tasklet& tasklet) noexcept {
   detail::RuleTable::notify(grants);
 }
 
-bool Scheduler::Impl::withdraw(Tasklet& tasklet) {
+bool detail::SchedulerImpl::withdraw(Tasklet& tasklet) {
   const Rule& rule = tasklet.rule();
-  if (rule && manager_.table_.withdraw_waiting(*rule, [&](const detail::RuleRequest& request) {
+  if (rule && domain_.table_.withdraw_waiting(*rule, [&](const detail::RuleRequest& request) {
         return request.owner() == &tasklet;
       }) != 0) {
     return true;
@@ -561,7 +560,7 @@ bool Scheduler::Impl::withdraw(Tasklet& tasklet) {
   return true;
 }
 
-void Scheduler::Impl::finish(TaskletPtr tasklet, std::exception_ptr error) noexcept {
+void detail::SchedulerImpl::finish(TaskletPtr tasklet, std::exception_ptr error) noexcept {
   if (error) record_failure(*tasklet, std::move(error));
   release_rule(*tasklet);
   unclaim(*tasklet);
@@ -578,7 +577,7 @@ void Scheduler::Impl::finish(TaskletPtr tasklet, std::exception_ptr error) noexc
   }
 }
 
-void Scheduler::Impl::record_failure(const Tasklet& tasklet, std::exception_ptr error) noexcept {
+void detail::SchedulerImpl::record_failure(const Tasklet& tasklet, std::exception_ptr error) noexcept {
   try {
     Failure failure{tasklet.name(), std::move(error)};
     std::lock_guard lock(mutex_);
@@ -591,7 +590,7 @@ void Scheduler::Impl::record_failure(const Tasklet& tasklet, std::exception_ptr 
 // ---------------------------------------------------------------------------------------------
 // Directives
 
-void Scheduler::Impl::continue_after_phase(TaskletPtr tasklet, Directive directive,
+void detail::SchedulerImpl::continue_after_phase(TaskletPtr tasklet, Directive directive,
                                            std::exception_ptr error) noexcept {
   if (error) {
     finish(std::move(tasklet), std::move(error));
@@ -636,7 +635,7 @@ void Scheduler::Impl::continue_after_phase(TaskletPtr tasklet, Directive directi
   dispatch(std::move(tasklet), directive);
 }
 
-void Scheduler::Impl::dispatch(TaskletPtr tasklet, Directive directive) noexcept {
+void detail::SchedulerImpl::dispatch(TaskletPtr tasklet, Directive directive) noexcept {
   switch (directive) {
     case Directive::sync:
       if (background_) {
@@ -671,7 +670,7 @@ void Scheduler::Impl::dispatch(TaskletPtr tasklet, Directive directive) noexcept
   }
 }
 
-void Scheduler::Impl::enqueue_sync(TaskletPtr tasklet) {
+void detail::SchedulerImpl::enqueue_sync(TaskletPtr tasklet) {
   const bool from_sync_thread = detail::state().sync_of == this;
   bool wake = false;
   {
@@ -683,7 +682,7 @@ void Scheduler::Impl::enqueue_sync(TaskletPtr tasklet) {
 }
 
 template <class Task>
-void Scheduler::Impl::spawn(Task task) {
+void detail::SchedulerImpl::spawn(Task task) {
   spawned_.store(true, std::memory_order_relaxed);
   if (detail::state().worker_of == &workers_) {
     group_.run(std::move(task));  // stays on this worker's deque unless stolen
@@ -692,7 +691,7 @@ void Scheduler::Impl::spawn(Task task) {
   }
 }
 
-void Scheduler::Impl::enqueue_async(TaskletPtr tasklet) {
+void detail::SchedulerImpl::enqueue_async(TaskletPtr tasklet) {
   if (deadline_ != nullptr) {
     bool start_runner = false;
     {
@@ -722,12 +721,12 @@ void Scheduler::Impl::enqueue_async(TaskletPtr tasklet) {
   }
 }
 
-void Scheduler::Impl::order_async_phases_by(Deadline deadline, int runners) {
+void detail::SchedulerImpl::order_async_phases_by(Deadline deadline, int runners) {
   deadline_ = deadline;
   max_runners_ = runners > 0 ? runners : 1;
 }
 
-void Scheduler::Impl::runner_blocks() noexcept {
+void detail::SchedulerImpl::task_blocks() noexcept {
   if (deadline_ == nullptr) return;
   bool start_runner = false;
   {
@@ -741,24 +740,24 @@ void Scheduler::Impl::runner_blocks() noexcept {
   if (start_runner) spawn(RunnerTask{this});
 }
 
-void Scheduler::Impl::runner_unblocks() noexcept {
+void detail::SchedulerImpl::task_unblocks() noexcept {
   if (deadline_ == nullptr) return;
   std::lock_guard lock(ready_mutex_);
   ++runners_;
 }
 
-bool Scheduler::Impl::yield_rule(Tasklet& tasklet) {
+bool detail::SchedulerImpl::yield_rule(Tasklet& tasklet) {
   detail::RuleRequest* hold = TaskletAccess::hold(tasklet);
-  if (hold == nullptr || !manager_.table_.has_conflicting_waiter(*hold)) return false;
+  if (hold == nullptr || !domain_.table_.has_conflicting_waiter(*hold)) return false;
   // Release, then queue again behind whoever waits: the same FIFO as everyone else.
   enter_pending_rules();
-  detail::ThreadHold* again = detail::ThreadHold::make(TaskletAccess::owning_rule(tasklet), manager_.table_);
+  detail::ThreadHold* again = detail::ThreadHold::make(TaskletAccess::owning_rule(tasklet), domain_.table_);
   detail::Grants grants;
-  manager_.table_.release(*hold, grants);
+  domain_.table_.release(*hold, grants);
   delete hold;
   TaskletAccess::hold(tasklet) = again;
   detail::RuleTable::notify(grants);
-  if (!again->acquire(manager_.table_) && !again->wait()) {
+  if (!again->acquire(domain_.table_) && !again->wait()) {
     TaskletAccess::hold(tasklet) = nullptr;
     detail::ThreadHold::recycle(again);
     throw IllegalState("yield_rule: the job manager shut down while " + tasklet.name() +
@@ -767,7 +766,7 @@ bool Scheduler::Impl::yield_rule(Tasklet& tasklet) {
   return true;
 }
 
-void Scheduler::Impl::take_reserved(std::atomic<std::size_t>& counter, std::size_t& reserved) noexcept {
+void detail::SchedulerImpl::take_reserved(std::atomic<std::size_t>& counter, std::size_t& reserved) noexcept {
   constexpr std::size_t block = 64;
   if (reserved == 0) {
     counter.fetch_add(block, std::memory_order_relaxed);
@@ -781,9 +780,9 @@ void Scheduler::Impl::take_reserved(std::atomic<std::size_t>& counter, std::size
 // lock first enters them. The synchronous thread, which makes the work for everyone, spends no
 // time in the table, nor waits for its lock. The grants continue the tasklets (granted()) and give
 // back the counts taken ahead for them.
-void Scheduler::Impl::enter_rule_batch() {
+void detail::SchedulerImpl::enter_rule_batch() {
   if (entering_.empty()) return;
-  manager_.table_.submit_all(entering_);
+  domain_.table_.submit_all(entering_);
   entering_.clear();
   entering_tasklets_.clear();
   spawn(EnterTask{this});
@@ -800,7 +799,7 @@ void Scheduler::Impl::enter_rule_batch() {
 // backlog_patience turns without a delivery it goes on, and it does not hold back again until
 // backlog_resume more of its tasklets were delivered: a backlog that is partly stuck would
 // otherwise cost the patience at every batch.
-void Scheduler::Impl::let_rules_catch_up() {
+void detail::SchedulerImpl::let_rules_catch_up() {
   // Of the tasklets this thread started, how many are undelivered, and how many were delivered.
   const auto waiting = [this] { return sync_holds_.load(std::memory_order_relaxed) - reserved_holds_; };
   std::size_t backlog = waiting();
@@ -820,7 +819,7 @@ void Scheduler::Impl::let_rules_catch_up() {
   }
 }
 
-void Scheduler::Impl::flush_async_batch() {
+void detail::SchedulerImpl::flush_async_batch() {
   enter_rule_batch();
   if (reserved_holds_ != 0) {
     sync_holds_.fetch_sub(std::exchange(reserved_holds_, 0), std::memory_order_release);
@@ -846,10 +845,10 @@ void Scheduler::Impl::flush_async_batch() {
 // Runs an async phase, then up to `handoff_limit` phases handed to this worker by what the phase's
 // end let through (its own next async phase, or a tasklet its rule release granted); beyond that
 // they are spawned so that one chain cannot keep a worker from the rest of the arena forever.
-void Scheduler::Impl::run_async_phase(TaskletPtr tasklet) noexcept {
+void detail::SchedulerImpl::run_async_phase(TaskletPtr tasklet) noexcept {
   constexpr int handoff_limit = 64;
   for (int handoffs = 0;; ++handoffs) {
-    const PhaseResult result = run_phase(self_, *this, *tasklet);
+    const PhaseResult result = run_phase(*this, *tasklet);
     detail::TaskState& here = detail::state();  // the phase may have moved to another thread
     if (handoffs < handoff_limit) here.handoff_of = this;
     continue_after_phase(std::move(tasklet), result.directive, result.error);
@@ -859,20 +858,20 @@ void Scheduler::Impl::run_async_phase(TaskletPtr tasklet) noexcept {
   }
 }
 
-void Scheduler::Impl::run_sync_phase(TaskletPtr tasklet) noexcept {
-  const PhaseResult result = run_phase(self_, *this, *tasklet);
+void detail::SchedulerImpl::run_sync_phase(TaskletPtr tasklet) noexcept {
+  const PhaseResult result = run_phase(*this, *tasklet);
   continue_after_phase(std::move(tasklet), result.directive, result.error);
 }
 
 // One turn of the run loop: submit the async phases the last turn started, then take every queued
 // sync tasklet (sleeping while there is none) and run them. False once nothing is left.
-bool Scheduler::Impl::drain_sync_queue_once() {
+bool detail::SchedulerImpl::drain_sync_queue_once() {
   flush_async_batch();
   // What this thread submitted and no worker has entered yet (they may all be busy for long) goes in
   // now, before it looks for work or sleeps: a sync tasklet may be waiting for its rule. The grants
   // it delivers may end tasklets whose destructors schedule more here: that goes out too.
-  if (manager_.table_.has_submitted()) {
-    manager_.table_.drain();
+  if (domain_.table_.has_submitted()) {
+    domain_.table_.drain();
     flush_async_batch();
   }
   {
@@ -893,14 +892,14 @@ bool Scheduler::Impl::drain_sync_queue_once() {
   return true;
 }
 
-void Scheduler::Impl::run() {
+void detail::SchedulerImpl::run() {
   const auto& ctx = detail::state();
   if (ctx.phase_of == this || ctx.sync_of == this) {
     throw IllegalState("run() called from inside one of its own scheduler's phases would wait for itself");
   }
   if (background_) throw IllegalState("run() on a background scheduler: it has no synchronous thread");
   std::unique_lock run_lock(run_mutex_);
-  SyncThreadScope scope(self_, *this);
+  SyncThreadScope scope(*this);
   {
     std::lock_guard lock(mutex_);
     failures_.clear();
@@ -918,12 +917,12 @@ void Scheduler::Impl::run() {
 
 // The implicit scheduler's inline behaviour: on its own thread, while run() is not active,
 // schedule() runs the sync tasklets it queued before returning.
-void Scheduler::Impl::drain_inline() {
+void detail::SchedulerImpl::drain_inline() {
   const auto& ctx = detail::state();
   if (implicit_owner_ != std::this_thread::get_id() || ctx.sync_of == this) return;
   std::unique_lock run_lock(run_mutex_, std::try_to_lock);
   if (!run_lock) return;  // run() is active on another thread; it takes the queue
-  SyncThreadScope scope(self_, *this);
+  SyncThreadScope scope(*this);
   {
     std::lock_guard lock(mutex_);
     failures_.clear();
@@ -945,15 +944,15 @@ void Scheduler::Impl::drain_inline() {
   if (first) std::rethrow_exception(first);
 }
 
-void Scheduler::Impl::with(const TaskletPtr& tasklet) {
+void detail::SchedulerImpl::with(const TaskletPtr& tasklet) {
   if (!tasklet) throw std::invalid_argument("with: null tasklet");
   claim(*tasklet, "with");
   if (!background_) active_.fetch_add(1, std::memory_order_relaxed);
   if (const Rule& rule = TaskletAccess::owning_rule(*tasklet)) {
     // The phase runs here and now, so the caller waits for the rule like a thread in begin_rule.
     enter_pending_rules();
-    detail::ThreadHold* hold = detail::ThreadHold::make(rule, manager_.table_);
-    if (!hold->acquire(manager_.table_) && !hold->wait()) {
+    detail::ThreadHold* hold = detail::ThreadHold::make(rule, domain_.table_);
+    if (!hold->acquire(domain_.table_) && !hold->wait()) {
       detail::ThreadHold::recycle(hold);
       finish(tasklet, nullptr);
       throw IllegalState("with(" + tasklet->name() + "): the job manager shut down while it waited for " +
@@ -961,7 +960,7 @@ void Scheduler::Impl::with(const TaskletPtr& tasklet) {
     }
     TaskletAccess::hold(*tasklet) = hold;
   }
-  const PhaseResult result = run_phase(self_, *this, *tasklet);
+  const PhaseResult result = run_phase(*this, *tasklet);
   if (result.error) {
     finish(tasklet, nullptr);
     std::rethrow_exception(result.error);
@@ -973,7 +972,7 @@ void Scheduler::Impl::with(const TaskletPtr& tasklet) {
 // ---------------------------------------------------------------------------------------------
 // Suspension
 
-Rescheduler Scheduler::Impl::suspend(Tasklet& tasklet) {
+std::uint32_t detail::SchedulerImpl::suspend(Tasklet& tasklet) {
   TaskletPtr owned = tasklet.weak_from_this().lock();
   if (!owned) throw IllegalState("suspend: " + tasklet.name() + " is not owned by a std::shared_ptr");
   auto& state = TaskletAccess::state(tasklet);
@@ -994,7 +993,7 @@ Rescheduler Scheduler::Impl::suspend(Tasklet& tasklet) {
         TaskletAccess::set_scheduler(tasklet, &self_);
         if (!background_) active_.fetch_add(1, std::memory_order_relaxed);
         parked_.emplace(&tasklet, std::move(owned));
-        return Rescheduler(self_.weak_from_this(), tasklet.weak_from_this(), generation);
+        return generation;
       }
       case st::active:
         if (detail::state().tasklet != &tasklet || TaskletAccess::scheduler(tasklet) != &self_) {
@@ -1012,12 +1011,12 @@ Rescheduler Scheduler::Impl::suspend(Tasklet& tasklet) {
     }
     if (state.compare_exchange_weak(word, st::with_generation(word | st::armed, generation),
                                     std::memory_order_acq_rel)) {
-      return Rescheduler(self_.weak_from_this(), tasklet.weak_from_this(), generation);
+      return generation;
     }
   }
 }
 
-void Scheduler::Impl::resume(const TaskletPtr& tasklet, std::uint32_t generation, Directive directive) {
+void detail::SchedulerImpl::resume(const TaskletPtr& tasklet, std::uint32_t generation, Directive directive) {
   auto& state = TaskletAccess::state(*tasklet);
   std::uint64_t word = state.load(std::memory_order_acquire);
   for (;;) {
@@ -1061,43 +1060,55 @@ void Scheduler::Impl::resume(const TaskletPtr& tasklet, std::uint32_t generation
 // ---------------------------------------------------------------------------------------------
 // Public surface
 
-Scheduler::Scheduler(Key, SchedulerOptions options)
-    : impl_(std::make_unique<Impl>(*this, std::move(options))) {}
+namespace detail {
 
-Scheduler::~Scheduler() {
-  if (detail::state().task_of == impl_.get()) {
+SchedulerHandle::SchedulerHandle(SchedulerOptions options)
+    : impl(std::make_unique<SchedulerImpl>(*this, std::move(options))) {}
+
+SchedulerHandle::~SchedulerHandle() {
+  if (state().task_of == impl.get()) {
     // Destroyed from inside one of its own oneTBB tasks, which the destructor would wait for:
     // let a task outside the group finish the job once this one has returned.
-    auto& arena = impl_->workers_.arena();
-    arena.enqueue([impl = std::shared_ptr<Impl>(std::move(impl_))] { (void)impl; });
+    auto& arena = impl->workers_.arena();
+    arena.enqueue([owned = std::shared_ptr<SchedulerImpl>(std::move(impl))] { (void)owned; });
   }
 }
 
+}  // namespace detail
+
+Scheduler::~Scheduler() = default;
+
 std::shared_ptr<Scheduler> Scheduler::create(SchedulerOptions options) {
-  return std::make_shared<Scheduler>(Key{}, std::move(options));
+  return std::make_shared<detail::SchedulerHandle>(std::move(options));
 }
 
-void Scheduler::run() { impl_->run(); }
+void Scheduler::run() { detail::impl(*this).run(); }
 
 Scheduler& Scheduler::schedule(std::shared_ptr<Tasklet> tasklet, Directive directive) {
-  impl_->schedule(std::move(tasklet), directive);
+  detail::impl(*this).schedule(std::move(tasklet), directive);
   return *this;
 }
 
-Rescheduler Scheduler::suspend(Tasklet& tasklet) { return impl_->suspend(tasklet); }
+Rescheduler Scheduler::suspend(Tasklet& tasklet) {
+  const std::uint32_t suspension = detail::impl(*this).suspend(tasklet);
+  return Rescheduler(weak_from_this(), tasklet.weak_from_this(), suspension);
+}
 
-bool Scheduler::is_running() const noexcept { return impl_->running_.load(std::memory_order_acquire); }
+bool Scheduler::is_running() const noexcept {
+  return detail::impl(*this).running_.load(std::memory_order_acquire);
+}
 
 std::size_t Scheduler::active_count() const noexcept {
-  return impl_->active_.load(std::memory_order_acquire);
+  return detail::impl(*this).active_.load(std::memory_order_acquire);
 }
 
 std::vector<Failure> Scheduler::failures() const {
-  std::lock_guard lock(impl_->mutex_);
-  return impl_->failures_;
+  const detail::SchedulerImpl& impl = detail::impl(*this);
+  std::lock_guard lock(impl.mutex_);
+  return impl.failures_;
 }
 
-const std::shared_ptr<JobManager>& Scheduler::manager() const noexcept { return impl_->options_.manager; }
+const std::shared_ptr<JobManager>& Scheduler::manager() const noexcept { return detail::impl(*this).options_.manager; }
 
 void Rescheduler::resume(Directive directive) const {
   const std::shared_ptr<Scheduler> scheduler = scheduler_.lock();
@@ -1106,7 +1117,7 @@ void Rescheduler::resume(Directive directive) const {
     throw AlreadyResumed("resume(" + std::string(to_string(directive)) +
                          "): the suspended tasklet or its scheduler no longer exists");
   }
-  scheduler->impl().resume(tasklet, suspension_, directive);
+  detail::impl(*scheduler).resume(tasklet, suspension_, directive);
 }
 
 }  // namespace tasklet

@@ -8,8 +8,7 @@
 
 #include "tasklet/tbb.hpp"
 
-namespace tasklet {
-namespace detail {
+namespace tasklet::detail {
 
 void ensure_worker_limit(int workers) {
   using oneapi::tbb::global_control;
@@ -31,38 +30,39 @@ void ensure_worker_limit(int workers) {
   held = wanted;
 }
 
-}  // namespace detail
-
 namespace {
 int resolve_concurrency(int concurrency) {
   return concurrency > 0 ? concurrency : std::max(1, oneapi::tbb::info::default_concurrency());
 }
 }  // namespace
 
-Workers::Impl::Impl(int concurrency) : concurrency_(resolve_concurrency(concurrency)) {
-  detail::ensure_worker_limit(concurrency_);
+WorkersImpl::WorkersImpl(int concurrency) : concurrency_(resolve_concurrency(concurrency)) {
+  ensure_worker_limit(concurrency_);
   // No slot is reserved for external threads: synchronous threads never join the arena.
   arena_ = std::make_shared<oneapi::tbb::task_arena>(concurrency_, 0);
   arena_->initialize();
 }
 
-Workers::Impl::Impl(std::shared_ptr<oneapi::tbb::task_arena> adopted)
+WorkersImpl::WorkersImpl(std::shared_ptr<oneapi::tbb::task_arena> adopted)
     : arena_(std::move(adopted)), concurrency_(0) {
   arena_->initialize();
   concurrency_ = arena_->max_concurrency();
 }
 
-Workers::Workers(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+}  // namespace tasklet::detail
+
+namespace tasklet {
+
 Workers::~Workers() = default;
 
 std::shared_ptr<Workers> Workers::create(int concurrency) {
-  return std::make_shared<Workers>(std::make_unique<Impl>(concurrency));
+  return std::make_shared<detail::WorkersImpl>(concurrency);
 }
 
-int Workers::concurrency() const noexcept { return impl_->concurrency(); }
+int Workers::concurrency() const noexcept { return static_cast<const detail::WorkersImpl&>(*this).concurrency(); }
 
 std::shared_ptr<Workers> adopt_arena(std::shared_ptr<oneapi::tbb::task_arena> arena) {
-  return std::make_shared<Workers>(std::make_unique<Workers::Impl>(std::move(arena)));
+  return std::make_shared<detail::WorkersImpl>(std::move(arena));
 }
 
 }  // namespace tasklet

@@ -2,7 +2,7 @@
 #include <utility>
 
 #include "context.hpp"
-#include "job_manager_impl.hpp"
+#include "domain.hpp"
 #include "jobs.hpp"
 #include "tasklet/error.hpp"
 #include "tasklet/job.hpp"
@@ -17,7 +17,7 @@ Job::Job(std::string name, std::shared_ptr<JobManager> manager)
     : name_(std::move(name)), impl_(std::make_unique<Impl>()) {
   if (!manager) manager = JobManager::global();
   manager_ = manager;
-  impl_->jobs = manager->impl().shared_jobs();
+  impl_->jobs = detail::shared_jobs_of(*manager);
 }
 
 Job::~Job() = default;
@@ -185,7 +185,7 @@ bool JobGroup::join(std::chrono::milliseconds timeout) {
   std::shared_ptr<detail::Jobs> timer;
   if (!impl_->active.empty()) {
     timer = impl_->active.front()->impl().jobs;
-  } else if (Job* current = detail::state().job; current != nullptr) {
+  } else if (Job* current = detail::running_job(); current != nullptr) {
     timer = current->impl().jobs;
   }
   return impl_->changed.wait_until(

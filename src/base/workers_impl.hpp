@@ -7,11 +7,12 @@
 
 #include "tasklet/workers.hpp"
 
-namespace tasklet {
+namespace tasklet::detail {
 
-struct Workers::Impl {
-  explicit Impl(int concurrency);
-  explicit Impl(std::shared_ptr<oneapi::tbb::task_arena> adopted);
+class WorkersImpl final : public Workers {
+ public:
+  explicit WorkersImpl(int concurrency);
+  explicit WorkersImpl(std::shared_ptr<oneapi::tbb::task_arena> adopted);
 
   oneapi::tbb::task_arena& arena() noexcept { return *arena_; }
   int concurrency() const noexcept { return concurrency_; }
@@ -21,10 +22,11 @@ struct Workers::Impl {
   int concurrency_;
 };
 
-namespace detail {
+/// The arena behind a public handle (every Workers is a WorkersImpl).
+inline WorkersImpl& impl(Workers& workers) noexcept { return static_cast<WorkersImpl&>(workers); }
+
 /// Raises oneTBB's process-wide worker limit so that `workers` threads can serve arenas while the
 /// threads that submit work (synchronous threads) stay outside them. Never lowers it.
 void ensure_worker_limit(int workers);
-}  // namespace detail
 
-}  // namespace tasklet
+}  // namespace tasklet::detail

@@ -14,29 +14,29 @@ std::shared_ptr<Scheduler> new_scheduler(SchedulerOptions options) {
 }
 
 Scheduler& current() {
-  auto& ctx = detail::context();
-  if (Scheduler* current = detail::state().current) return *current;
-  if (!ctx.implicit) {
-    ctx.implicit = Scheduler::create(ctx.configured);
-    ctx.implicit->impl().make_implicit_for_this_thread();
+  if (detail::SchedulerImpl* current = detail::state().current) return current->self_;
+  auto& mine = detail::thread_options();
+  if (!mine.implicit) {
+    mine.implicit = Scheduler::create(mine.configured);
+    detail::impl(*mine.implicit).make_implicit_for_this_thread();
   }
-  return *ctx.implicit;
+  return *mine.implicit;
 }
 
-void with(Scheduler& scheduler, const std::shared_ptr<Tasklet>& tasklet) { scheduler.impl().with(tasklet); }
+void with(Scheduler& scheduler, const std::shared_ptr<Tasklet>& tasklet) { detail::impl(scheduler).with(tasklet); }
 
 void configure(SchedulerOptions options) {
   // A configured concurrency becomes one pool shared by the thread's new schedulers.
   if (!options.workers && options.concurrency > 0) options.workers = Workers::create(options.concurrency);
-  detail::context().configured = std::move(options);
+  detail::thread_options().configured = std::move(options);
 }
 
-SchedulerOptions options() { return detail::context().configured; }
+SchedulerOptions options() { return detail::thread_options().configured; }
 
 void reset() {
-  auto& ctx = detail::context();
-  std::shared_ptr<Scheduler> implicit = std::move(ctx.implicit);
-  ctx.configured = {};
+  auto& mine = detail::thread_options();
+  std::shared_ptr<Scheduler> implicit = std::move(mine.implicit);
+  mine.configured = {};
   implicit.reset();
 }
 

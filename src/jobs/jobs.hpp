@@ -24,6 +24,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "context.hpp"
+#include "domain.hpp"
 #include "task_condition.hpp"
 #include "tasklet/job.hpp"
 #include "tasklet/job_group.hpp"
@@ -34,6 +36,13 @@
 namespace tasklet::detail {
 
 class Jobs;
+
+/// The job whose run() this code is (null elsewhere).
+inline Job* running_job() noexcept { return static_cast<Job*>(state().job); }
+
+/// The job side of `manager`, made on first use (its JobsExtension in the manager's domain).
+Jobs& jobs_of(const JobManager& manager);
+std::shared_ptr<Jobs> shared_jobs_of(const JobManager& manager);
 
 /// Test seam: when set, Jobs::start calls it with each job whose run it is about to hand to the job
 /// scheduler, outside every lock. A cancel made from it lands in the window where the run is in no
@@ -116,7 +125,7 @@ class Jobs final : public WaitTimer {
   bool runs_a_job_here() const noexcept;
   /// The manager was dropped inside the run() of one of its jobs, on this thread: its remains are
   /// destroyed by that job's runner once the run is over.
-  void destroy_after_this_run(std::shared_ptr<JobManager::Impl> manager) noexcept;
+  void destroy_after_this_run(std::shared_ptr<Domain> manager) noexcept;
 
   // Job operations (Job's public methods land here).
   void schedule(Job& job, std::chrono::milliseconds delay, bool is_rerun);
@@ -198,7 +207,7 @@ class Jobs final : public WaitTimer {
   bool stopping_ = false;
   bool detached_ = false;
   // Set by destroy_after_this_run: the manager's remains and the job whose run they wait for.
-  std::shared_ptr<JobManager::Impl> dying_;
+  std::shared_ptr<Domain> dying_;
   const Job* dying_after_ = nullptr;
 };
 

@@ -1,7 +1,6 @@
 #include "task_condition.hpp"
 
 #include "context.hpp"
-#include "scheduler_impl.hpp"
 
 namespace tasklet::detail {
 
@@ -16,8 +15,8 @@ void Wakeup::wait() noexcept {
   }
   // A job runner leaves its limit first, so the runner it may start is spawned on this worker,
   // which is about to be free.
-  Scheduler::Impl* runner = mine->task_of;
-  if (runner != nullptr) runner->runner_blocks();
+  WaitObserver* observer = mine->waits;
+  if (observer != nullptr) observer->task_blocks();
   // What this task knows leaves the thread with it and comes back on the thread that resumes it.
   context().state = mine->outer;
   oneapi::tbb::task::suspend([this](oneapi::tbb::task::suspend_point point) {
@@ -32,7 +31,7 @@ void Wakeup::wait() noexcept {
   auto& resumed_on = context();
   mine->outer = resumed_on.state;
   resumed_on.state = mine;
-  if (runner != nullptr) runner->runner_unblocks();
+  if (observer != nullptr) observer->task_unblocks();
   std::lock_guard lock(mutex_);  // what the waker wrote before wake() is visible from here on
 }
 

@@ -1,0 +1,10 @@
+#include "context.hpp"
+
+namespace tasklet::detail {
+
+ThreadContext& context() noexcept {
+  thread_local ThreadContext ctx;
+  return ctx;
+}
+
+}  // namespace tasklet::detail
