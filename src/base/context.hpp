@@ -37,17 +37,6 @@ struct CallFrame {
   const CallFrame* outer;
 };
 
-/// Told when a task of ours is about to wait (suspended) and when it goes on: the job runners
-/// leave their limit meanwhile.
-class WaitObserver {
- public:
-  virtual void task_blocks() noexcept = 0;
-  virtual void task_unblocks() noexcept = 0;
-
- protected:
-  ~WaitObserver() = default;
-};
-
 /// What the engine knows about the code running now. One per thread, plus one per oneTBB task of
 /// ours: a task suspended in a wait may resume on another thread, so what it knows travels with
 /// it (see Wakeup::wait) instead of living in the thread.
@@ -64,8 +53,6 @@ struct TaskState {
   WorkersImpl* worker_of = nullptr;
   /// The scheduler whose oneTBB task this is (its destructor must not wait for it here).
   SchedulerImpl* task_of = nullptr;
-  /// Told when this task waits (see WaitObserver); null for most tasks.
-  WaitObserver* waits = nullptr;
 
   /// begin_rule frames, innermost last. Frames from `phase_base` on belong to the running phase.
   boost::container::small_vector<RuleFrame, 4> rule_stack;

@@ -13,10 +13,6 @@ void Wakeup::wait() noexcept {
     woken_.wait(lock, [this] { return done_; });
     return;
   }
-  // A job runner leaves its limit first, so the runner it may start is spawned on this worker,
-  // which is about to be free.
-  WaitObserver* observer = mine->waits;
-  if (observer != nullptr) observer->task_blocks();
   // What this task knows leaves the thread with it and comes back on the thread that resumes it.
   context().state = mine->outer;
   oneapi::tbb::task::suspend([this](oneapi::tbb::task::suspend_point point) {
@@ -31,7 +27,6 @@ void Wakeup::wait() noexcept {
   auto& resumed_on = context();
   mine->outer = resumed_on.state;
   resumed_on.state = mine;
-  if (observer != nullptr) observer->task_unblocks();
   std::lock_guard lock(mutex_);  // what the waker wrote before wake() is visible from here on
 }
 

@@ -1,8 +1,7 @@
 // Private: waiting without holding a worker. A job that joins another job, waits for a group or
-// for its rule must not keep a worker (or a job runner) busy while it waits: the job it waits for
-// may need that very worker. In one of our oneTBB tasks a wait suspends the task instead
-// (tbb::task::suspend), and a job runner counts itself out of its runner limit meanwhile, so
-// another waiting job can start (Eclipse grows its worker pool for the same reason).
+// for its rule must not keep a worker busy while it waits: the job it waits for may need that very
+// worker. In one of our oneTBB tasks a wait suspends the task instead (tbb::task::suspend), and
+// the worker runs other work meanwhile (Eclipse grows its worker pool for the same reason).
 #pragma once
 
 #include <chrono>

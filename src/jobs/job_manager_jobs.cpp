@@ -13,12 +13,12 @@ namespace tasklet::detail {
 namespace {
 
 // What a manager keeps for its jobs: their scheduler (a background scheduler whose async phases
-// wait in deadline order for one of `concurrency` runners) and their state. The jobs share the
+// start in deadline order) and their state. The jobs share the
 // state, so it outlives the manager (detached) while jobs of the manager are left.
 class JobsExtension final : public DomainExtension {
  public:
   explicit JobsExtension(Domain& domain) : scheduler_(domain.make_background()) {
-    impl(*scheduler_).order_async_phases_by(&JobTasklet::deadline_of, domain.workers_->concurrency());
+    impl(*scheduler_).order_async_phases_by(&JobTasklet::deadline_of);
     jobs_ = std::make_shared<Jobs>(*scheduler_);
   }
 

@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <array>
+#include <functional>
 #include <cassert>
 #include <stdexcept>
 #include <string>
@@ -116,7 +118,6 @@ class WorkerTaskScope {
     mine_.outer = ctx.state;
     mine_.worker_of = &workers;
     mine_.task_of = &impl;
-    mine_.waits = &impl;
     ctx.state = &mine_;
   }
   // The task may have moved to another thread while suspended: go back to that thread's state.
@@ -191,25 +192,27 @@ struct detail::SchedulerImpl::PhaseTask {
   }
 };
 
-// Drains the deadline-ordered queue; at most max_runners_ of these run at once.
-struct detail::SchedulerImpl::RunnerTask {
+// Takes the earliest phase of the deadline-ordered queue and runs it, after starting the next pick
+// (spawned locally: this worker takes it after the phase, unless another worker steals it first,
+// or this phase waits suspended and frees the worker).
+struct detail::SchedulerImpl::PickTask {
   SchedulerImpl* impl;
   void operator()() const {
     WorkerTaskScope scope(impl->workers_, *impl);
-    for (;;) {
-      TaskletPtr next;
-      {
-        std::lock_guard lock(impl->ready_mutex_);
-        if (impl->ready_.empty() || impl->runners_ > impl->max_runners_) {
-          --impl->runners_;
-          return;
-        }
-        auto first = impl->ready_.begin();
-        next = std::move(first->second);
-        impl->ready_.erase(first);
-      }
-      impl->run_async_phase(std::move(next));
+    TaskletPtr next;
+    bool more = false;
+    {
+      std::lock_guard lock(impl->ready_mutex_);
+      --impl->pending_picks_;
+      if (impl->ready_.empty()) return;
+      std::pop_heap(impl->ready_.begin(), impl->ready_.end(), std::greater<>{});
+      next = std::move(impl->ready_.back().tasklet);
+      impl->ready_.pop_back();
+      more = !impl->ready_.empty() && impl->pending_picks_ < impl->workers_.concurrency();
+      if (more) ++impl->pending_picks_;
     }
+    if (more) impl->spawn(PickTask{impl});
+    impl->run_async_phase(std::move(next));
   }
 };
 
@@ -547,12 +550,12 @@ bool detail::SchedulerImpl::withdraw(Tasklet& tasklet) {
   TaskletPtr queued;
   if (deadline_ != nullptr) {
     std::lock_guard lock(ready_mutex_);
-    for (auto entry = ready_.begin(); entry != ready_.end(); ++entry) {
-      if (entry->second.get() == &tasklet) {
-        queued = std::move(entry->second);
-        ready_.erase(entry);
-        break;
-      }
+    const auto entry = std::find_if(ready_.begin(), ready_.end(),
+                                    [&](const ReadyPhase& ready) { return ready.tasklet.get() == &tasklet; });
+    if (entry != ready_.end()) {
+      queued = std::move(entry->tasklet);
+      ready_.erase(entry);
+      std::make_heap(ready_.begin(), ready_.end(), std::greater<>{});
     }
   }
   if (!queued) return false;
@@ -693,16 +696,15 @@ void detail::SchedulerImpl::spawn(Task task) {
 
 void detail::SchedulerImpl::enqueue_async(TaskletPtr tasklet) {
   if (deadline_ != nullptr) {
-    bool start_runner = false;
+    bool start_pick = false;
     {
       std::lock_guard lock(ready_mutex_);
-      ready_.emplace(std::pair{deadline_(*tasklet), ready_arrivals_++}, std::move(tasklet));
-      if (runners_ < max_runners_) {
-        ++runners_;
-        start_runner = true;
-      }
+      ready_.push_back(ReadyPhase{deadline_(*tasklet), ready_arrivals_++, std::move(tasklet)});
+      std::push_heap(ready_.begin(), ready_.end(), std::greater<>{});
+      start_pick = pending_picks_ < workers_.concurrency();
+      if (start_pick) ++pending_picks_;
     }
-    if (start_runner) spawn(RunnerTask{this});
+    if (start_pick) spawn(PickTask{this});
     return;
   }
   detail::TaskState& here = detail::state();
@@ -721,30 +723,7 @@ void detail::SchedulerImpl::enqueue_async(TaskletPtr tasklet) {
   }
 }
 
-void detail::SchedulerImpl::order_async_phases_by(Deadline deadline, int runners) {
-  deadline_ = deadline;
-  max_runners_ = runners > 0 ? runners : 1;
-}
-
-void detail::SchedulerImpl::task_blocks() noexcept {
-  if (deadline_ == nullptr) return;
-  bool start_runner = false;
-  {
-    std::lock_guard lock(ready_mutex_);
-    --runners_;
-    if (!ready_.empty() && runners_ < max_runners_) {
-      ++runners_;
-      start_runner = true;
-    }
-  }
-  if (start_runner) spawn(RunnerTask{this});
-}
-
-void detail::SchedulerImpl::task_unblocks() noexcept {
-  if (deadline_ == nullptr) return;
-  std::lock_guard lock(ready_mutex_);
-  ++runners_;
-}
+void detail::SchedulerImpl::order_async_phases_by(Deadline deadline) { deadline_ = deadline; }
 
 bool detail::SchedulerImpl::yield_rule(Tasklet& tasklet) {
   detail::RuleRequest* hold = TaskletAccess::hold(tasklet);

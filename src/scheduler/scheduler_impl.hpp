@@ -37,7 +37,7 @@
 
 namespace tasklet::detail {
 
-class SchedulerImpl final : public WaitObserver {
+class SchedulerImpl final {
  public:
   using TaskletPtr = std::shared_ptr<Tasklet>;
 
@@ -67,15 +67,13 @@ class SchedulerImpl final : public WaitObserver {
   void make_background();
   /// Withdraws a tasklet still waiting for its rule and ends it unrun; false when it has started.
   bool withdraw(Tasklet& tasklet);
-  /// Async phases wait in a queue ordered by `deadline` (earliest first, then arrival) and run on
-  /// at most `runners` worker tasks at once, instead of going straight to the arena. Set before use.
+  /// Async phases wait in a queue ordered by `deadline` (earliest first, then arrival) instead of
+  /// going straight to the arena. Each is taken by a pick task on the workers, which starts the
+  /// next pick before it runs the phase: a phase that waits (suspended) leaves the queue moving,
+  /// the arena's concurrency bounds how many run, and a stream of phases from one thread costs one
+  /// arena submission per `concurrency` picks waiting, not one per phase. Set before use.
   using Deadline = std::int64_t (*)(const Tasklet&);
-  void order_async_phases_by(Deadline deadline, int runners);
-  /// A runner of that queue whose phase is about to block (suspended in a wait) counts itself out
-  /// of the limit, starting another runner when phases are ready; back in once it goes on. A runner
-  /// that finds more runners than the limit leaves after its phase. No-op without the queue.
-  void task_blocks() noexcept override;
-  void task_unblocks() noexcept override;
+  void order_async_phases_by(Deadline deadline);
   /// The tasklet whose phase runs here lets a waiting conflicting request go first and then takes
   /// its rule again (waiting as begin_rule does). False, at once, when nobody conflicting waits.
   bool yield_rule(Tasklet& tasklet);
@@ -144,19 +142,27 @@ class SchedulerImpl final : public WaitObserver {
 
   std::atomic<bool> spawned_{false};  // any oneTBB task was ever created (the destructor waits)
 
-  // Deadline-ordered async phases (order_async_phases_by).
+  // Deadline-ordered async phases (order_async_phases_by): a heap, earliest first, and the picks
+  // started and not yet running (at most the workers' concurrency).
+  struct ReadyPhase {
+    std::int64_t deadline;
+    std::uint64_t arrival;
+    TaskletPtr tasklet;
+    bool operator>(const ReadyPhase& other) const noexcept {
+      return deadline != other.deadline ? deadline > other.deadline : arrival > other.arrival;
+    }
+  };
   Deadline deadline_ = nullptr;
-  int max_runners_ = 0;
   std::mutex ready_mutex_;
-  std::map<std::pair<std::int64_t, std::uint64_t>, TaskletPtr> ready_;
+  std::vector<ReadyPhase> ready_;
   std::uint64_t ready_arrivals_ = 0;
-  int runners_ = 0;
+  int pending_picks_ = 0;
 
  private:
   struct PhaseTask;
   struct BatchTask;
   struct EnterTask;
-  struct RunnerTask;
+  struct PickTask;
   template <std::size_t N>
   struct TaskletHold;
   struct Delivery;
