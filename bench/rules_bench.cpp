@@ -1,26 +1,43 @@
-// tasklet_bench_rules: the rule engine's rows of the performance contract (DESIGN section 5), each
-// measured beside its baseline in the same run and reported as a ratio.
+// tasklet_bench_rules: the rule engine's and the Job API's rows of the performance contract (DESIGN
+// section 5), each measured beside its baseline in the same run and reported as a ratio. N runs over
+// 10^3 ... 10^6 (--max-n); "growth" rows give ns/job at the largest N over ns/job at 10^3.
 //
+//   memory         bytes per tasklet queued behind a held rule (a mutex rule; random path rules
+//                  behind "/"), beyond the user's callable (growth of resident memory)  (<= 256)
+//   memory jobs    bytes per job queued, the Job object included, beyond the user's callable:
+//                  (a) jobs on a mutex rule, waiting while this thread holds it (begin_rule);
+//                  (b) jobs without a rule, waiting on a suspended manager              (<= 512)
 //   mutex rule     N trivial jobs on one mutex rule, posted from one thread and awaited, against
 //                  a boost::asio strand on a 2-thread pool; two forms of ours: a SerialExecutor
 //                  (post + wait) and async tasklets sharing a rules::mutex() (run)
 //                                                  (<= 1.5x the strand; 10^6 within 1.5x of 10^3)
-//   path rules     N async tasklets, each with a rules::path() on a random node of an 8-ary tree
-//                  of depth 1-4, against the same tasklets without rules
+//   path rules     N async tasklets, each with an exclusive path rule on a random node of an
+//                  8-ary tree of depth 1-4, against the same tasklets without rules; two forms:
+//                  shared rule objects (the tree's 4,680 rules, made up front)
 //                                                  (<= 3x no-rule; 10^6 within 1.5x of 10^3)
+//                  and a fresh rules::path(p) per tasklet, made in the timed loop as users write
+//                  rules::path(file) per job (the path strings are made up front: user data)
+//                                                  (<= 4x no-rule; 10^6 within 1.5x of 10^3)
+//   jobs           the same workloads through the Job API against the same workloads as async
+//                  tasklets (a seed phase schedules N tasklets, run() awaits them): make_job,
+//                  set_rule, schedule() from this (plain) thread, then join() every job; on the
+//                  tasklets' manager (2 workers). Four rows: no rule, one shared mutex rule, shared
+//                  path rules, a fresh path rule per job
+//                                                  (<= 2x tasklets; 10^6 within 1.5x of 10^3)
 //   begin/end      begin_rule + end_rule on one thread, uncontended (a mutex rule, a path rule),
 //                  against std::mutex lock + unlock                                  (<= 3x)
-//   memory         bytes per job queued behind a held rule, beyond the user's callable
-//                  (growth of resident memory)                                       (<= 256)
 //
 // Every workload checks itself, so a broken engine cannot post a good number: every job ran, jobs
 // on one mutex rule (and on one path) ran in the order they were scheduled, and, in an untimed
-// pass, an oracle checks that no two jobs on conflicting paths ever overlapped and that begin_rule
-// really excludes a second thread.
+// pass (with shared and with fresh rules), an oracle checks that no two jobs on conflicting paths
+// ever overlapped and that begin_rule really excludes a second thread.
 //
-// Usage: tasklet_bench_rules [--repeats=K] [--max-n=N] [--quick] [--only=WORD]
+// Usage: tasklet_bench_rules [--repeats=K] [--max-n=N] [--quick] [--only=WORD[,WORD...]] [--csv=FILE]
+//   --only words: memory (both memory sections), mutex, path, jobs (the Job API rows and the job
+//   memory rows), begin.
 #include <algorithm>
 #include <atomic>
+#include <concepts>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -35,6 +52,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <boost/asio/post.hpp>
@@ -49,6 +67,7 @@
 namespace {
 
 using tasklet::Directive;
+using tasklet::Job;
 using tasklet::JobManager;
 using tasklet::Rule;
 using tasklet::Scheduler;
@@ -66,6 +85,12 @@ using tasklet::bench::size_label;
   std::exit(1);
 }
 
+// The engine every workload runs on: two workers, as the strand's pool has two threads.
+constexpr int workers = 2;
+std::shared_ptr<JobManager> make_manager() {
+  return JobManager::create(JobManager::Options{workers, nullptr});
+}
+
 // Each sample runs the workload often enough to do at least this many jobs, so that small N is not
 // measured at the resolution of one wake-up.
 std::size_t repetitions_for(std::size_t n, const Options& options) {
@@ -73,10 +98,33 @@ std::size_t repetitions_for(std::size_t n, const Options& options) {
   return n >= min_jobs ? 1 : (min_jobs + n - 1) / n;
 }
 
+// The jobs one sample of size n runs.
+std::size_t sample_ops(std::size_t n, const Options& options) { return n * repetitions_for(n, options); }
+
 std::vector<std::size_t> sizes(const Options& options) {
   std::vector<std::size_t> result;
   for (std::size_t n = 1'000; n <= options.max_n; n *= 10) result.push_back(n);
   return result;
+}
+
+// A growth row (harness growth()) for the workload whose sample at size n is sample_at(n): the
+// smallest size against the largest, measured interleaved. Nothing when there is only one size.
+template <class SampleAt>
+void add_growth_row(Report& report, const Options& options, std::string workload, SampleAt&& sample_at,
+                    std::optional<double> target) {
+  const std::vector<std::size_t> all = sizes(options);
+  if (all.size() < 2) return;
+  const std::size_t small_n = all.front();
+  const std::size_t large_n = all.back();
+  const Comparison result =
+      tasklet::bench::growth(options.repeats, sample_ops(small_n, options), sample_at(small_n),
+                             sample_ops(large_n, options), sample_at(large_n));
+  report.add(growth_row(std::move(workload), small_n, large_n, result, target));
+}
+
+void check_rules_released(const JobManager& manager, const std::string& after) {
+  const auto stats = manager.rule_stats();
+  if (stats.held != 0 || stats.waiting != 0) fail("rules still held or waiting after " + after);
 }
 
 // Schedules `n` async tasklets from the synchronous thread of `scheduler` (async needs an active
@@ -90,6 +138,80 @@ void run_async_tasklets(Scheduler& scheduler, std::size_t n, MakeTasklet&& make)
   scheduler.schedule(std::move(seed), Directive::sync);
   scheduler.run();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Workloads, and the two ways of running them: as tasklets or as jobs
+
+// A workload of n trivial jobs, cheap to copy: job i holds rule(i) while it runs (null: no rule;
+// it may be a new rule object, made when asked, as users make rules::path(file) per job) and does
+// visit(i). reset() comes before every round of the n jobs, check() after it, naming `who` ran them.
+template <class W>
+concept Workload = requires(const W& workload, std::size_t i, const std::string& who) {
+  { workload.rule(i) } -> std::convertible_to<Rule>;
+  workload.visit(i);
+  workload.reset();
+  workload.check(who);
+};
+
+// How the user runs the n jobs: async tasklets of a scheduler (a seed's sync phase schedules them,
+// run() awaits them), or the Job API (make_job, set_rule, schedule() from this plain thread, then
+// join() every job). Both on the same manager, so on the same workers and rule table.
+enum class Form { tasklets, jobs };
+
+class Runner {
+ public:
+  explicit Runner(const std::shared_ptr<JobManager>& manager)
+      : manager_(manager), scheduler_(Scheduler::create(SchedulerOptions{manager, nullptr, 0})) {}
+
+  /// One round of the workload's n jobs in `form`; returns when every job has ended.
+  template <Workload W>
+  void run(Form form, const W& workload, std::size_t n) {
+    if (form == Form::tasklets) {
+      run_async_tasklets(*scheduler_, n, [&workload](std::size_t i) {
+        return tasklet::make_tasklet(
+            [&workload, i] {
+              workload.visit(i);
+              return Directive::done;
+            },
+            workload.rule(i));
+      });
+      return;
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      std::shared_ptr<Job> job = tasklet::make_job(
+          "bench job",
+          [&workload, i](tasklet::ProgressMonitor&) {
+            workload.visit(i);
+            return tasklet::Status::ok();
+          },
+          manager_);
+      if (Rule rule = workload.rule(i)) job->set_rule(std::move(rule));
+      job->schedule();
+      jobs_.push_back(std::move(job));
+    }
+    for (const std::shared_ptr<Job>& job : jobs_) job->join();
+    jobs_.clear();  // the Job objects go here, inside the timed region (tasklets go when done)
+  }
+
+  /// A timed sample for compare(): sample_ops(n) jobs, in rounds of n, each round reset and checked.
+  /// The Runner must outlive it.
+  template <Workload W>
+  std::function<void()> sample(Form form, W workload, std::size_t n, const Options& options) {
+    return [this, form, workload, n, reps = repetitions_for(n, options)] {
+      const std::string who = form == Form::tasklets ? "tasklets" : "jobs";
+      for (std::size_t r = 0; r < reps; ++r) {
+        workload.reset();
+        run(form, workload, n);
+        workload.check(who);
+      }
+    };
+  }
+
+ private:
+  std::shared_ptr<JobManager> manager_;
+  std::shared_ptr<Scheduler> scheduler_;
+  std::vector<std::shared_ptr<Job>> jobs_;  // the handles a user keeps to join; capacity reused
+};
 
 // ---------------------------------------------------------------------------------------------
 // 1. One mutex rule vs a boost::asio strand
@@ -111,11 +233,23 @@ struct SerialProbe {
       out_of_order.store(true, std::memory_order_relaxed);
     return seen;
   }
-  void check(const char* who, std::size_t n) const {
+  void check(const std::string& who, std::size_t n) const {
     if (next.load() != n)
-      fail(std::string(who) + " ran " + std::to_string(next.load()) + " of " + std::to_string(n) + " jobs");
-    if (out_of_order.load()) fail(std::string(who) + " ran jobs out of posting order (or two at once)");
+      fail(who + " ran " + std::to_string(next.load()) + " of " + std::to_string(n) + " jobs");
+    if (out_of_order.load()) fail(who + " ran jobs out of posting order (or two at once)");
   }
+};
+
+// n jobs sharing one mutex rule; they must run one at a time, in the order they were scheduled.
+struct MutexWorkload {
+  SerialProbe* probe;
+  Rule shared;
+  std::size_t n;
+
+  Rule rule(std::size_t) const { return shared; }
+  void visit(std::size_t i) const noexcept { probe->visit(i); }
+  void reset() const { probe->reset(); }
+  void check(const std::string& who) const { probe->check(who + " on a mutex rule", n); }
 };
 
 // The baseline's way to learn that the last handler ran: the handler that completes the sequence
@@ -148,20 +282,18 @@ void bench_mutex_rule(Report& report, const Options& options, const std::shared_
   boost::asio::thread_pool pool(2);
   auto strand = boost::asio::make_strand(pool);
   tasklet::SerialExecutor executor(manager, "bench strand");
-  const auto scheduler = Scheduler::create(SchedulerOptions{manager, nullptr, 0});
+  Runner runner(manager);
   const Rule rule = tasklet::rules::mutex("bench mutex");
   SerialProbe probe;
   Completion completion;
 
   // The three workloads of one size; each call runs `reps` rounds of n jobs.
   struct Workloads {
-    std::size_t ops;
     std::function<void()> asio_strand, serial_executor, tasklets;
   };
   const auto workloads_of = [&](std::size_t n) {
     const std::size_t reps = repetitions_for(n, options);
     Workloads w;
-    w.ops = n * reps;
     w.asio_strand = [&, n, reps] {
       for (std::size_t r = 0; r < reps; ++r) {
         probe.reset();
@@ -183,55 +315,34 @@ void bench_mutex_rule(Report& report, const Options& options, const std::shared_
         probe.check("SerialExecutor", n);
       }
     };
-    w.tasklets = [&, n, reps] {
-      for (std::size_t r = 0; r < reps; ++r) {
-        probe.reset();
-        run_async_tasklets(*scheduler, n, [&](std::size_t i) {
-          return tasklet::make_tasklet(
-              [&probe, i] {
-                probe.visit(i);
-                return Directive::done;
-              },
-              rule);
-        });
-        probe.check("tasklets on a mutex rule", n);
-      }
-    };
+    w.tasklets = runner.sample(Form::tasklets, MutexWorkload{&probe, rule, n}, n, options);
     return w;
   };
 
   for (const std::size_t n : sizes(options)) {
     const Workloads w = workloads_of(n);
-    const std::vector<Comparison> results =
-        tasklet::bench::compare_each(options.repeats, w.ops, w.asio_strand, {w.serial_executor, w.tasklets});
-    report.add(comparison_row("mutex rule: SerialExecutor vs asio strand", size_label(n), results[0], 1.5));
-    report.add(comparison_row("mutex rule: async tasklets vs asio strand", size_label(n), results[1], 1.5));
+    const std::vector<Comparison> results = tasklet::bench::compare_each(
+        options.repeats, sample_ops(n, options), w.asio_strand, {w.serial_executor, w.tasklets});
+    report.add(comparison_row("mutex rule: SerialExecutor vs asio strand", n, results[0], 1.5));
+    report.add(comparison_row("mutex rule: async tasklets vs asio strand", n, results[1], 1.5));
   }
-  if (const std::vector<std::size_t> all = sizes(options); all.size() >= 2) {
-    // Growth from the smallest size to the largest, each pair of sizes measured interleaved.
-    const std::size_t small_n = all.front();
-    const std::size_t large_n = all.back();
-    const Workloads small = workloads_of(small_n);
-    const Workloads large = workloads_of(large_n);
-    const auto growth_of = [&](const std::function<void()>& at_small, const std::function<void()>& at_large) {
-      return tasklet::bench::growth(options.repeats, small.ops, at_small, large.ops, at_large);
-    };
-    report.add(growth_row("mutex rule: growth, asio strand (baseline)", small_n, large_n,
-                          growth_of(small.asio_strand, large.asio_strand)));
-    report.add(growth_row("mutex rule: growth, SerialExecutor", small_n, large_n,
-                          growth_of(small.serial_executor, large.serial_executor), 1.5));
-    report.add(growth_row("mutex rule: growth, async tasklets", small_n, large_n,
-                          growth_of(small.tasklets, large.tasklets), 1.5));
-  }
-  if (manager->rule_stats().held != 0 || manager->rule_stats().waiting != 0)
-    fail("rules still held or waiting after the mutex-rule workload");
+  add_growth_row(
+      report, options, "mutex rule: growth, asio strand (baseline)",
+      [&](std::size_t n) { return workloads_of(n).asio_strand; }, std::nullopt);
+  add_growth_row(
+      report, options, "mutex rule: growth, SerialExecutor",
+      [&](std::size_t n) { return workloads_of(n).serial_executor; }, 1.5);
+  add_growth_row(
+      report, options, "mutex rule: growth, async tasklets",
+      [&](std::size_t n) { return workloads_of(n).tasklets; }, 1.5);
+  check_rules_released(*manager, "the mutex-rule workload");
 }
 
 // ---------------------------------------------------------------------------------------------
 // 2. Random path rules vs no rules
 
-// Every node of an 8-ary tree of depth 1 to 4 ("/0" ... "/7/7/7/7"), each with one exclusive path
-// rule made up front: making rules is not what we measure.
+// Every node of an 8-ary tree of depth 1 to 4 ("/0" ... "/7/7/7/7"): its path string and one
+// exclusive path rule on it, both made up front (the shared-rule workloads use the rules).
 class PathTree {
  public:
   static constexpr int fan_out = 8;
@@ -255,6 +366,7 @@ class PathTree {
         parent_.push_back(depth == 1 ? no_parent
                                      : first_of_depth_[static_cast<std::size_t>(depth - 1)] + parent_code);
         rules_.push_back(tasklet::rules::path(path));
+        paths_.push_back(std::move(path));
       }
     }
     first_of_depth_[max_depth + 1] = rules_.size();
@@ -262,6 +374,7 @@ class PathTree {
 
   std::size_t size() const noexcept { return rules_.size(); }
   const Rule& rule(std::size_t node) const noexcept { return rules_[node]; }
+  const std::string& path(std::size_t node) const noexcept { return paths_[node]; }
   /// The parent node, or no_parent for depth 1 (the root "/" is never used).
   std::size_t parent(std::size_t node) const noexcept { return parent_[node]; }
   static constexpr std::size_t no_parent = static_cast<std::size_t>(-1);
@@ -278,9 +391,26 @@ class PathTree {
 
  private:
   std::vector<Rule> rules_;
+  std::vector<std::string> paths_;
   std::vector<std::size_t> parent_;
   std::size_t first_of_depth_[max_depth + 2] = {};
 };
+
+// Which rule a path job holds: none, the tree's shared rule for its node, or a fresh
+// rules::path(its node's path) made when the job is made.
+enum class PathRules { none, shared, fresh };
+
+Rule path_rule(const PathTree& tree, std::size_t node, PathRules rules) {
+  switch (rules) {
+    case PathRules::none:
+      return nullptr;
+    case PathRules::shared:
+      return tree.rule(node);
+    case PathRules::fresh:
+      return tasklet::rules::path(tree.path(node));
+  }
+  return nullptr;
+}
 
 // The jobs of one size: which node each job locks, and its ordinal among the jobs on that node
 // (jobs on the same path conflict, so they must run in that order).
@@ -318,18 +448,52 @@ struct PathProbe {
       out_of_order.store(true, std::memory_order_relaxed);
     }
   }
-  void check(const char* who, const PathJobs& jobs, bool ordered) const {
+  void check(const std::string& who, const PathJobs& jobs, bool ordered) const {
     for (std::size_t node = 0; node < visits.size(); ++node) {
       if (visits[node].load() != jobs.per_node[node])
-        fail(std::string(who) + ": node " + std::to_string(node) + " saw " +
-             std::to_string(visits[node].load()) + " of its " + std::to_string(jobs.per_node[node]) +
-             " jobs");
+        fail(who + ": node " + std::to_string(node) + " saw " + std::to_string(visits[node].load()) +
+             " of its " + std::to_string(jobs.per_node[node]) + " jobs");
     }
-    if (ordered && out_of_order.load()) fail(std::string(who) + ": jobs on one path ran out of order");
+    if (ordered && out_of_order.load()) fail(who + ": jobs on one path ran out of order");
   }
 
   std::vector<std::atomic<std::uint32_t>> visits;
   std::atomic<bool> out_of_order{false};
+};
+
+// The path workload of one size: its jobs on random nodes, with the rules `rules` says (with none
+// it is the no-rule workload, every other row's baseline).
+struct PathWorkload {
+  const PathTree* tree;
+  const PathJobs* jobs;
+  PathProbe* probe;
+  PathRules rules;
+
+  Rule rule(std::size_t i) const { return path_rule(*tree, jobs->node[i], rules); }
+  void visit(std::size_t i) const noexcept { probe->visit(jobs->node[i], jobs->ordinal[i]); }
+  void reset() const { probe->reset(); }
+  void check(const std::string& who) const {
+    const char* with = rules == PathRules::none ? " without rules" : " on path rules";
+    probe->check(who + with, *jobs, rules != PathRules::none);
+  }
+};
+
+// The tree, the probe and the jobs of every size (drawn once per size, so all forms and rule kinds
+// of one size run the same jobs).
+class PathWorkloads {
+ public:
+  PathWorkloads() : probe_(tree_.size()) {}
+
+  const PathTree& tree() const noexcept { return tree_; }
+  PathWorkload at(std::size_t n, PathRules rules) {
+    const PathJobs& jobs = jobs_of_.try_emplace(n, tree_, n, 1'000 + n).first->second;
+    return {&tree_, &jobs, &probe_, rules};
+  }
+
+ private:
+  PathTree tree_;
+  PathProbe probe_;
+  std::map<std::size_t, PathJobs> jobs_of_;
 };
 
 // An untimed oracle: every job marks its node exclusive and its ancestors occupied while it runs,
@@ -360,8 +524,9 @@ struct ExclusionOracle {
   std::atomic<std::size_t> violations{0};
 };
 
-void validate_path_exclusion(const PathTree& tree, const std::shared_ptr<JobManager>& manager,
-                             std::size_t n) {
+void validate_path_exclusion(const PathTree& tree, const std::shared_ptr<JobManager>& manager, std::size_t n,
+                             PathRules rules) {
+  const std::string which = rules == PathRules::fresh ? "fresh" : "shared";
   const PathJobs jobs(tree, n, 7);
   ExclusionOracle oracle(tree);
   PathProbe probe(tree.size());
@@ -376,67 +541,95 @@ void validate_path_exclusion(const PathTree& tree, const std::shared_ptr<JobMana
           probe.visit(node, ordinal);
           return Directive::done;
         },
-        tree.rule(node));
+        path_rule(tree, node, rules));
   });
-  probe.check("path rules (oracle pass)", jobs, true);
+  probe.check("path rules (oracle pass, " + which + " rules)", jobs, true);
   if (oracle.violations.load() != 0)
-    fail("path rules: " + std::to_string(oracle.violations.load()) + " jobs overlapped a conflicting job");
-  std::cout << "  path rules: exclusion oracle passed on " << size_label(n) << " jobs\n";
+    fail("path rules (" + which + "): " + std::to_string(oracle.violations.load()) +
+         " jobs overlapped a conflicting job");
+  std::cout << "  path rules: exclusion oracle passed on " << size_label(n) << " jobs with " << which
+            << " rules\n";
 }
 
 void bench_path_rules(Report& report, const Options& options, const std::shared_ptr<JobManager>& manager) {
-  const PathTree tree;
-  validate_path_exclusion(tree, manager,
-                          std::min<std::size_t>(options.max_n, options.quick ? 10'000 : 100'000));
+  PathWorkloads paths;
+  const std::size_t oracle_n = std::min<std::size_t>(options.max_n, options.quick ? 10'000 : 100'000);
+  validate_path_exclusion(paths.tree(), manager, oracle_n, PathRules::shared);
+  validate_path_exclusion(paths.tree(), manager, oracle_n, PathRules::fresh);
 
-  const auto scheduler = Scheduler::create(SchedulerOptions{manager, nullptr, 0});
-  PathProbe probe(tree.size());
-  std::map<std::size_t, PathJobs> jobs_of;  // the jobs of each size, made once
-  // `reps` rounds of the n jobs, with their rules or without.
-  const auto workload = [&](std::size_t n, bool with_rules) {
-    const std::size_t reps = repetitions_for(n, options);
-    const PathJobs* made = &jobs_of.try_emplace(n, tree, n, 1'000 + n).first->second;
-    return [&, made, n, reps, with_rules] {
-      const PathJobs& jobs = *made;
-      for (std::size_t r = 0; r < reps; ++r) {
-        probe.reset();
-        run_async_tasklets(*scheduler, n, [&](std::size_t i) {
-          const std::uint32_t node = jobs.node[i];
-          const std::uint32_t ordinal = jobs.ordinal[i];
-          auto body = [&probe, node, ordinal] {
-            probe.visit(node, ordinal);
-            return Directive::done;
-          };
-          return with_rules ? tasklet::make_tasklet(body, tree.rule(node)) : tasklet::make_tasklet(body);
-        });
-        probe.check(with_rules ? "path rules" : "no rules", jobs, with_rules);
-      }
-    };
+  Runner runner(manager);
+  const auto sample_at = [&](PathRules rules) {
+    return
+        [&, rules](std::size_t n) { return runner.sample(Form::tasklets, paths.at(n, rules), n, options); };
   };
   for (const std::size_t n : sizes(options)) {
-    const Comparison result = tasklet::bench::compare(options.repeats, n * repetitions_for(n, options),
-                                                      workload(n, false), workload(n, true));
-    report.add(comparison_row("path rules: random depth 1-4 vs no rule", size_label(n), result, 3.0));
+    const std::vector<Comparison> results =
+        tasklet::bench::compare_each(options.repeats, sample_ops(n, options), sample_at(PathRules::none)(n),
+                                     {sample_at(PathRules::shared)(n), sample_at(PathRules::fresh)(n)});
+    report.add(comparison_row("path rules: shared rule objects vs no rule", n, results[0], 3.0));
+    report.add(comparison_row("path rules: fresh rule per tasklet vs no rule", n, results[1], 4.0));
   }
-  if (const std::vector<std::size_t> all = sizes(options); all.size() >= 2) {
-    // Growth from the smallest size to the largest, each pair of sizes measured interleaved.
-    const std::size_t small_n = all.front();
-    const std::size_t large_n = all.back();
-    const std::size_t small_ops = small_n * repetitions_for(small_n, options);
-    const std::size_t large_ops = large_n * repetitions_for(large_n, options);
-    const auto growth_of = [&](bool with_rules) {
-      return tasklet::bench::growth(options.repeats, small_ops, workload(small_n, with_rules), large_ops,
-                                    workload(large_n, with_rules));
-    };
-    report.add(growth_row("path rules: growth, no rule (baseline)", small_n, large_n, growth_of(false)));
-    report.add(growth_row("path rules: growth, with path rules", small_n, large_n, growth_of(true), 1.5));
-  }
-  if (manager->rule_stats().held != 0 || manager->rule_stats().waiting != 0)
-    fail("rules still held or waiting after the path-rule workload");
+  add_growth_row(report, options, "path rules: growth, no rule (baseline)", sample_at(PathRules::none),
+                 std::nullopt);
+  add_growth_row(report, options, "path rules: growth, shared rule objects", sample_at(PathRules::shared),
+                 1.5);
+  add_growth_row(report, options, "path rules: growth, fresh rule per tasklet", sample_at(PathRules::fresh),
+                 1.5);
+  check_rules_released(*manager, "the path-rule workload");
 }
 
 // ---------------------------------------------------------------------------------------------
-// 3. Uncontended begin_rule/end_rule vs std::mutex
+// 3. The Job API vs tasklets: the same workloads (no rule, one mutex rule, path rules shared and
+// fresh), through make_job/set_rule/schedule/join against async tasklets
+
+void bench_jobs(Report& report, const Options& options, const std::shared_ptr<JobManager>& manager) {
+  PathWorkloads paths;
+  SerialProbe serial;
+  const Rule mutex = tasklet::rules::mutex("bench jobs mutex");
+  Runner runner(manager);
+
+  // One workload: its rows' names, and its sample in either form at size n.
+  struct JobWorkload {
+    std::string versus_tasklets;
+    std::string growth;
+    std::function<std::function<void()>(Form, std::size_t)> sample;
+  };
+  const auto path_workload = [&](PathRules rules) {
+    return
+        [&, rules](Form form, std::size_t n) { return runner.sample(form, paths.at(n, rules), n, options); };
+  };
+  const std::vector<JobWorkload> workloads = {
+      {"jobs: no rule vs tasklets", "jobs: growth, no rule", path_workload(PathRules::none)},
+      {"jobs: one mutex rule vs tasklets", "jobs: growth, one mutex rule",
+       [&](Form form, std::size_t n) {
+         return runner.sample(form, MutexWorkload{&serial, mutex, n}, n, options);
+       }},
+      {"jobs: shared path rules vs tasklets", "jobs: growth, shared path rules",
+       path_workload(PathRules::shared)},
+      {"jobs: fresh path rule per job vs tasklets", "jobs: growth, fresh path rule per job",
+       path_workload(PathRules::fresh)},
+  };
+
+  for (const std::size_t n : sizes(options)) {
+    for (const JobWorkload& workload : workloads) {
+      const Comparison result =
+          tasklet::bench::compare(options.repeats, sample_ops(n, options), workload.sample(Form::tasklets, n),
+                                  workload.sample(Form::jobs, n));
+      report.add(comparison_row(workload.versus_tasklets, n, result, 2.0));
+    }
+  }
+  add_growth_row(
+      report, options, "jobs: growth, tasklets no rule (baseline)",
+      [&](std::size_t n) { return workloads.front().sample(Form::tasklets, n); }, std::nullopt);
+  for (const JobWorkload& workload : workloads) {
+    add_growth_row(
+        report, options, workload.growth, [&](std::size_t n) { return workload.sample(Form::jobs, n); }, 1.5);
+  }
+  check_rules_released(*manager, "the Job API workloads");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Uncontended begin_rule/end_rule vs std::mutex
 
 // Untimed: while this thread holds `rule`, a second thread's begin_rule on it must wait (the table
 // shows it waiting) and get in only after end_rule.
@@ -481,22 +674,32 @@ void bench_begin_end(Report& report, const Options& options, const std::shared_p
   };
   const std::vector<Comparison> results = tasklet::bench::compare_each(
       options.repeats, iterations, std_mutex, {begin_end(mutex_rule), begin_end(path_rule)});
-  report.add(
-      comparison_row("begin/end_rule mutex rule vs std::mutex", size_label(iterations), results[0], 3.0));
-  report.add(
-      comparison_row("begin/end_rule path /a/b/c vs std::mutex", size_label(iterations), results[1], 3.0));
+  report.add(comparison_row("begin/end_rule mutex rule vs std::mutex", iterations, results[0], 3.0));
+  report.add(comparison_row("begin/end_rule path /a/b/c vs std::mutex", iterations, results[1], 3.0));
   if (manager->rule_stats().held != 0) fail("begin_rule/end_rule left a rule held");
 }
 
 // ---------------------------------------------------------------------------------------------
-// 4. Memory per job queued behind a held rule
+// 5. Memory per queued tasklet and per queued job
+
+// How many jobs the memory rows queue.
+std::size_t memory_n(const Options& options) {
+  return std::min<std::size_t>(options.max_n, options.quick ? 10'000 : 100'000);
+}
+
+// Resident growth per queued item, beyond the user's callable of `user_bytes`.
+double bytes_per_item(std::size_t before, std::size_t after, std::size_t n, std::size_t user_bytes) {
+  const double delta = after > before ? static_cast<double>(after - before) : 0.0;
+  return delta / static_cast<double>(n) - static_cast<double>(user_bytes);
+}
 
 // Queues `n` sync tasklets, each with rule_of(i), while this thread holds `holder` (so they all
-// wait in the rule table), and reports the memory they take per job beyond the user's callable. Then
-// releases the holder and runs them, checking that every one ran.
+// wait in the rule table), and returns the memory they take per tasklet beyond the user's callable.
+// Then releases the holder and runs them, checking that every one ran. Runs in a child process of
+// its own (a manager of its own), as every memory row.
 template <class RuleOf>
-void measure_queued(Report& report, const std::shared_ptr<JobManager>& manager, const std::string& label,
-                    std::size_t n, const Rule& holder, RuleOf&& rule_of) {
+double queued_tasklet_bytes(const std::string& label, std::size_t n, const Rule& holder, RuleOf&& rule_of) {
+  const auto manager = make_manager();
   std::atomic<std::size_t> ran{0};
   auto job = [&ran] {
     ran.fetch_add(1, std::memory_order_relaxed);
@@ -514,51 +717,114 @@ void measure_queued(Report& report, const std::shared_ptr<JobManager>& manager, 
   manager->end_rule(holder);
   scheduler->run();
   if (ran.load() != n) fail(label + ": " + std::to_string(ran.load()) + " of " + std::to_string(n) + " ran");
-
-  const double delta = after > before ? static_cast<double>(after - before) : 0.0;
-  report.add(figure_row(label, size_label(n),
-                        delta / static_cast<double>(n) - static_cast<double>(sizeof(job)), "bytes", 256.0));
+  return bytes_per_item(before, after, n, sizeof(job));
 }
 
-void bench_memory(Report& report, const Options& options, const std::shared_ptr<JobManager>& manager) {
-  const std::size_t n = std::min<std::size_t>(options.max_n, options.quick ? 10'000 : 100'000);
+void bench_tasklet_memory(Report& report, const Options& options) {
+  const std::size_t n = memory_n(options);
+  const auto add_row = [&](const std::string& label, const Rule& holder, const auto& rule_of) {
+    const double bytes =
+        tasklet::bench::in_child_process([&] { return queued_tasklet_bytes(label, n, holder, rule_of); });
+    report.add(figure_row(label, n, bytes, "bytes", 256.0));
+  };
   const Rule rule = tasklet::rules::mutex("bench memory");
-  measure_queued(report, manager, "memory: queued on a mutex rule, per job", n, rule,
-                 [&](std::size_t) { return rule; });
+  add_row("memory: tasklet queued on a mutex rule", rule, [&](std::size_t) { return rule; });
 
   const PathTree tree;  // made before measuring: rules are the user's, not per-job cost
   std::mt19937_64 random(11);
   std::vector<std::size_t> nodes(n);
   for (auto& node : nodes) node = tree.pick(random);
-  const Rule root = tasklet::rules::path("/");
-  measure_queued(report, manager, "memory: queued on a path rule, per job", n, root,
-                 [&](std::size_t i) { return tree.rule(nodes[i]); });
+  add_row("memory: tasklet queued on a path rule", tasklet::rules::path("/"),
+          [&](std::size_t i) { return tree.rule(nodes[i]); });
+}
+
+// How a memory row keeps its jobs from starting (see bench_job_memory).
+enum class Queued { behind_held_rule, on_suspended_manager };
+
+// Schedules `n` jobs (make_job; set_rule when behind a held rule) that cannot start, so that all are
+// waiting, and returns the memory they take per job (the Job object, the std::function around the
+// callable, everything the engine keeps for a waiting job) beyond the user's callable. The handles
+// (a vector of shared_ptr) are made resident before measuring. Then lets them run, joins every job
+// and checks that each ran. Runs in a child process of its own (a manager of its own).
+double queued_job_bytes(const std::string& label, std::size_t n, Queued queued) {
+  const auto manager = make_manager();
+  const Rule rule = tasklet::rules::mutex("bench job memory");
+  std::atomic<std::size_t> ran{0};
+  auto body = [&ran](tasklet::ProgressMonitor&) {
+    ran.fetch_add(1, std::memory_order_relaxed);
+    return tasklet::Status::ok();
+  };
+  std::vector<std::shared_ptr<Job>> jobs(n);
+  if (queued == Queued::behind_held_rule) {
+    manager->begin_rule(rule);
+  } else {
+    manager->suspend();
+  }
+  const std::size_t before = tasklet::bench::resident_bytes();
+  for (std::shared_ptr<Job>& job : jobs) {
+    job = tasklet::make_job("bench job", body, manager);
+    if (queued == Queued::behind_held_rule) job->set_rule(rule);
+    job->schedule();
+  }
+  const std::size_t after = tasklet::bench::resident_bytes();
+  const auto waiting = std::count_if(jobs.begin(), jobs.end(), [](const std::shared_ptr<Job>& job) {
+    return job->state() == tasklet::JobState::waiting;
+  });
+  if (static_cast<std::size_t>(waiting) != n)
+    fail(label + ": " + std::to_string(waiting) + " of " + std::to_string(n) + " wait");
+  if (queued == Queued::behind_held_rule) {
+    manager->end_rule(rule);
+  } else {
+    manager->resume();
+  }
+  for (const std::shared_ptr<Job>& job : jobs) job->join();
+  if (ran.load() != n) fail(label + ": " + std::to_string(ran.load()) + " of " + std::to_string(n) + " ran");
+  check_rules_released(*manager, label);
+  return bytes_per_item(before, after, n, sizeof(body));
+}
+
+// Two meanings of "queued" (state waiting): (a) jobs on a mutex rule while this thread holds it
+// (begin_rule), each with its request in the rule table, as the tasklet rows; (b) jobs without a
+// rule on a suspended manager, what any scheduled job costs before it starts.
+void bench_job_memory(Report& report, const Options& options) {
+  const std::size_t n = memory_n(options);
+  const auto add_row = [&](const std::string& label, Queued queued) {
+    const double bytes = tasklet::bench::in_child_process([&] { return queued_job_bytes(label, n, queued); });
+    report.add(figure_row(label, n, bytes, "bytes", 512.0));
+  };
+  add_row("memory: job queued on a held mutex rule", Queued::behind_held_rule);
+  add_row("memory: job queued on a suspended manager", Queued::on_suspended_manager);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const Options options = tasklet::bench::parse_options(argc, argv);
-  // Two workers, as the strand's pool has two threads; made once, outside every timed region.
-  const auto manager = JobManager::create(JobManager::Options{2, nullptr});
 
   std::cout << "tasklet rule benchmarks: median of " << options.repeats
             << " interleaved runs; ratio = median of (ours / baseline) over runs of the same round\n"
             << "hardware threads " << std::thread::hardware_concurrency() << ", oneTBB " << TBB_VERSION_STRING
             << ", Boost " << BOOST_VERSION / 100000 << "." << BOOST_VERSION / 100 % 1000
-            << ", tasklet workers " << manager->workers()->concurrency() << ", asio pool threads 2\n"
+            << ", tasklet workers " << workers << ", asio pool threads 2\n"
             << "load average at start: " << tasklet::bench::load_average() << "\n\n";
   Report::print_header(std::cout);
 
   Report report("tasklet rule benchmarks (ns/op: medians; ratio: median of paired ours/baseline)");
-  if (options.selected("memory")) bench_memory(report, options, manager);  // first: see resident_bytes()
+  // Memory first, each row in a child process, while this process has no threads yet (see
+  // in_child_process()).
+  if (options.selected("memory")) bench_tasklet_memory(report, options);
+  if (options.selected("memory jobs")) bench_job_memory(report, options);
+
+  // Made once, outside every timed region.
+  const auto manager = make_manager();
+  if (manager->workers()->concurrency() != workers)
+    std::cout << "note: the manager has " << manager->workers()->concurrency() << " workers, not " << workers
+              << "\n";
   if (options.selected("mutex")) bench_mutex_rule(report, options, manager);
   if (options.selected("path")) bench_path_rules(report, options, manager);
+  if (options.selected("jobs")) bench_jobs(report, options, manager);
   if (options.selected("begin")) bench_begin_end(report, options, manager);
 
-  report.print_table(std::cout);
-  std::cout << "load average at end: " << tasklet::bench::load_average() << "\n";
-  std::cout << "\nMarkdown (for docs/performance.md):\n";
-  report.print_markdown(std::cout);
+  tasklet::bench::finish(report, options);
   return 0;
 }

@@ -6,9 +6,10 @@
 //   round trip     one tasklet alternating sync -> async -> sync, against two threads
 //                  ping-ponging through a std::mutex and std::condition_variable          (<= 2x)
 //   memory         bytes per tasklet queued for sync or parked in wait, beyond the user's
-//                  callable (growth of resident memory)                                   (<= 256)
+//                  callable (growth of resident memory, each row in a fresh child process)
+//                                                                                         (<= 256)
 //
-// Usage: tasklet_bench_scheduler [--repeats=K] [--max-n=N] [--quick] [--only=WORD]
+// Usage: tasklet_bench_scheduler [--repeats=K] [--max-n=N] [--quick] [--only=WORD] [--csv=FILE]
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -39,7 +40,6 @@ using tasklet::bench::comparison_row;
 using tasklet::bench::figure_row;
 using tasklet::bench::Options;
 using tasklet::bench::Report;
-using tasklet::bench::size_label;
 
 [[noreturn]] void fail(const std::string& what) {
   std::cerr << "benchmark self-check failed: " << what << "\n";
@@ -100,7 +100,7 @@ void bench_throughput(Report& report, const Options& options) {
     const Comparison result = tasklet::bench::compare(options.repeats, n * reps, baseline, ours);
     // The contract names 10^6; the smaller sizes show the trend.
     const std::optional<double> target = n == 1'000'000 ? std::optional<double>(1.5) : std::nullopt;
-    report.add(comparison_row("no rule: async tasklets vs task_group", size_label(n), result, target));
+    report.add(comparison_row("no rule: async tasklets vs task_group", n, result, target));
   }
 }
 
@@ -183,7 +183,7 @@ void bench_round_trip(Report& report, const Options& options) {
   };
 
   const Comparison result = tasklet::bench::compare(options.repeats, rounds, baseline, ours);
-  report.add(comparison_row("sync->async->sync vs mutex+condvar", size_label(rounds), result, 2.0));
+  report.add(comparison_row("sync->async->sync vs mutex+condvar", rounds, result, 2.0));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -202,9 +202,10 @@ void bench_memory(Report& report, const Options& options) {
   const std::size_t n = std::min<std::size_t>(options.max_n, options.quick ? 10'000 : 1'000'000);
 
   report.add(
-      figure_row("memory: sizeof tasklet object", "1", static_cast<double>(sizeof(TrivialTasklet)), "bytes"));
+      figure_row("memory: sizeof tasklet object", 1, static_cast<double>(sizeof(TrivialTasklet)), "bytes"));
 
-  {
+  // Each row in a child process of its own (see in_child_process()).
+  const double queued = tasklet::bench::in_child_process([n] {
     // Queued for sync on a scheduler whose run() has not started yet.
     const auto scheduler = tasklet::Scheduler::create();
     const std::size_t before = tasklet::bench::resident_bytes();
@@ -212,11 +213,11 @@ void bench_memory(Report& report, const Options& options) {
       scheduler->schedule(tasklet::make_tasklet(trivial_job), Directive::sync);
     const std::size_t after = tasklet::bench::resident_bytes();
     if (scheduler->active_count() != n) fail("not every tasklet was queued");
-    report.add(figure_row("memory: queued for sync, per tasklet", size_label(n),
-                          per_tasklet(before, after, n), "bytes", 256.0));
     scheduler->run();
-  }
-  {
+    return per_tasklet(before, after, n);
+  });
+  report.add(figure_row("memory: queued for sync, per tasklet", n, queued, "bytes", 256.0));
+  const double parked = tasklet::bench::in_child_process([n] {
     // Parked with wait; the scheduler's destructor drops them.
     const auto scheduler = tasklet::Scheduler::create();
     const std::size_t before = tasklet::bench::resident_bytes();
@@ -224,9 +225,9 @@ void bench_memory(Report& report, const Options& options) {
       scheduler->schedule(tasklet::make_tasklet(trivial_job), Directive::wait);
     const std::size_t after = tasklet::bench::resident_bytes();
     if (scheduler->active_count() != n) fail("not every tasklet was parked");
-    report.add(figure_row("memory: parked in wait, per tasklet", size_label(n), per_tasklet(before, after, n),
-                          "bytes", 256.0));
-  }
+    return per_tasklet(before, after, n);
+  });
+  report.add(figure_row("memory: parked in wait, per tasklet", n, parked, "bytes", 256.0));
 }
 
 }  // namespace
@@ -238,17 +239,22 @@ int main(int argc, char** argv) {
             << " interleaved runs; ratio = median of (ours / baseline) over back-to-back pairs\n"
             << "hardware threads " << std::thread::hardware_concurrency() << ", oneTBB " << TBB_VERSION_STRING
             << " (runtime interface " << TBB_runtime_interface_version() << "), default concurrency "
-            << oneapi::tbb::info::default_concurrency() << ", tasklet workers "
-            << tasklet::JobManager::global()->workers()->concurrency() << "\n\n";
+            << oneapi::tbb::info::default_concurrency()
+            << ", tasklet workers "
+            // Asked in a child process: this one must not start the global manager's threads before
+            // the memory rows fork (see in_child_process()).
+            << tasklet::bench::in_child_process([] {
+                 return static_cast<double>(tasklet::JobManager::global()->workers()->concurrency());
+               })
+            << "\n\n";
   Report::print_header(std::cout);
 
   Report report("tasklet scheduler benchmarks (ns/op: medians; ratio: median of paired ours/baseline)");
-  if (options.selected("memory")) bench_memory(report, options);  // first: see resident_bytes()
+  // First, while this process has no threads: see resident_bytes() and in_child_process().
+  if (options.selected("memory")) bench_memory(report, options);
   if (options.selected("throughput")) bench_throughput(report, options);
   if (options.selected("round")) bench_round_trip(report, options);
 
-  report.print_table(std::cout);
-  std::cout << "\nMarkdown (for docs/performance.md):\n";
-  report.print_markdown(std::cout);
+  tasklet::bench::finish(report, options);
   return 0;
 }
