@@ -28,10 +28,6 @@
 
 namespace tasklet {
 
-namespace detail {
-class Jobs;
-}  // namespace detail
-
 class JobManager;
 class JobGroup;
 class Job;
@@ -148,9 +144,6 @@ class Job : public std::enable_shared_from_this<Job> {
   /// The job's manager; null once the manager has been destroyed (or while its destructor runs).
   std::shared_ptr<JobManager> manager() const noexcept { return manager_.lock(); }
 
-  struct Impl;
-  Impl& impl() noexcept { return *impl_; }
-
  protected:
   /// The work. The monitor is never null; report progress and poll is_canceled(). An exception
   /// becomes an error status carrying it.
@@ -163,11 +156,10 @@ class Job : public std::enable_shared_from_this<Job> {
   virtual void canceling() {}
 
  private:
-  friend struct Impl;
-  friend class detail::Jobs;
+  struct Core;  // the job's state and its run, a tasklet (src/jobs)
   std::string name_;
   std::weak_ptr<JobManager> manager_;
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<Core> core_;
 };
 
 /// A job whose run() calls `fn(monitor)` (returning Status, or void for ok).

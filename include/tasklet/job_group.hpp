@@ -11,10 +11,6 @@
 
 namespace tasklet {
 
-namespace detail {
-class Jobs;
-}  // namespace detail
-
 class Job;
 
 class JobGroup : public std::enable_shared_from_this<JobGroup> {
@@ -42,9 +38,6 @@ class JobGroup : public std::enable_shared_from_this<JobGroup> {
   /// The combined result of the last complete run of the group.
   Status result() const;
 
-  struct Impl;
-  Impl& impl() noexcept { return *impl_; }
-
  protected:
   /// After each job that ends with a non-ok result (but the last): whether to cancel the rest.
   /// Default: any job failed. Called where the job ended (its runner, or the thread that canceled
@@ -57,11 +50,10 @@ class JobGroup : public std::enable_shared_from_this<JobGroup> {
   virtual Status compute_group_result(const std::vector<Status>& results);
 
  private:
-  friend struct Impl;
-  friend class detail::Jobs;
+  struct Core;  // the group's state (src/jobs)
   std::string name_;
   int max_threads_;
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<Core> core_;
 };
 
 }  // namespace tasklet

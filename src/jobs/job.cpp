@@ -1,8 +1,9 @@
+// Job's and JobGroup's public methods: each reaches the job's core (src/jobs/job_core.hpp) and
+// hands the work to the manager's job side (Jobs).
 #include <mutex>
 #include <utility>
 
-#include "context.hpp"
-#include "domain.hpp"
+#include "job_core.hpp"
 #include "jobs.hpp"
 #include "tasklet/error.hpp"
 #include "tasklet/job.hpp"
@@ -10,124 +11,141 @@
 
 namespace tasklet {
 
+struct Job::Core final : detail::JobCore {
+  using JobCore::JobCore;
+};
+
+struct JobGroup::Core final : detail::GroupCore {
+  using GroupCore::GroupCore;
+};
+
+namespace detail {
+GroupCore& (*group_core_of)(JobGroup&) noexcept = nullptr;
+}  // namespace detail
+
 // ---------------------------------------------------------------------------------------------
 // Job
 
-Job::Job(std::string name, std::shared_ptr<JobManager> manager)
-    : name_(std::move(name)), impl_(std::make_unique<Impl>()) {
+Job::Job(std::string name, std::shared_ptr<JobManager> manager) : name_(std::move(name)) {
+  // The run and the hooks are protected: the jobs layer reaches them through these.
+  static constexpr detail::JobHooks hooks{
+      [](Job& job, ProgressMonitor& monitor) { return job.run(monitor); },
+      [](Job& job) { return job.should_schedule(); },
+      [](Job& job) { return job.should_run(); },
+      [](Job& job) { job.canceling(); },
+  };
   if (!manager) manager = JobManager::global();
   manager_ = manager;
-  impl_->jobs = detail::shared_jobs_of(*manager);
+  core_ = std::make_unique<Core>(*this, hooks, detail::shared_jobs_of(*manager));
 }
 
 Job::~Job() = default;
 
 namespace {
 
-// Settings that are fixed while the job is scheduled.
-void require_none(const Job& job, const Job::Impl& state, const char* what) {
-  if (state.state != JobState::none) {
-    throw TaskletActive(std::string(what) + " of job '" + job.name() +
-                        "' cannot change while it is scheduled");
+// Settings that are fixed while the job is scheduled (under the job's lock).
+void require_none(const Job& job, const detail::JobCore& core, const char* what) {
+  if (core.state() != JobState::none) {
+    throw TaskletActive(std::string(what) + " of job '" + job.name() + "' cannot change while it is scheduled");
   }
 }
+
 }  // namespace
 
-void Job::schedule(std::chrono::milliseconds delay) { impl_->jobs->schedule(*this, delay, false); }
-bool Job::cancel() { return impl_->jobs->cancel(*this); }
-void Job::join() { impl_->jobs->join(*this, std::chrono::milliseconds::max()); }
-bool Job::join(std::chrono::milliseconds timeout) { return impl_->jobs->join(*this, timeout); }
-bool Job::sleep() { return impl_->jobs->sleep(*this); }
-void Job::wake_up(std::chrono::milliseconds delay) { impl_->jobs->wake_up(*this, delay); }
-bool Job::yield_rule() { return impl_->jobs->yield_rule(*this); }
+void Job::schedule(std::chrono::milliseconds delay) { core_->jobs().schedule(*core_, delay, false); }
+bool Job::cancel() { return core_->jobs().cancel(*core_); }
+void Job::join() { core_->jobs().join(*core_, std::chrono::milliseconds::max()); }
+bool Job::join(std::chrono::milliseconds timeout) { return core_->jobs().join(*core_, timeout); }
+bool Job::sleep() { return core_->jobs().sleep(*core_); }
+void Job::wake_up(std::chrono::milliseconds delay) { core_->jobs().wake_up(*core_, delay); }
+bool Job::yield_rule() { return core_->jobs().yield_rule(*core_); }
 
-JobState Job::state() const {
-  std::lock_guard lock(impl_->jobs->mutex);
-  return impl_->state;
-}
+JobState Job::state() const { return core_->state(); }
 
 Status Job::result() const {
-  std::lock_guard lock(impl_->jobs->mutex);
-  return impl_->result;
+  std::lock_guard lock(core_->lock);
+  return core_->result ? *core_->result : Status::ok();
 }
 
 void Job::set_rule(Rule rule) {
   validate_rule(rule);
-  std::lock_guard lock(impl_->jobs->mutex);
-  require_none(*this, *impl_, "the rule");
-  impl_->rule = std::move(rule);
+  std::lock_guard lock(core_->lock);
+  require_none(*this, *core_, "the rule");
+  core_->rule = std::move(rule);
 }
 
 Rule Job::rule() const {
-  std::lock_guard lock(impl_->jobs->mutex);
-  return impl_->rule;
+  std::lock_guard lock(core_->lock);
+  return core_->rule;
 }
 
 void Job::set_priority(Priority priority) {
-  std::lock_guard lock(impl_->jobs->mutex);
-  impl_->priority = priority;  // a waiting job keeps its place; the next wait uses the new one
+  std::lock_guard lock(core_->lock);
+  core_->priority = priority;  // a waiting job keeps its place; the next wait uses the new one
 }
 
 Priority Job::priority() const {
-  std::lock_guard lock(impl_->jobs->mutex);
-  return impl_->priority;
+  std::lock_guard lock(core_->lock);
+  return core_->priority;
 }
 
 void Job::set_system(bool system) {
-  std::lock_guard lock(impl_->jobs->mutex);
-  require_none(*this, *impl_, "the system flag");
-  impl_->system = system;
+  std::lock_guard lock(core_->lock);
+  require_none(*this, *core_, "the system flag");
+  core_->system = system;
 }
 
 bool Job::is_system() const {
-  std::lock_guard lock(impl_->jobs->mutex);
-  return impl_->system;
+  std::lock_guard lock(core_->lock);
+  return core_->system;
 }
 
 void Job::set_user(bool user) {
-  std::lock_guard lock(impl_->jobs->mutex);
-  require_none(*this, *impl_, "the user flag");
-  impl_->user = user;
+  std::lock_guard lock(core_->lock);
+  require_none(*this, *core_, "the user flag");
+  core_->user = user;
 }
 
 bool Job::is_user() const {
-  std::lock_guard lock(impl_->jobs->mutex);
-  return impl_->user;
+  std::lock_guard lock(core_->lock);
+  return core_->user;
 }
 
 void Job::set_group(std::shared_ptr<JobGroup> group) {
-  std::lock_guard lock(impl_->jobs->mutex);
-  require_none(*this, *impl_, "the group");
-  impl_->group = std::move(group);
+  detail::GroupCore* group_core = group ? &detail::group_core_of(*group) : nullptr;
+  std::lock_guard lock(core_->lock);
+  require_none(*this, *core_, "the group");
+  core_->group = std::move(group);
+  core_->group_core = group_core;
 }
 
 std::shared_ptr<JobGroup> Job::group() const {
-  std::lock_guard lock(impl_->jobs->mutex);
-  return impl_->group;
+  std::lock_guard lock(core_->lock);
+  return core_->group;
 }
 
 void Job::set_property(const std::string& key, std::any value) {
-  std::lock_guard lock(impl_->jobs->mutex);
+  std::lock_guard lock(core_->jobs().mutex);
+  auto& properties = core_->extras().properties;
   if (value.has_value()) {
-    impl_->properties[key] = std::move(value);
+    properties[key] = std::move(value);
   } else {
-    impl_->properties.erase(key);
+    properties.erase(key);
   }
 }
 
 std::any Job::property(const std::string& key) const {
-  std::lock_guard lock(impl_->jobs->mutex);
-  auto found = impl_->properties.find(key);
-  return found == impl_->properties.end() ? std::any{} : found->second;
+  std::lock_guard lock(core_->jobs().mutex);
+  const detail::JobExtras* extras = core_->made_extras();
+  if (extras == nullptr) return {};
+  const auto found = extras->properties.find(key);
+  return found == extras->properties.end() ? std::any{} : found->second;
 }
 
-void Job::add_listener(std::shared_ptr<JobListener> listener) {
-  std::lock_guard lock(impl_->jobs->mutex);
-  detail::Jobs::add_to(impl_->listeners, std::move(listener));
-}
+void Job::add_listener(std::shared_ptr<JobListener> listener) { core_->jobs().add_listener(*core_, std::move(listener)); }
 
 void Job::remove_listener(const std::shared_ptr<JobListener>& listener) {
-  impl_->jobs->remove_from(impl_->listeners, listener);
+  core_->jobs().remove_listener(*core_, listener);
 }
 
 bool Job::belongs_to(Family /*family*/) const { return false; }
@@ -135,8 +153,7 @@ bool Job::belongs_to(Family /*family*/) const { return false; }
 namespace {
 class FunctionJob final : public Job {
  public:
-  FunctionJob(std::string name, std::function<Status(ProgressMonitor&)> fn,
-              std::shared_ptr<JobManager> manager)
+  FunctionJob(std::string name, std::function<Status(ProgressMonitor&)> fn, std::shared_ptr<JobManager> manager)
       : Job(std::move(name), std::move(manager)), fn_(std::move(fn)) {}
 
  protected:
@@ -149,28 +166,42 @@ class FunctionJob final : public Job {
 
 std::shared_ptr<Job> make_job(std::string name, std::function<Status(ProgressMonitor&)> fn,
                               std::shared_ptr<JobManager> manager) {
-  return std::make_shared<FunctionJob>(std::move(name), std::move(fn), std::move(manager));
+  return std::allocate_shared<FunctionJob>(detail::Allocator<FunctionJob>{}, std::move(name), std::move(fn),
+                                           std::move(manager));
 }
 
 // ---------------------------------------------------------------------------------------------
 // JobGroup
 
 JobGroup::JobGroup(std::string name, int max_threads, int seed_jobs)
-    : name_(std::move(name)), max_threads_(max_threads), impl_(std::make_unique<Impl>()) {
-  impl_->seeds_expected = seed_jobs;
+    : name_(std::move(name)), max_threads_(max_threads) {
+  static constexpr detail::GroupHooks hooks{
+      [](JobGroup& group, const Status& last, int failed, int canceled) {
+        return group.should_cancel(last, failed, canceled);
+      },
+      [](JobGroup& group, const std::vector<Status>& results) { return group.compute_group_result(results); },
+  };
+  // Job::set_group reaches a group's core through this accessor (a member's lambda has the access).
+  if (detail::group_core_of == nullptr) {
+    detail::group_core_of = [](JobGroup& group) noexcept -> detail::GroupCore& { return *group.core_; };
+  }
+  core_ = std::make_unique<Core>(*this, hooks, seed_jobs);
 }
 
 JobGroup::~JobGroup() = default;
 
 JobGroup::State JobGroup::state() const {
-  std::lock_guard lock(impl_->mutex);
-  return impl_->state;
+  std::lock_guard lock(core_->mutex);
+  return core_->state;
 }
 
 void JobGroup::cancel() {
-  std::vector<std::shared_ptr<Job>> jobs = active_jobs();
-  if (jobs.empty()) return;
-  jobs.front()->impl().jobs->group_cancel(*this);
+  detail::JobCore* any = nullptr;
+  {
+    std::lock_guard lock(core_->mutex);
+    if (!core_->active.empty()) any = core_->active.front();
+  }
+  if (any != nullptr) any->jobs().group_cancel(*core_);
 }
 
 bool JobGroup::join(std::chrono::milliseconds timeout) {
@@ -179,33 +210,33 @@ bool JobGroup::join(std::chrono::milliseconds timeout) {
       timeout >= std::chrono::duration_cast<std::chrono::milliseconds>(detail::Clock::time_point::max() - now)
           ? detail::Clock::time_point::max()
           : now + timeout;
-  std::unique_lock lock(impl_->mutex);
+  std::unique_lock lock(core_->mutex);
   // A job (or another task of ours) joining a group waits without holding its worker; the timer of
   // the manager of one of the group's jobs ends a timed wait.
   std::shared_ptr<detail::Jobs> timer;
-  if (!impl_->active.empty()) {
-    timer = impl_->active.front()->impl().jobs;
-  } else if (Job* current = detail::running_job(); current != nullptr) {
-    timer = current->impl().jobs;
+  if (!core_->active.empty()) {
+    timer = core_->active.front()->shared_jobs();
+  } else if (const detail::JobCore* current = detail::running_job(); current != nullptr) {
+    timer = current->shared_jobs();
   }
-  return impl_->changed.wait_until(
-      lock, deadline, [this] { return impl_->state == State::none; }, timer.get());
+  return core_->changed.wait_until(
+      lock, deadline, [this] { return core_->state == State::none; }, timer.get());
 }
 
 std::vector<std::shared_ptr<Job>> JobGroup::active_jobs() const {
-  std::lock_guard lock(impl_->mutex);
-  std::vector<std::shared_ptr<Job>> jobs = impl_->active;
+  std::lock_guard lock(core_->mutex);
+  std::vector<std::shared_ptr<Job>> jobs;
+  jobs.reserve(core_->active.size());
+  for (const detail::JobCore* job : core_->active) jobs.push_back(job->owned());
   return jobs;
 }
 
 Status JobGroup::result() const {
-  std::lock_guard lock(impl_->mutex);
-  return impl_->last_result;
+  std::lock_guard lock(core_->mutex);
+  return core_->last_result;
 }
 
-bool JobGroup::should_cancel(const Status& /*last_result*/, int failed, int /*canceled*/) {
-  return failed > 0;
-}
+bool JobGroup::should_cancel(const Status& /*last_result*/, int failed, int /*canceled*/) { return failed > 0; }
 
 Status JobGroup::compute_group_result(const std::vector<Status>& results) {
   Status combined;
@@ -223,98 +254,6 @@ Status JobGroup::compute_group_result(const std::vector<Status>& results) {
                        std::to_string(results.size()) + " jobs did not finish ok";
   }
   return combined;
-}
-
-// ---------------------------------------------------------------------------------------------
-// ProgressMonitor
-
-bool ProgressMonitor::is_canceled() const noexcept {
-  return canceled_.load(std::memory_order_acquire) || (parent_ != nullptr && parent_->is_canceled());
-}
-
-void ProgressMonitor::set_canceled(bool canceled) noexcept {
-  canceled_.store(canceled, std::memory_order_release);
-  try {
-    on_canceled(canceled);
-  } catch (...) {
-  }
-}
-
-void ProgressMonitor::begin_task(std::string_view name, int total_work) {
-  {
-    std::lock_guard lock(mutex_);
-    task_name_ = std::string(name);
-  }
-  total_.store(total_work, std::memory_order_relaxed);
-  done_work_.store(0, std::memory_order_relaxed);
-  on_begin_task(name, total_work);
-}
-
-void ProgressMonitor::worked(int work) {
-  if (work > 0) add_work(work);
-}
-
-void ProgressMonitor::add_work(double work) {
-  const int total = total_.load(std::memory_order_relaxed);
-  double before = done_work_.load(std::memory_order_relaxed);
-  double after = 0;
-  do {
-    after = before + work;
-    if (total >= 0 && after > total) after = total;
-  } while (!done_work_.compare_exchange_weak(before, after, std::memory_order_relaxed));
-  if (parent_ != nullptr && total > 0) {
-    // Report the share of our progress to the parent, in its units (its hooks outside our lock).
-    const double share = parent_share_ * (after / total);
-    double delta = 0;
-    {
-      std::lock_guard lock(mutex_);
-      delta = share - reported_to_parent_;
-      if (delta > 0) reported_to_parent_ = share;
-    }
-    if (delta > 0) parent_->add_work(delta);
-  }
-  on_worked(after, total);
-}
-
-void ProgressMonitor::subtask(std::string_view name) {
-  {
-    std::lock_guard lock(mutex_);
-    subtask_name_ = std::string(name);
-  }
-  on_subtask(name);
-}
-
-void ProgressMonitor::done() {
-  if (finished_.exchange(true)) return;
-  const int total = total_.load(std::memory_order_relaxed);
-  if (total > 0) add_work(total - done_work_.load(std::memory_order_relaxed));
-  if (parent_ != nullptr) {
-    double delta = 0;
-    {
-      std::lock_guard lock(mutex_);
-      delta = parent_share_ - reported_to_parent_;
-      reported_to_parent_ = parent_share_;
-    }
-    if (delta > 0) parent_->add_work(delta);
-  }
-  on_done();
-}
-
-std::string ProgressMonitor::task_name() const {
-  std::lock_guard lock(mutex_);
-  return task_name_;
-}
-
-std::string ProgressMonitor::subtask_name() const {
-  std::lock_guard lock(mutex_);
-  return subtask_name_;
-}
-
-std::unique_ptr<ProgressMonitor> ProgressMonitor::split(int work) {
-  auto child = std::make_unique<ProgressMonitor>();
-  child->parent_ = this;
-  child->parent_share_ = work > 0 ? work : 0;
-  return child;
 }
 
 }  // namespace tasklet

@@ -18,7 +18,7 @@ namespace {
 class JobsExtension final : public DomainExtension {
  public:
   explicit JobsExtension(Domain& domain) : scheduler_(domain.make_background()) {
-    impl(*scheduler_).order_async_phases_by(&JobTasklet::deadline_of);
+    impl(*scheduler_).order_async_phases_by(&JobRun::deadline_of);
     jobs_ = std::make_shared<Jobs>(*scheduler_);
   }
 
@@ -58,8 +58,8 @@ namespace tasklet {
 using detail::jobs_of;
 
 std::shared_ptr<Job> JobManager::current_job() const {
-  Job* job = detail::running_job();
-  return job != nullptr ? job->shared_from_this() : nullptr;
+  const detail::JobCore* job = detail::running_job();
+  return job != nullptr ? job->owned() : nullptr;
 }
 std::vector<std::shared_ptr<Job>> JobManager::find(Family family) const { return jobs_of(*this).find(family); }
 void JobManager::cancel(Family family) { jobs_of(*this).cancel(family); }

@@ -1,25 +1,34 @@
 #include "jobs.hpp"
 
 #include <algorithm>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
-#include "context.hpp"
-#include "domain.hpp"
 #include "scheduler_impl.hpp"
+#include "tasklet_state.hpp"
 #include "tasklet/error.hpp"
 
 namespace tasklet::detail {
 
-Directive JobTasklet::task() {
-  if (completion) {
-    jobs_.complete(std::move(*completion));
-  } else {
-    jobs_.run(*this);
-  }
+namespace jw = job_word;
+
+Directive JobRun::task() {
+  core_.jobs().run(core_, *this);
   return Directive::done;
+}
+
+JobExtras& JobCore::extras() {
+  if (!extras_) extras_ = std::make_unique<JobExtras>();
+  return *extras_;
+}
+
+std::uint32_t JobCore::change(JobState phase, std::uint32_t set, std::uint32_t clear) noexcept {
+  std::uint32_t old = word.load(std::memory_order_relaxed);
+  while (!word.compare_exchange_weak(old, (jw::with_phase(old, phase) | set) & ~clear, std::memory_order_acq_rel,
+                                     std::memory_order_relaxed)) {
+  }
+  return old;
 }
 
 namespace {
@@ -60,11 +69,25 @@ bool in_family(const Job& job, Family family) {
   }
 }
 
-std::shared_ptr<Job> owned(Job& job) {
-  std::shared_ptr<Job> self = job.weak_from_this().lock();
-  if (!self) throw IllegalState("job '" + job.name() + "' is not owned by a std::shared_ptr");
-  return self;
+Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+  if (timeout == std::chrono::milliseconds::max()) return Clock::time_point::max();
+  const Clock::time_point now = Clock::now();
+  return timeout >= std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now)
+             ? Clock::time_point::max()
+             : now + timeout;
 }
+
+// Holds a count up while somebody waits for changes of the registry (ends notify only then).
+class Watching {
+ public:
+  explicit Watching(std::atomic<int>& watchers) noexcept : watchers_(watchers) { watchers_.fetch_add(1); }
+  ~Watching() { watchers_.fetch_sub(1); }
+  Watching(const Watching&) = delete;
+  Watching& operator=(const Watching&) = delete;
+
+ private:
+  std::atomic<int>& watchers_;
+};
 
 }  // namespace
 
@@ -74,36 +97,42 @@ Jobs::~Jobs() {
   // The manager shut us down before it let go; this is only the timer thread's last chance.
   {
     std::lock_guard lock(mutex);
-    stopping_ = true;
+    timer_stopping_ = true;
   }
   timer_changed_.notify_all();
   if (timer_.joinable()) timer_.join();
 }
 
-// Cancels what has not started, stops the timer, waits for running jobs (but the one whose run()
-// is on this thread, when the manager is dropped inside it).
 void Jobs::shutdown() noexcept {
   std::vector<std::shared_ptr<Job>> pending;
   {
     std::lock_guard lock(mutex);
-    if (stopping_) return;
-    stopping_ = true;
-    for (auto& [key, job] : live_) pending.push_back(job);
+    if (stopping_.exchange(true)) return;
+    timer_stopping_ = true;
   }
   timer_changed_.notify_all();
   if (timer_.joinable()) timer_.join();
-  for (auto& job : pending) cancel(*job);
-  // Not for what this code is inside of: its own run, or the end of a run (a done listener).
-  const Job* here = runs_a_job_here() ? running_job() : nullptr;
-  int ending_here = 0;
-  for (const CallFrame* call = detail::state().completing_run; call != nullptr; call = call->outer) {
-    if (call->owner == this) ++ending_here;
+  try {
+    pending = find(nullptr);
+  } catch (...) {
   }
+  for (auto& job : pending) job->cancel();
+  // Not for what this code is inside of: its own run, or the end of a run (a done listener).
+  std::size_t mine = runs_a_job_here() ? 1 : 0;
+  for (const CallFrame* call = state().completing_run; call != nullptr; call = call->outer) {
+    if (call->owner == this) ++mine;
+  }
+  const auto listed = [this] {
+    std::size_t count = 0;
+    for (const Shard& shard : shards_) {
+      std::lock_guard lock(shard.mutex);
+      count += shard.count;
+    }
+    return count;
+  };
+  const Watching watching(watchers_);
   std::unique_lock lock(mutex);
-  changed_.wait(lock, [&] {
-    return starting_ == 0 && ending_ <= ending_here &&
-           (live_.empty() || (live_.size() == 1 && live_.count(here) == 1));
-  });
+  changed_.wait(lock, [&] { return listed() <= mine; });
 }
 
 Jobs::Registrations Jobs::detach() noexcept {
@@ -113,21 +142,22 @@ Jobs::Registrations Jobs::detach() noexcept {
   scheduler_ = nullptr;
   registrations.listeners.swap(listeners_);
   registrations.provider.swap(provider_);
+  has_provider_ = false;
   held_.clear();
   held_entered_.clear();
   return registrations;
 }
 
 bool Jobs::runs_a_job_here() const noexcept {
-  const Job* job = running_job();
-  return job != nullptr && job->impl_->jobs.get() == this;
+  const JobCore* job = running_job();
+  return job != nullptr && &job->jobs() == this;
 }
 
-void Jobs::destroy_after_this_run(std::shared_ptr<Domain> manager) noexcept {
+void Jobs::destroy_after_this_run(std::shared_ptr<Domain> domain) noexcept {
   shutdown();
   std::lock_guard lock(mutex);
   dying_after_ = running_job();
-  dying_ = std::move(manager);
+  dying_ = std::move(domain);
 }
 
 void Jobs::schedule_refused(const Job& job) const {
@@ -136,417 +166,527 @@ void Jobs::schedule_refused(const Job& job) const {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The registry of live jobs
+
+void Jobs::list(JobCore& job) {
+  std::shared_ptr<Job> owner = job.owned();  // before the lock: its count is written elsewhere too
+  Shard& shard = shard_of(job);
+  std::lock_guard lock(shard.mutex);
+  if (job.listed) return;
+  job.listed = true;
+  job.keep_alive = std::move(owner);
+  job.prev = nullptr;
+  job.next = shard.head;
+  if (shard.head != nullptr) shard.head->prev = &job;
+  shard.head = &job;
+  ++shard.count;
+}
+
+// A job leaves the registry once its end is complete and it is not about to run again; a schedule()
+// that made it waiting meanwhile keeps it (it reads the state under the shard's lock).
+void Jobs::unlist_if_over(JobCore& job) {
+  std::shared_ptr<Job> owner;  // dropped outside the lock: it may be the last reference
+  {
+    Shard& shard = shard_of(job);
+    std::lock_guard lock(shard.mutex);
+    const std::uint32_t word = job.load();
+    if (!job.listed || jw::phase(word) != JobState::none || (word & jw::rerun_pending) != 0) return;
+    job.listed = false;
+    if (job.prev != nullptr) {
+      job.prev->next = job.next;
+    } else {
+      shard.head = job.next;
+    }
+    if (job.next != nullptr) job.next->prev = job.prev;
+    --shard.count;
+    owner = std::move(job.keep_alive);
+  }
+  changed();
+}
+
+template <class Visit>
+void Jobs::for_each_listed(Visit&& visit) const {
+  for (const Shard& shard : shards_) {
+    std::lock_guard lock(shard.mutex);
+    for (JobCore* job = shard.head; job != nullptr; job = job->next) visit(*job);
+  }
+}
+
+void Jobs::changed() noexcept {
+  if (watchers_.load() == 0) return;
+  std::lock_guard lock(mutex);
+  ++changes_;
+  changed_.notify_all();
+}
+
+// ---------------------------------------------------------------------------------------------
 // Entering and leaving the states
 
 // Gives back a job's group slot (it goes to sleep, or waits out a suspension) and lets the next
-// throttled job of the group in.
-void Jobs::release_group_slot(Job& job, std::vector<std::shared_ptr<JobTasklet>>& to_start) {
-  Job::Impl& state = job.impl();
-  if (!state.holds_group_slot) return;
-  state.holds_group_slot = false;
-  std::shared_ptr<Job> next;
+// throttled job of the group in. Under `mutex`.
+void Jobs::release_group_slot(JobCore& job, ToStart& to_start) {
+  if (!job.holds_group_slot) return;
+  job.holds_group_slot = false;
+  JobCore* next = nullptr;
   {
-    auto& g = state.group->impl();
+    GroupCore& g = *job.group_core;
     std::lock_guard group_lock(g.mutex);
     --g.running;
-    if (g.state != JobGroup::State::canceling && !g.throttled.empty() && g.admits(state.group->max_threads())) {
-      next = std::move(g.throttled.front());
+    if (g.state != JobGroup::State::canceling && !g.throttled.empty() && g.admits()) {
+      next = g.throttled.front();
       g.throttled.pop_front();
     }
   }
-  if (next) enter_waiting(next, to_start);
+  if (next != nullptr) enter_waiting(*next, to_start);
 }
 
-void Jobs::enter_waiting(const std::shared_ptr<Job>& job,
-                         std::vector<std::shared_ptr<JobTasklet>>& to_start) {
-  Job::Impl& state = job->impl();
-  state.state = JobState::waiting;
-  if (suspended_) {
-    held_.push_back(job);
+// The job is waiting: it waits out a suspension or for its group's slot, or its run goes to the
+// job scheduler (start(), outside the lock). Under `mutex`.
+void Jobs::enter_waiting(JobCore& job, ToStart& to_start) {
+  {
+    std::lock_guard job_lock(job.lock);
+    job.change(JobState::waiting);
+  }
+  if (suspended_.load(std::memory_order_relaxed)) {
+    held_.push_back(&job);
     return;
   }
-  if (JobGroup* group = state.group.get()) {
-    std::lock_guard group_lock(group->impl().mutex);
-    if (!group->impl().admits(group->max_threads())) {
-      group->impl().throttled.push_back(job);
+  if (GroupCore* g = job.group_core) {
+    std::lock_guard group_lock(g->mutex);
+    if (!g->admits()) {
+      g->throttled.push_back(&job);
       return;
     }
-    ++group->impl().running;
-    state.holds_group_slot = true;
+    ++g->running;
+    job.holds_group_slot = true;
   }
-  auto tasklet = std::make_shared<JobTasklet>(job, *this, deadline_for(state.priority));
-  if (state.rule) tasklet->set_rule(state.rule);
-  tasklet->set_name(job->name());
-  state.tasklet = tasklet;
-  to_start.push_back(std::move(tasklet));
-  ++starting_;
+  {
+    std::lock_guard job_lock(job.lock);
+    job.change(JobState::waiting, jw::taken);
+  }
+  to_start.push_back(&job);
 }
 
-// Hands the runs made under the lock to the job scheduler, outside it. A job canceled meanwhile
-// could not be taken out of a queue its run was not in yet: it is taken out now (cancel() left it
-// waiting, with cancel_requested), or, when a runner has its run already, that run ends it. So a
-// canceled job's rule is never taken after the job has ended. Such an end is completed here, on
-// the thread that started the run, or, on the timer thread, by the job scheduler: listeners and
-// group hooks never run on the timer thread (one of them may drop the manager, whose shutdown
-// joins that thread). shutdown waits for these hand-offs, so the scheduler outlives them.
-void Jobs::start(std::vector<std::shared_ptr<JobTasklet>>& to_start) {
-  if (to_start.empty()) return;
-  const int started = static_cast<int>(to_start.size());
-  if (auto* seam = before_hand_over.load(std::memory_order_acquire)) {
-    for (const auto& tasklet : to_start) seam(*tasklet->job);
-  }
-  for (const auto& tasklet : to_start) scheduler_->schedule(tasklet, Directive::async);
-  std::vector<RunEnd> canceled;
-  std::vector<std::shared_ptr<JobTasklet>> let_in;
-  {
-    std::lock_guard lock(mutex);
-    for (const auto& tasklet : to_start) {
-      tasklet->handed = true;
-      Job& job = *tasklet->job;
-      Job::Impl& state = job.impl();
-      if (state.tasklet != tasklet || !state.cancel_requested || state.about_to_run) continue;
-      if (withdraw_waiting(job)) {
-        canceled.push_back(finish_run(job, Status::cancel(), let_in));
-      } else {
-        state.about_to_run = true;  // a runner has it: its run ends it
-      }
-    }
-    starting_ -= started;
-    if (starting_ == 0) notify_changed();
-  }
+void Jobs::start(ToStart& to_start) {
+  for (JobCore* job : to_start) hand_over(*job);
   to_start.clear();
+}
+
+// Hands a waiting job's run to the job scheduler (the job is `taken`). A cancel() meanwhile could
+// not take back a run that is in no queue yet: the run is taken back now if it still can be (the
+// hand-over ends the job), or else its run ends it. So a canceled job's rule is never taken after
+// the job has ended. Such an end is completed on this thread, or, on the timer thread, by the job
+// scheduler: listeners and group hooks never run on the timer thread (one of them may drop the
+// manager, whose shutdown joins that thread).
+void Jobs::hand_over(JobCore& job) {
+  const std::shared_ptr<Job> owner = job.owned();
+  std::shared_ptr<Tasklet> run;
+  try {
+    auto made = std::allocate_shared<JobRun>(Allocator<JobRun>{}, job, deadline_for(job.priority));
+    if (job.rule) TaskletAccess::set_trusted_rule(*made, job.rule);  // validated by set_rule
+    run = std::move(made);
+  } catch (...) {
+    // Out of memory: the job ends with the error instead of waiting forever.
+    ToStart let_in;
+    RunEnd end;
+    {
+      std::lock_guard lock(mutex);
+      end = finish_run(job, Status::error("out of memory while starting the job", std::current_exception()), let_in);
+    }
+    start(let_in);
+    complete(std::move(end));
+    return;
+  }
+  {
+    std::lock_guard job_lock(job.lock);
+    job.run = run.get();
+  }
+  if (auto* seam = before_hand_over.load(std::memory_order_acquire)) seam(job.job());
+  Tasklet* handed = run.get();
+  scheduler_->schedule(std::move(run), Directive::async);
+  // A cancel() from now on finds the run in the scheduler; one that came earlier left this bit.
+  if ((job.load() & jw::canceled) == 0) return;
+  ToStart let_in;
+  RunEnd end;
+  {
+    // Under the lock cancel() takes it back under: the run is freed once it is taken back.
+    std::lock_guard lock(mutex);
+    {
+      std::lock_guard job_lock(job.lock);
+      if (job.run != handed || (job.load() & jw::canceled) == 0 || !impl(*scheduler_).withdraw(*handed)) return;
+      job.run = nullptr;
+    }
+    end = finish_run(job, Status::cancel(), let_in);
+  }
   start(let_in);
-  for (auto& end : canceled) {
-    if (timer_thread_of != this) {
-      complete(std::move(end));
-      continue;
-    }
-    std::shared_ptr<JobTasklet> completion;
-    try {
-      completion = std::make_shared<JobTasklet>(end.job, *this, deadline_for(end.job->priority()));
-      completion->set_name(end.job->name());
-      completion->completion = std::move(end);
-      scheduler_->schedule(completion, Directive::async);
-    } catch (...) {  // out of memory: completed here rather than lost
-      complete(completion && completion->completion ? *std::exchange(completion->completion, std::nullopt)
-                                                    : std::move(end));
-    }
+  if (timer_thread_of == this) {
+    complete_off_timer(std::move(end));
+  } else {
+    complete(std::move(end));
+  }
+}
+
+void Jobs::complete_off_timer(RunEnd end) {
+  auto shared_end = std::make_shared<RunEnd>(std::move(end));
+  try {
+    auto completion = make_tasklet([this, shared_end] {
+      complete(std::move(*shared_end));
+      return Directive::done;
+    });
+    scheduler_->schedule(std::move(completion), Directive::async);
+  } catch (...) {  // out of memory: completed here rather than lost
+    if (shared_end->job != nullptr) complete(std::move(*shared_end));
   }
 }
 
 // Takes a waiting job out of wherever it waits: true when it is out (and its run, if it had one,
-// ended unrun). False when its run cannot be taken back: a runner has it, or it is still being
-// handed to the scheduler (start() looks at it again then); the job keeps its run.
-bool Jobs::withdraw_waiting(Job& job) {
-  Job::Impl& state = job.impl();
+// ended unrun). False when its run cannot be taken back: it has started, or it is still being
+// handed to the scheduler (hand_over() looks at it again then). Under `mutex`.
+bool Jobs::withdraw_waiting(JobCore& job) {
   for (auto* queue : {&held_entered_, &held_}) {
-    auto held =
-        std::find_if(queue->begin(), queue->end(), [&](const auto& entry) { return entry.get() == &job; });
+    const auto held = std::find(queue->begin(), queue->end(), &job);
     if (held != queue->end()) {
       queue->erase(held);
       return true;
     }
   }
-  if (JobGroup* group = state.group.get()) {
-    auto& throttled = group->impl().throttled;
-    std::lock_guard group_lock(group->impl().mutex);
-    auto found = std::find_if(throttled.begin(), throttled.end(),
-                              [&](const auto& entry) { return entry.get() == &job; });
-    if (found != throttled.end()) {
-      throttled.erase(found);
+  if (GroupCore* g = job.group_core) {
+    std::lock_guard group_lock(g->mutex);
+    const auto found = std::find(g->throttled.begin(), g->throttled.end(), &job);
+    if (found != g->throttled.end()) {
+      g->throttled.erase(found);
       return true;
     }
   }
-  // Let into the rule table: its request is taken back if it still waits there, or its run if it
-  // was granted and waits for a runner (which frees the rule now).
-  if (state.tasklet == nullptr) return true;
-  if (!detail::impl(*scheduler_).withdraw(*state.tasklet)) return false;
-  state.tasklet = nullptr;
+  // Handed to the job scheduler: its request is taken back if it still waits in the rule table, or
+  // its run if it was granted and waits for a worker (which frees the rule now).
+  std::lock_guard job_lock(job.lock);
+  if (job.state() != JobState::waiting) return false;  // its run began, or ended, meanwhile
+  if ((job.load() & jw::taken) == 0) return true;
+  if (job.run == nullptr || scheduler_ == nullptr || !impl(*scheduler_).withdraw(*job.run)) return false;
+  job.run = nullptr;
+  job.change(JobState::waiting, 0, jw::taken);
   return true;
 }
 
 // Throttled jobs of the group that its max_threads lets in now (under the group's lock).
-std::vector<std::shared_ptr<Job>> Jobs::take_admissible(JobGroup& group) {
-  auto& g = group.impl();
-  std::vector<std::shared_ptr<Job>> let_in;
-  while (g.state != JobGroup::State::canceling && !g.throttled.empty() &&
-         g.admits(group.max_threads(), static_cast<int>(let_in.size()))) {
-    let_in.push_back(std::move(g.throttled.front()));
-    g.throttled.pop_front();
+std::vector<JobCore*> Jobs::take_admissible(GroupCore& group) {
+  std::vector<JobCore*> let_in;
+  while (group.state != JobGroup::State::canceling && !group.throttled.empty() &&
+         group.admits(static_cast<int>(let_in.size()))) {
+    let_in.push_back(group.throttled.front());
+    group.throttled.pop_front();
   }
   return let_in;
 }
 
-// The job's run (or its wait to run) is over: state none, result kept, group told. Called under
-// the lock; what needs user code (the group's hooks) or listeners is left in the returned RunEnd
-// for complete(), outside the lock.
-RunEnd Jobs::finish_run(Job& job, Status result, std::vector<std::shared_ptr<JobTasklet>>& to_start) {
-  Job::Impl& state = job.impl();
-  disarm_timer(job);
-  state.state = JobState::none;
-  state.about_to_run = false;
-  state.cancel_requested = false;
-  state.tasklet = nullptr;
-  state.result = result;
-  ++state.ends;
-  ++ending_;  // until complete() has told the listeners
+// The state word's part of a run's end: state none, result kept, ends counted, joiners told.
+RunEnd Jobs::end_word(JobCore& job, Status result) {
   RunEnd end;
-  end.job = owned(job);
-  end.rerun = state.rerun && !stopping_;
-  end.rerun_delay = state.rerun_delay;
-  state.rerun = false;
-  end.done = JobEvent{end.job, result, std::chrono::milliseconds{0}, nullptr};
-
-  if (JobGroup* group = state.group.get()) {
-    auto& g = group->impl();
-    std::vector<std::shared_ptr<Job>> let_in;
-    {
-      std::lock_guard group_lock(g.mutex);
-      std::erase_if(g.active, [&](const auto& entry) { return entry.get() == &job; });
-      if (state.seed) ++g.seeds_done;
-      state.seed = false;
-      if (state.holds_group_slot) --g.running;
-      state.holds_group_slot = false;
-      g.results.push_back(result);
-      if (result.is_error()) ++g.failed;
-      if (result.is_canceled()) ++g.canceled;
-      end.group = state.group;
-      end.group_over = g.active.empty() && g.throttled.empty() && g.seeds_done >= g.seeds_expected;
-      if (end.group_over) {
-        end.group_results = std::move(g.results);
-        g.results.clear();
-      } else {
-        end.ask_should_cancel = !result.is_ok() && g.state == JobGroup::State::active;
-      }
-      end.failed = g.failed;
-      end.canceled = g.canceled;
-      // After a failure, should_cancel() decides (in complete()) before any job of the group is
-      // let in: the throttled ones, and those scheduled meanwhile, which are throttled too.
-      if (end.ask_should_cancel) {
-        ++g.deciding;
-      } else {
-        let_in = take_admissible(*group);
-      }
-    }
-    for (auto& next : let_in) enter_waiting(next, to_start);
+  end.job = &job;
+  end.owner = job.owned();
+  std::uint32_t old = 0;
+  {
+    std::lock_guard job_lock(job.lock);
+    old = job.load();
+    end.rerun = (old & jw::rerun) != 0 && !stopping_.load(std::memory_order_relaxed);
+    end.rerun_delay = job.rerun_delay;
+    job.monitor = nullptr;
+    job.run = nullptr;
+    job.result = result.is_ok() ? nullptr : std::make_unique<Status>(result);
+    // A joiner may set `joined` meanwhile (without the lock): the swap must see it.
+    std::uint32_t next = 0;
+    do {
+      next = jw::with_phase(old, JobState::none) + jw::one_end;
+      next &= ~(jw::taken | jw::started | jw::canceled | jw::rerun | jw::canceling_called | jw::joined);
+      if (end.rerun) next |= jw::rerun_pending;
+    } while (!job.word.compare_exchange_weak(old, next, std::memory_order_acq_rel, std::memory_order_acquire));
   }
-  if (end.rerun) {
-    state.rerun_pending = true;  // still busy for join(family) and is_idle() until it is queued again
-  } else {
-    live_.erase(&job);
+  end.done = JobEvent{end.owner, std::move(result), std::chrono::milliseconds{0}, nullptr};
+  if ((old & jw::joined) != 0) {
+    std::lock_guard lock(join_mutex_);
+    joined_.notify_all();
   }
-  notify_changed();
   return end;
 }
 
-// The part of a run's end that runs user code: the group's hooks, then the done event.
-void Jobs::complete(RunEnd end) {
-  CallFrame frame{this, detail::state().completing_run};
-  detail::state().completing_run = &frame;
-  complete_run(std::move(end));
-  detail::state().completing_run = frame.outer;  // the listeners may have moved it to another thread
-  std::lock_guard lock(mutex);
-  --ending_;
-  if (stopping_) notify_changed();  // only shutdown waits for it
+// The group's part of a run's end (under `mutex`): the job leaves the group's counts, and the group
+// is over or lets its next jobs in.
+void Jobs::finish_group(JobCore& job, RunEnd& end, ToStart& to_start) {
+  GroupCore* g = job.group_core;
+  if (g == nullptr) return;
+  std::vector<JobCore*> let_in;
+  {
+    std::lock_guard group_lock(g->mutex);
+    std::erase(g->active, &job);
+    if (job.seed) ++g->seeds_done;
+    job.seed = false;
+    if (job.holds_group_slot) --g->running;
+    job.holds_group_slot = false;
+    const Status& result = end.done.result;
+    g->results.push_back(result);
+    if (result.is_error()) ++g->failed;
+    if (result.is_canceled()) ++g->canceled;
+    end.group = g;
+    end.group_over = g->active.empty() && g->throttled.empty() && g->seeds_done >= g->seeds_expected;
+    if (end.group_over) {
+      end.group_results = std::move(g->results);
+      g->results.clear();
+    } else {
+      end.ask_should_cancel = !result.is_ok() && g->state == JobGroup::State::active;
+    }
+    end.failed = g->failed;
+    end.canceled = g->canceled;
+    // After a failure, should_cancel() decides (in complete()) before any job of the group is let
+    // in: the throttled ones, and those scheduled meanwhile, which are throttled too.
+    if (end.ask_should_cancel) {
+      ++g->deciding;
+    } else {
+      let_in = take_admissible(*g);
+    }
+  }
+  for (JobCore* next : let_in) enter_waiting(*next, to_start);
 }
 
-void Jobs::complete_run(RunEnd end) {
-  if (end.group && end.group_over) {
-    Status combined;
-    try {
-      combined = end.group->compute_group_result(end.group_results);
-    } catch (...) {
-      combined = Status::error("compute_group_result threw", std::current_exception());
-    }
-    {
-      std::lock_guard group_lock(end.group->impl().mutex);
-      auto& g = end.group->impl();
-      g.last_result = combined;
-      g.state = JobGroup::State::none;
-      g.failed = g.canceled = g.seeds_done = 0;
-      g.changed.notify_all();
-    }
-    end.done.group_result = std::make_shared<const Status>(std::move(combined));
-  } else if (end.group && end.ask_should_cancel) {
-    bool cancel_group = true;
-    try {
-      cancel_group = end.group->should_cancel(end.done.result, end.failed, end.canceled);
-    } catch (...) {
-    }
-    // Canceling first: the jobs throttled while it decided are canceled, not let in.
-    if (cancel_group) group_cancel(*end.group);
-    std::vector<std::shared_ptr<JobTasklet>> to_start;
-    {
-      std::lock_guard lock(mutex);
-      std::vector<std::shared_ptr<Job>> let_in;
-      {
-        std::lock_guard group_lock(end.group->impl().mutex);
-        --end.group->impl().deciding;
-        let_in = take_admissible(*end.group);
-      }
-      for (auto& next : let_in) enter_waiting(next, to_start);
-    }
-    start(to_start);
-  }
-  {
-    std::lock_guard lock(mutex);
-    post(*end.job, PendingEvent::Kind::done, std::move(end.done));
-  }
-  deliver(*end.job);
+// A run (or a wait to run) is over. Under `mutex`; what needs user code (the group's hooks) or
+// listeners is left in the returned RunEnd for complete(), outside the lock. A re-run asked for
+// after the last cancel() follows (a cancel drops the ones asked for before it).
+RunEnd Jobs::finish_run(JobCore& job, Status result, ToStart& to_start) {
+  disarm_timer(job);
+  RunEnd end = end_word(job, std::move(result));
+  finish_group(job, end, to_start);
+  ++changes_;  // under `mutex`
+  changed_.notify_all();
+  return end;
+}
+
+// The part of a run's end that runs user code: the group's hooks, then the done event; then the
+// re-run, or the job leaves the registry.
+void Jobs::complete(RunEnd end) {
+  CallFrame frame{this, state().completing_run};
+  state().completing_run = &frame;
+  complete_run(end);
+  state().completing_run = frame.outer;  // the listeners may have moved it to another thread
   if (end.rerun) {
     try {
       schedule(*end.job, end.rerun_delay, true);
     } catch (...) {
-      std::lock_guard lock(mutex);
-      end.job->impl().rerun_pending = false;
-      live_.erase(end.job.get());
-      notify_changed();
+      std::lock_guard job_lock(end.job->lock);
+      end.job->word.fetch_and(~jw::rerun_pending, std::memory_order_acq_rel);
     }
+  }
+  unlist_if_over(*end.job);
+}
+
+void Jobs::complete_run(RunEnd& end) {
+  if (end.group != nullptr && end.group_over) {
+    Status combined;
+    try {
+      combined = end.group->hooks.compute_group_result(end.group->self, end.group_results);
+    } catch (...) {
+      combined = Status::error("compute_group_result threw", std::current_exception());
+    }
+    {
+      std::lock_guard group_lock(end.group->mutex);
+      end.group->last_result = combined;
+      end.group->state = JobGroup::State::none;
+      end.group->failed = end.group->canceled = end.group->seeds_done = 0;
+      end.group->changed.notify_all();
+    }
+    end.done.group_result = std::make_shared<const Status>(std::move(combined));
+  } else if (end.group != nullptr && end.ask_should_cancel) {
+    bool cancel_group = true;
+    try {
+      cancel_group = end.group->hooks.should_cancel(end.group->self, end.done.result, end.failed, end.canceled);
+    } catch (...) {
+    }
+    // Canceling first: the jobs throttled while it decided are canceled, not let in.
+    if (cancel_group) group_cancel(*end.group);
+    ToStart to_start;
+    {
+      std::lock_guard lock(mutex);
+      std::vector<JobCore*> let_in;
+      {
+        std::lock_guard group_lock(end.group->mutex);
+        --end.group->deciding;
+        let_in = take_admissible(*end.group);
+      }
+      for (JobCore* next : let_in) enter_waiting(*next, to_start);
+    }
+    start(to_start);
+  }
+  if (has_listeners(*end.job)) {
+    {
+      std::lock_guard lock(mutex);
+      post(*end.job, PendingEvent::Kind::done, std::move(end.done));
+    }
+    deliver(*end.job);
   }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Job operations
 
-void Jobs::schedule(Job& job, std::chrono::milliseconds delay, bool is_rerun) {
-  if (delay.count() < 0) throw IllegalState("schedule(" + job.name() + "): the delay is negative");
-  std::shared_ptr<Job> self = owned(job);
+void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun) {
+  if (delay.count() < 0) throw IllegalState("schedule(" + job.job().name() + "): the delay is negative");
+  if (stopping_.load(std::memory_order_acquire) && !is_rerun) schedule_refused(job.job());
+  bool wanted = false;
+  try {
+    wanted = job.hooks().should_schedule(job.job());
+  } catch (...) {
+    if (is_rerun) {
+      std::lock_guard job_lock(job.lock);
+      job.word.fetch_and(~jw::rerun_pending, std::memory_order_acq_rel);
+    }
+    throw;
+  }
+  const bool plain = delay.count() == 0 && job.group_core == nullptr && !has_listeners(job);
+  {
+    std::lock_guard job_lock(job.lock);
+    const std::uint32_t word = job.load();
+    if (is_rerun) job.word.fetch_and(~jw::rerun_pending, std::memory_order_acq_rel);
+    if (!wanted) return;
+    // Running, or about to (its run has begun, or a cancel that could not take the run back lets
+    // the run end it, unrun): once more after it ends.
+    const JobState phase = jw::phase(word);
+    if (phase == JobState::running || (phase == JobState::waiting && (word & (jw::started | jw::canceled)) != 0)) {
+      job.change(phase, jw::rerun);
+      job.rerun_delay = delay;
+      return;
+    }
+    if (phase != JobState::none) return;  // already waiting or sleeping (even for a re-run)
+    if (stopping_.load(std::memory_order_acquire)) schedule_refused(job.job());
+    job.order = next_order_.fetch_add(1, std::memory_order_relaxed);
+    // A plain job goes straight to the job scheduler, unless the manager is suspended.
+    if (plain && !suspended_.load(std::memory_order_acquire)) {
+      job.change(JobState::waiting, jw::taken);
+    } else {
+      job.change(JobState::waiting);
+    }
+  }
+  list(job);
+  if (plain && (job.load() & jw::taken) != 0) {
+    hand_over(job);
+    return;
+  }
+  ToStart to_start;
+  bool canceled_at_once = false;
+  RunEnd ended;
   {
     std::lock_guard lock(mutex);
-    if (stopping_ && !is_rerun) schedule_refused(job);
-  }
-  const bool wanted = job.should_schedule();
-  std::vector<std::shared_ptr<JobTasklet>> to_start;
-  bool canceled_at_once = false;
-  std::optional<RunEnd> ended;
-  {
-    std::unique_lock lock(mutex);
-    Job::Impl& state = job.impl();
-    if (is_rerun) {
-      state.rerun_pending = false;
-      if (!wanted) {
-        live_.erase(&job);
-        notify_changed();
-        return;
-      }
-    } else if (!wanted) {
-      return;
-    }
-    // Running, or about to (a cancel that could not take the run back lets it end the job, unrun):
-    // once more after it ends.
-    if (state.state == JobState::running || state.about_to_run || state.cancel_requested) {
-      state.rerun = true;
-      state.rerun_delay = delay;
-      return;
-    }
-    if (state.state != JobState::none) return;  // already waiting or sleeping (even for a re-run)
-    if (stopping_) schedule_refused(job);
-    live_[&job] = self;
-    if (JobGroup* group = state.group.get()) {
-      std::lock_guard group_lock(group->impl().mutex);
-      auto& g = group->impl();
-      // Jobs scheduled from outside the group's own jobs are its seeds, even when canceled at once.
-      Job* parent = running_job();
-      state.seed = !is_rerun && !(parent != nullptr && parent->impl().group.get() == group);
-      if (g.state == JobGroup::State::canceling) {
-        canceled_at_once = true;
-      } else {
-        g.state = JobGroup::State::active;
-        g.active.push_back(self);
-      }
-    }
-    post(job, PendingEvent::Kind::scheduled, JobEvent{self, {}, delay, nullptr});
-    if (canceled_at_once) {
-      ended = finish_run(job, Status::cancel("the job's group is canceling"), to_start);
-    } else if (delay.count() > 0) {
-      state.state = JobState::sleeping;
-      arm_timer(job, Clock::now() + delay);
+    if (plain) {
+      // It found the manager suspended: it waits out the suspension.
+      enter_waiting(job, to_start);
     } else {
-      enter_waiting(self, to_start);
+      if (GroupCore* g = job.group_core) {
+        std::lock_guard group_lock(g->mutex);
+        // Jobs scheduled from outside the group's own jobs are its seeds, even when canceled at once.
+        const JobCore* parent = running_job();
+        job.seed = !is_rerun && !(parent != nullptr && parent->group_core == g);
+        if (g->state == JobGroup::State::canceling) {
+          canceled_at_once = true;
+        } else {
+          g->state = JobGroup::State::active;
+          g->active.push_back(&job);
+        }
+      }
+      if (has_listeners(job)) {
+        post(job, PendingEvent::Kind::scheduled, JobEvent{job.owned(), {}, delay, nullptr});
+      }
+      if (canceled_at_once) {
+        ended = finish_run(job, Status::cancel("the job's group is canceling"), to_start);
+      } else if (delay.count() > 0) {
+        {
+          std::lock_guard job_lock(job.lock);
+          job.change(JobState::sleeping);
+        }
+        arm_timer(job, Clock::now() + delay);
+      } else {
+        enter_waiting(job, to_start);
+      }
     }
   }
   start(to_start);
   deliver(job);
-  if (ended) complete(std::move(*ended));
+  if (ended.job != nullptr) complete(std::move(ended));
 }
 
-bool Jobs::cancel(Job& job) {
-  bool call_canceling = false;
+bool Jobs::cancel(JobCore& job) {
+  const std::shared_ptr<Job> owner = job.owned();
   std::shared_ptr<ProgressMonitor> monitor;
-  std::optional<RunEnd> ended;
-  std::vector<std::shared_ptr<JobTasklet>> to_start;
+  bool call_canceling = false;
+  RunEnd ended;
+  ToStart to_start;
   {
     std::lock_guard lock(mutex);
-    Job::Impl& state = job.impl();
-    switch (state.state) {
+    switch (job.state()) {
       case JobState::none:
         return true;
       case JobState::sleeping:
         ended = finish_run(job, Status::cancel(), to_start);
         break;
       case JobState::waiting:
-        if (!state.about_to_run && withdraw_waiting(job)) {
-          state.rerun = false;  // asked for while an earlier cancel was pending: this one wins
+        if (withdraw_waiting(job)) {
           ended = finish_run(job, Status::cancel(), to_start);
           break;
         }
-        // A runner has its run, or is about to be given it: the run ends it, unrun and canceled,
-        // and join() waits for that (the rule it may hold is free by then).
-        state.cancel_requested = true;
-        if (state.tasklet != nullptr && state.tasklet->handed) state.about_to_run = true;
-        return false;
-      case JobState::running:
-        monitor = state.monitor;
-        call_canceling = !state.canceling_called;
-        state.canceling_called = true;
+        {
+          // Its run has started, or is still being handed over: the run ends it, unrun and
+          // canceled, and join() waits for that (the rule it may hold is free by then). A re-run
+          // asked for earlier is dropped: the cancel is the last word.
+          std::lock_guard job_lock(job.lock);
+          if (job.state() == JobState::waiting) {
+            job.change(JobState::waiting, jw::canceled, jw::rerun);
+            return false;
+          }
+        }
+        [[fallthrough]];  // it started running meanwhile
+      case JobState::running: {
+        std::lock_guard job_lock(job.lock);
+        if (job.state() != JobState::running) return job.state() == JobState::none;
+        const std::uint32_t old = job.change(JobState::running, jw::canceling_called, jw::rerun);
+        monitor = job.monitor;
+        call_canceling = (old & jw::canceling_called) == 0;
         break;
+      }
     }
   }
   if (monitor != nullptr) {
     monitor->set_canceled(true);
     if (call_canceling) {
       try {
-        job.canceling();
+        job.hooks().canceling(job.job());
       } catch (...) {
       }
     }
     return false;
   }
   start(to_start);
-  if (ended) complete(std::move(*ended));
+  if (ended.job != nullptr) complete(std::move(ended));
   return true;
 }
 
-namespace {
-Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
-  if (timeout == std::chrono::milliseconds::max()) return Clock::time_point::max();
-  const Clock::time_point now = Clock::now();
-  return timeout >= std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now)
-             ? Clock::time_point::max()
-             : now + timeout;
-}
-}  // namespace
-
-// On a worker (a job joining another job) the wait suspends the task and leaves the runner limit,
-// so the job joined can run even when every runner is taken by joiners.
-bool Jobs::join(Job& job, std::chrono::milliseconds timeout) {
+// On a worker (a job joining another job) the wait suspends the task, so the job joined can run
+// even when every worker is taken by joiners.
+bool Jobs::join(JobCore& job, std::chrono::milliseconds timeout) {
   if (running_job() == &job) {
-    throw IllegalState("join: job '" + job.name() + "' cannot join itself");
+    throw IllegalState("join: job '" + job.job().name() + "' cannot join itself");
   }
-  std::unique_lock lock(mutex);
-  Job::Impl& state = job.impl();
-  if (state.state == JobState::none) return true;
-  const std::uint64_t ends = state.ends;
-  return changed_.wait_until(
-      lock, deadline_after(timeout), [&] { return state.ends != ends; }, this);
+  const std::uint32_t seen = job.load();
+  if (jw::phase(seen) == JobState::none) return true;
+  std::unique_lock lock(join_mutex_);
+  const std::uint32_t now = job.word.fetch_or(jw::joined, std::memory_order_acq_rel);
+  const std::uint32_t ends = seen / jw::one_end;
+  if (now / jw::one_end != ends) return true;
+  return joined_.wait_until(
+      lock, deadline_after(timeout), [&] { return job.load() / jw::one_end != ends; }, this);
 }
 
-bool Jobs::sleep(Job& job) {
-  std::vector<std::shared_ptr<JobTasklet>> to_start;
+bool Jobs::sleep(JobCore& job) {
+  ToStart to_start;
   {
     std::lock_guard lock(mutex);
-    Job::Impl& state = job.impl();
-    switch (state.state) {
+    switch (job.state()) {
       case JobState::none:
         return true;
       case JobState::running:
@@ -555,11 +695,14 @@ bool Jobs::sleep(Job& job) {
         disarm_timer(job);
         return true;
       case JobState::waiting:
-        // About to run, or canceled and left to its run to end: nothing to put to sleep.
-        if (state.about_to_run || state.cancel_requested || !withdraw_waiting(job)) return false;
+        // Started, or canceled and left to its run to end: nothing to put to sleep.
+        if ((job.load() & jw::canceled) != 0 || !withdraw_waiting(job)) return false;
         release_group_slot(job, to_start);
-        state.state = JobState::sleeping;
-        post(job, PendingEvent::Kind::sleeping, JobEvent{owned(job), {}, {}, nullptr});
+        {
+          std::lock_guard job_lock(job.lock);
+          job.change(JobState::sleeping);
+        }
+        if (has_listeners(job)) post(job, PendingEvent::Kind::sleeping, JobEvent{job.owned(), {}, {}, nullptr});
         break;
     }
   }
@@ -568,28 +711,27 @@ bool Jobs::sleep(Job& job) {
   return true;
 }
 
-void Jobs::wake_up(Job& job, std::chrono::milliseconds delay) {
-  std::vector<std::shared_ptr<JobTasklet>> to_start;
+void Jobs::wake_up(JobCore& job, std::chrono::milliseconds delay) {
+  ToStart to_start;
   {
     std::lock_guard lock(mutex);
-    Job::Impl& state = job.impl();
-    if (state.state != JobState::sleeping) return;
+    if (job.state() != JobState::sleeping) return;
     disarm_timer(job);
     if (delay.count() > 0) {
       arm_timer(job, Clock::now() + delay);
       return;
     }
-    post(job, PendingEvent::Kind::awake, JobEvent{owned(job), {}, {}, nullptr});
-    enter_waiting(owned(job), to_start);
+    if (has_listeners(job)) post(job, PendingEvent::Kind::awake, JobEvent{job.owned(), {}, {}, nullptr});
+    enter_waiting(job, to_start);
   }
   start(to_start);
   deliver(job);
 }
 
-bool Jobs::yield_rule(Job& job) {
-  const TaskState& here = detail::state();
+bool Jobs::yield_rule(JobCore& job) {
+  const TaskState& here = state();
   if (here.job != &job || here.tasklet == nullptr || here.phase_of == nullptr) {
-    throw IllegalState("yield_rule: call it from the run() of job '" + job.name() + "'");
+    throw IllegalState("yield_rule: call it from the run() of job '" + job.job().name() + "'");
   }
   return here.phase_of->yield_rule(*here.tasklet);
 }
@@ -597,85 +739,110 @@ bool Jobs::yield_rule(Job& job) {
 // ---------------------------------------------------------------------------------------------
 // One run
 
-void Jobs::run(JobTasklet& tasklet) noexcept {
-  const std::shared_ptr<Job> job = tasklet.job;
-  Job::Impl& state = job->impl();
-  JobManager::ProgressProvider provider;
-  bool canceled = false;  // before the run was handed to this runner
+void Jobs::run(JobCore& job, Tasklet& run) noexcept {
+  const std::shared_ptr<Job> owner = job.owned();
+  bool canceled = false;  // before the run started
   {
-    std::vector<std::shared_ptr<JobTasklet>> let_in;
-    std::unique_lock lock(mutex);
-    if (state.tasklet.get() != &tasklet || state.state != JobState::waiting)
-      return;  // canceled or put to sleep
-    state.tasklet = nullptr;
-    if (suspended_ && !state.cancel_requested) {
-      state.about_to_run = false;  // waits again, from the start
-      held_entered_.push_back(job);  // waits holding nothing; resume() lets it in first
-      release_group_slot(*job, let_in);
-      lock.unlock();
+    std::unique_lock job_lock(job.lock);
+    const std::uint32_t word = job.load();
+    if (job.run != &run || jw::phase(word) != JobState::waiting) return;  // taken back meanwhile
+    job.run = nullptr;
+    canceled = (word & jw::canceled) != 0;
+    if (!suspended_.load(std::memory_order_acquire) || canceled) job.change(JobState::waiting, jw::started);
+    if (suspended_.load(std::memory_order_acquire) && !canceled) {
+      // Waits again, from the start, holding nothing; resume() lets it in first.
+      job_lock.unlock();
+      ToStart let_in;
+      {
+        std::lock_guard lock(mutex);
+        {
+          std::lock_guard relock(job.lock);
+          if ((job.load() & jw::canceled) != 0) {
+            canceled = true;
+            job.change(JobState::waiting, jw::started);
+          } else {
+            job.change(JobState::waiting, 0, jw::taken);
+          }
+        }
+        if (!canceled) {
+          held_entered_.push_back(&job);
+          release_group_slot(job, let_in);
+        }
+      }
       start(let_in);
-      return;
+      if (!canceled) return;
     }
-    state.about_to_run = true;
-    provider = provider_;
-    canceled = state.cancel_requested;
   }
 
   bool go = false;
   try {
-    go = !canceled && job->should_run();
+    go = !canceled && job.hooks().should_run(job.job());
   } catch (...) {
   }
+  const bool told = has_listeners(job);
   std::shared_ptr<ProgressMonitor> monitor;
-  std::vector<std::shared_ptr<JobTasklet>> to_start;
-  std::optional<RunEnd> ended;
   if (go) {
-    {
+    if (told) {
+      {
+        std::lock_guard lock(mutex);
+        post(job, PendingEvent::Kind::about_to_run, JobEvent{owner, {}, {}, nullptr});
+      }
+      deliver_before_run(job);
+    }
+    JobManager::ProgressProvider provider;
+    if (has_provider_) {
       std::lock_guard lock(mutex);
-      post(*job, PendingEvent::Kind::about_to_run, JobEvent{job, {}, {}, nullptr});
+      provider = provider_;
     }
-    deliver_before_run(*job);
     try {
-      if (provider) monitor = provider(*job);
+      if (provider) monitor = provider(job.job());
+      if (!monitor) monitor = std::make_shared<ProgressMonitor>();
     } catch (...) {
+      go = false;  // no monitor: the run cannot start
     }
-    if (!monitor) monitor = std::make_unique<ProgressMonitor>();
   }
   const auto release_rule = [] {
     // The run is over before the job says so: its rule is free by the time join() returns.
-    const TaskState& here = detail::state();
+    const TaskState& here = state();
     if (here.phase_of != nullptr && here.tasklet != nullptr) here.phase_of->release_rule(*here.tasklet);
   };
-  {
-    std::lock_guard lock(mutex);
-    if (!go || state.cancel_requested) {
-      release_rule();
-      ended = finish_run(
-          *job, Status::cancel(state.cancel_requested ? "canceled before it ran" : "should_run() said no"),
-          to_start);
+  if (go) {
+    std::lock_guard job_lock(job.lock);
+    if ((job.load() & jw::canceled) != 0) {
+      canceled = true;
       go = false;
     } else {
-      state.about_to_run = false;
-      state.state = JobState::running;
-      state.monitor = monitor;
-      state.canceling_called = false;
-      post(*job, PendingEvent::Kind::running, JobEvent{job, {}, {}, nullptr});
+      job.change(JobState::running, 0, jw::taken | jw::started);
+      job.monitor = monitor;
     }
   }
   if (!go) {
-    deliver(*job);
+    release_rule();
+    ToStart to_start;
+    RunEnd ended;
+    {
+      std::lock_guard lock(mutex);
+      ended = finish_run(job, Status::cancel(canceled ? "canceled before it ran" : "should_run() said no"),
+                         to_start);
+    }
     start(to_start);
-    if (ended) complete(std::move(*ended));
+    complete(std::move(ended));
     return;
   }
-  deliver_before_run(*job);  // about_to_run and running are told before the run starts
+  if (told) {
+    {
+      std::lock_guard lock(mutex);
+      post(job, PendingEvent::Kind::running, JobEvent{owner, {}, {}, nullptr});
+    }
+    deliver_before_run(job);  // about_to_run and running are told before the run starts
+  }
 
-  TaskState& here = detail::state();
-  Job* outer = static_cast<Job*>(here.job);
-  here.job = job.get();
+  TaskState& here = state();
+  void* outer = here.job;
+  here.job = &job;
   Status result;
   try {
-    result = job->run(*monitor);
+    result = job.hooks().run(job.job(), *monitor);
   } catch (const std::exception& error) {
     result = Status::error(error.what(), std::current_exception());
   } catch (...) {
@@ -685,30 +852,31 @@ void Jobs::run(JobTasklet& tasklet) noexcept {
     monitor->done();
   } catch (...) {
   }
-  TaskState& after = detail::state();  // the run may have moved to another thread (begin_rule, yield_rule)
+  TaskState& after = state();  // the run may have moved to another thread (begin_rule, yield_rule)
   after.job = outer;
   // Rules begun in run() and left open are released now, before join() can return, and fail the run.
-  if (const std::string open = end_frames_above(after, after.phase_base);
-      !open.empty() && !result.is_error()) {
-    const std::string message = "job '" + job->name() + "' began " + open +
+  if (const std::string open = end_frames_above(after, after.phase_base); !open.empty() && !result.is_error()) {
+    const std::string message = "job '" + job.job().name() + "' began " + open +
                                 " in run() and did not end it; rules begun in a run must be ended in it "
                                 "(they have been released)";
     result = Status::error(message, std::make_exception_ptr(RuleMismatch(message)));
   }
   release_rule();
 
-  {
+  ToStart to_start;
+  RunEnd ended = end_word(job, std::move(result));
+  changed();
+  if (job.group_core != nullptr) {
     std::lock_guard lock(mutex);
-    state.monitor = nullptr;
-    ended = finish_run(*job, std::move(result), to_start);
+    finish_group(job, ended, to_start);
   }
   start(to_start);
-  complete(std::move(*ended));
+  complete(std::move(ended));
 
   std::shared_ptr<Domain> dying;
-  {
+  if (dying_after_ != nullptr) {
     std::lock_guard lock(mutex);
-    if (dying_after_ == job.get()) {
+    if (dying_after_ == &job) {
       dying = std::move(dying_);
       dying_after_ = nullptr;
     }
@@ -719,8 +887,12 @@ void Jobs::run(JobTasklet& tasklet) noexcept {
 // ---------------------------------------------------------------------------------------------
 // Listeners: per job, in order, one at a time, outside the lock
 
-void Jobs::post(Job& job, PendingEvent::Kind kind, JobEvent event) {
-  job.impl().events.push_back(PendingEvent{kind, std::move(event)});
+bool Jobs::has_listeners(const JobCore& /*job*/) const noexcept {
+  return listeners_count_.load(std::memory_order_acquire) != 0;
+}
+
+void Jobs::post(JobCore& job, PendingEvent::Kind kind, JobEvent event) {
+  job.extras().events.push_back(PendingEvent{kind, std::move(event)});
 }
 
 namespace {
@@ -730,8 +902,8 @@ void call_listener(ListenerSlot& slot, const PendingEvent& pending) noexcept {
   // count (both sequentially consistent): either it waits for this call, or this call sees it.
   slot.calls.fetch_add(1);
   if (!slot.removed.load()) {
-    CallFrame frame{&slot, detail::state().listener_call};
-    detail::state().listener_call = &frame;
+    CallFrame frame{&slot, state().listener_call};
+    state().listener_call = &frame;
     JobListener& listener = *slot.listener;
     try {
       switch (pending.kind) {
@@ -757,7 +929,7 @@ void call_listener(ListenerSlot& slot, const PendingEvent& pending) noexcept {
     } catch (...) {
       // A listener's failure is its own; the job and the other listeners go on.
     }
-    detail::state().listener_call = frame.outer;  // the call may have moved to another thread
+    state().listener_call = frame.outer;  // the call may have moved to another thread
   }
   slot.calls.fetch_sub(1);
   if (slot.removed.load()) slot.calls.notify_all();
@@ -765,53 +937,119 @@ void call_listener(ListenerSlot& slot, const PendingEvent& pending) noexcept {
 
 }  // namespace
 
-void Jobs::deliver(Job& job) noexcept {
+void Jobs::deliver(JobCore& job) noexcept {
+  if (job.made_extras() == nullptr) return;  // never had an event
   std::unique_lock lock(mutex);
-  Job::Impl& state = job.impl();
-  if (state.delivering) return;  // the thread delivering now will take our events too
-  state.delivering = true;
-  while (!state.events.empty()) {
-    PendingEvent pending = std::move(state.events.front());
-    state.events.pop_front();
+  JobExtras& extras = job.extras();
+  if (extras.delivering) return;  // the thread delivering now will take our events too
+  extras.delivering = true;
+  while (!extras.events.empty()) {
+    PendingEvent pending = std::move(extras.events.front());
+    extras.events.pop_front();
     Listeners listeners = listeners_;
-    listeners.insert(listeners.end(), state.listeners.begin(), state.listeners.end());
+    listeners.insert(listeners.end(), extras.listeners.begin(), extras.listeners.end());
     lock.unlock();
     for (const auto& slot : listeners) call_listener(*slot, pending);
     listeners.clear();  // a removed listener may be destroyed here, outside the lock
     lock.lock();
   }
-  state.delivering = false;
+  extras.delivering = false;
   delivered_.notify_all();
 }
 
 // Delivers the job's pending events, or waits while another thread does, so that about_to_run and
 // running have been told before the run starts.
-void Jobs::deliver_before_run(Job& job) noexcept {
+void Jobs::deliver_before_run(JobCore& job) noexcept {
   deliver(job);
   std::unique_lock lock(mutex);
-  Job::Impl& state = job.impl();
-  delivered_.wait(lock, [&] { return !state.delivering && state.events.empty(); });
+  JobExtras& extras = job.extras();
+  delivered_.wait(lock, [&] { return !extras.delivering && extras.events.empty(); });
+}
+
+void Jobs::add_listener(JobCore& job, std::shared_ptr<JobListener> listener) {
+  if (!listener) return;
+  auto slot = std::make_shared<ListenerSlot>(std::move(listener));
+  std::lock_guard lock(mutex);
+  job.extras().listeners.push_back(std::move(slot));
+  listeners_count_.fetch_add(1, std::memory_order_acq_rel);
+}
+
+void Jobs::remove_listener(JobCore& job, const std::shared_ptr<JobListener>& listener) {
+  Listeners* listeners = nullptr;
+  {
+    std::lock_guard lock(mutex);
+    listeners = &job.extras().listeners;
+  }
+  remove_from(*listeners, listener);
+}
+
+void Jobs::add_listener(std::shared_ptr<JobListener> listener) {
+  if (!listener) return;
+  auto slot = std::make_shared<ListenerSlot>(std::move(listener));
+  std::lock_guard lock(mutex);
+  listeners_.push_back(std::move(slot));
+  listeners_count_.fetch_add(1, std::memory_order_acq_rel);
+}
+
+void Jobs::remove_listener(const std::shared_ptr<JobListener>& listener) { remove_from(listeners_, listener); }
+
+void Jobs::remove_from(Listeners& listeners, const std::shared_ptr<JobListener>& listener) {
+  Listeners removed;
+  {
+    std::lock_guard lock(mutex);
+    for (auto slot = listeners.begin(); slot != listeners.end();) {
+      if ((*slot)->listener == listener) {
+        removed.push_back(std::move(*slot));
+        slot = listeners.erase(slot);
+        listeners_count_.fetch_sub(1, std::memory_order_acq_rel);
+      } else {
+        ++slot;
+      }
+    }
+  }
+  for (const auto& slot : removed) {
+    slot->removed.store(true);
+    // Calls in progress elsewhere end first; the ones this code is inside of cannot.
+    int mine = 0;
+    for (const CallFrame* call = state().listener_call; call != nullptr; call = call->outer) {
+      if (call->owner == slot.get()) ++mine;
+    }
+    for (int now = slot->calls.load(); now > mine; now = slot->calls.load()) slot->calls.wait(now);
+  }
+}
+
+void Jobs::set_progress_provider(JobManager::ProgressProvider provider) {
+  std::lock_guard lock(mutex);
+  provider_ = std::move(provider);
+  has_provider_ = static_cast<bool>(provider_);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Timer: delayed schedules and wake-ups, on one thread, sleeping until the earliest is due
 
 void Jobs::start_timer_thread() {
-  if (!timer_.joinable()) timer_ = std::thread([this] { timer_loop(); });
+  if (!timer_.joinable() && !timer_stopping_) timer_ = std::thread([this] { timer_loop(); });
   timer_changed_.notify_all();
 }
 
-void Jobs::arm_timer(Job& job, Clock::time_point when) {
-  Job::Impl& state = job.impl();
+void Jobs::arm_timer(JobCore& job, Clock::time_point when) {
   disarm_timer(job);
-  state.timer = timers_.emplace(when, owned(job));
-  state.has_timer = true;
+  JobExtras& extras = job.extras();
+  extras.timer = timers_.emplace(when, &job);
+  extras.has_timer = true;
   start_timer_thread();
+}
+
+void Jobs::disarm_timer(JobCore& job) {
+  JobExtras* extras = job.made_extras();
+  if (extras == nullptr || !extras->has_timer) return;
+  timers_.erase(extras->timer);
+  extras->has_timer = false;
 }
 
 std::optional<WaitTimer::Alarms::iterator> Jobs::wake_at(Clock::time_point when, Wakeup& wakeup) {
   std::lock_guard lock(mutex);
-  if (stopping_) return std::nullopt;
+  if (timer_stopping_) return std::nullopt;
   auto alarm = alarms_.emplace(when, &wakeup);
   wakeup.alarm_armed = true;
   start_timer_thread();
@@ -825,17 +1063,10 @@ void Jobs::cancel_wake(Wakeup& wakeup, Alarms::iterator alarm) noexcept {
   wakeup.alarm_armed = false;
 }
 
-void Jobs::disarm_timer(Job& job) {
-  Job::Impl& state = job.impl();
-  if (!state.has_timer) return;
-  timers_.erase(state.timer);
-  state.has_timer = false;
-}
-
 void Jobs::timer_loop() {
   timer_thread_of = this;
   std::unique_lock lock(mutex);
-  while (!stopping_) {
+  while (!timer_stopping_) {
     Clock::time_point due = Clock::time_point::max();
     if (!timers_.empty()) due = timers_.begin()->first;
     if (!alarms_.empty()) due = std::min(due, alarms_.begin()->first);
@@ -856,11 +1087,11 @@ void Jobs::timer_loop() {
       wakeup->wake();
     }
     if (timers_.empty() || timers_.begin()->first > now) continue;
-    std::shared_ptr<Job> job = timers_.begin()->second;
+    JobCore& job = *timers_.begin()->second;
     timers_.erase(timers_.begin());
-    job->impl().has_timer = false;
-    std::vector<std::shared_ptr<JobTasklet>> to_start;
-    if (job->impl().state == JobState::sleeping) enter_waiting(job, to_start);
+    job.extras().has_timer = false;
+    ToStart to_start;
+    if (job.state() == JobState::sleeping) enter_waiting(job, to_start);
     lock.unlock();
     start(to_start);  // posts no event: those of the schedule() that armed it are told already
     lock.lock();
@@ -876,55 +1107,56 @@ void Jobs::timer_loop() {
 // ---------------------------------------------------------------------------------------------
 // Families and the manager
 
-void Jobs::notify_changed() noexcept {
-  ++changes_;
-  changed_.notify_all();
-}
-
-bool Jobs::is_live(const Job& job) const { return live_.count(&job) != 0; }
-
 std::vector<std::shared_ptr<Job>> Jobs::find(Family family) const {
-  std::vector<std::shared_ptr<Job>> snapshot;
-  {
-    std::lock_guard lock(mutex);
-    for (const auto& [key, job] : live_) snapshot.push_back(job);
+  std::vector<std::pair<std::uint64_t, std::shared_ptr<Job>>> listed;
+  for_each_listed([&](JobCore& job) {
+    if (job.keep_alive) listed.emplace_back(job.order, job.keep_alive);
+  });
+  // In the order they were first scheduled (wake_up(family) keeps it).
+  std::sort(listed.begin(), listed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::shared_ptr<Job>> members;
+  members.reserve(listed.size());
+  for (auto& [order, job] : listed) {
+    if (in_family(*job, family)) members.push_back(std::move(job));  // user code, outside the locks
   }
-  std::erase_if(snapshot, [&](const auto& job) { return !in_family(*job, family); });
-  return snapshot;
+  return members;
 }
 
 void Jobs::cancel(Family family) {
-  for (const auto& job : find(family)) cancel(*job);
+  for (const auto& job : find(family)) job->cancel();
 }
 
 void Jobs::sleep(Family family) {
-  for (const auto& job : find(family)) sleep(*job);
+  for (const auto& job : find(family)) job->sleep();
 }
 
 void Jobs::wake_up(Family family) {
-  for (const auto& job : find(family)) wake_up(*job, std::chrono::milliseconds{0});
+  for (const auto& job : find(family)) job->wake_up();
 }
 
 bool Jobs::join(Family family, std::chrono::milliseconds timeout) {
-  if (const Job* current = running_job(); current != nullptr && in_family(*current, family)) {
-    throw IllegalState("join(family) from job '" + current->name() +
+  if (const JobCore* current = running_job(); current != nullptr && in_family(current->job(), family)) {
+    throw IllegalState("join(family) from job '" + current->job().name() +
                        "' of that family would wait for itself");
   }
   const Clock::time_point deadline = deadline_after(timeout);
+  const Watching watching(watchers_);
   for (;;) {
-    // Membership is user code (belongs_to): decide it outside the lock, then wait for any change.
-    std::vector<std::shared_ptr<Job>> members = find(family);
+    std::uint64_t seen = 0;
+    {
+      std::lock_guard lock(mutex);
+      seen = changes_;
+    }
+    // Membership is user code (belongs_to): decided outside the locks, then wait for any change.
+    const std::vector<std::shared_ptr<Job>> members = find(family);
+    const bool suspended = is_suspended();
+    const bool busy = std::any_of(members.begin(), members.end(), [&](const auto& job) {
+      const JobState now = job->state();
+      if (suspended) return now == JobState::running;
+      return true;  // listed: waiting, sleeping, running, or about to run again
+    });
+    if (!busy) return true;
     std::unique_lock lock(mutex);
-    const auto busy = [&] {
-      return std::any_of(members.begin(), members.end(), [&](const auto& job) {
-        const JobState now = job->impl().state;
-        if (!is_live(*job)) return false;
-        if (suspended_) return now == JobState::running;
-        return now != JobState::none || job->impl().rerun_pending;
-      });
-    };
-    if (!busy()) return true;
-    const std::uint64_t seen = changes_;
     if (!changed_.wait_until(
             lock, deadline, [&] { return changes_ != seen; }, this))
       return false;
@@ -933,91 +1165,47 @@ bool Jobs::join(Family family, std::chrono::milliseconds timeout) {
 
 void Jobs::suspend() {
   std::lock_guard lock(mutex);
-  suspended_ = true;
+  suspended_.store(true, std::memory_order_release);
 }
 
 void Jobs::resume() {
-  std::vector<std::shared_ptr<JobTasklet>> to_start;
+  ToStart to_start;
   {
     std::lock_guard lock(mutex);
-    suspended_ = false;
-    std::deque<std::shared_ptr<Job>> held = std::move(held_entered_);
+    suspended_.store(false, std::memory_order_release);
+    std::deque<JobCore*> held = std::move(held_entered_);
     held_entered_.clear();
-    for (auto& job : held_) held.push_back(std::move(job));
+    for (JobCore* job : held_) held.push_back(job);
     held_.clear();
-    for (auto& job : held) {
-      if (job->impl().state == JobState::waiting) enter_waiting(job, to_start);
+    for (JobCore* job : held) {
+      if (job->state() == JobState::waiting) enter_waiting(*job, to_start);
     }
   }
   start(to_start);
-}
-
-bool Jobs::is_suspended() const {
-  std::lock_guard lock(mutex);
-  return suspended_;
+  changed();
 }
 
 bool Jobs::is_idle() const {
-  std::lock_guard lock(mutex);
-  return std::none_of(live_.begin(), live_.end(), [](const auto& entry) {
-    const JobState state = entry.second->impl().state;
-    return state == JobState::waiting || state == JobState::running || entry.second->impl().rerun_pending;
+  bool idle = true;
+  for_each_listed([&](JobCore& job) {
+    const std::uint32_t word = job.load();
+    const JobState now = jw::phase(word);
+    if (now == JobState::waiting || now == JobState::running || (word & jw::rerun_pending) != 0) idle = false;
   });
+  return idle;
 }
 
-void Jobs::add_listener(std::shared_ptr<JobListener> listener) {
-  std::lock_guard lock(mutex);
-  add_to(listeners_, std::move(listener));
-}
-
-void Jobs::remove_listener(const std::shared_ptr<JobListener>& listener) {
-  remove_from(listeners_, listener);
-}
-
-void Jobs::add_to(Listeners& listeners, std::shared_ptr<JobListener> listener) {
-  if (listener) listeners.push_back(std::make_shared<ListenerSlot>(std::move(listener)));
-}
-
-void Jobs::remove_from(Listeners& listeners, const std::shared_ptr<JobListener>& listener) {
-  Listeners removed;
-  {
-    std::lock_guard lock(mutex);
-    for (auto slot = listeners.begin(); slot != listeners.end();) {
-      if ((*slot)->listener == listener) {
-        removed.push_back(std::move(*slot));
-        slot = listeners.erase(slot);
-      } else {
-        ++slot;
-      }
-    }
-  }
-  for (const auto& slot : removed) {
-    slot->removed.store(true);
-    // Calls in progress elsewhere end first; the ones this code is inside of cannot.
-    int mine = 0;
-    for (const CallFrame* call = detail::state().listener_call; call != nullptr; call = call->outer) {
-      if (call->owner == slot.get()) ++mine;
-    }
-    for (int now = slot->calls.load(); now > mine; now = slot->calls.load()) slot->calls.wait(now);
-  }
-}
-
-void Jobs::set_progress_provider(JobManager::ProgressProvider provider) {
-  std::lock_guard lock(mutex);
-  provider_ = std::move(provider);
-}
-
-void Jobs::group_cancel(JobGroup& group) {
+void Jobs::group_cancel(GroupCore& group) {
   std::vector<std::shared_ptr<Job>> members;
   {
     std::lock_guard lock(mutex);
-    std::lock_guard group_lock(group.impl().mutex);
-    if (group.impl().state == JobGroup::State::none) return;
-    group.impl().state = JobGroup::State::canceling;
-    members = group.impl().active;
-    for (auto& job : group.impl().throttled) members.push_back(job);
+    std::lock_guard group_lock(group.mutex);
+    if (group.state == JobGroup::State::none) return;
+    group.state = JobGroup::State::canceling;
+    for (JobCore* job : group.active) members.push_back(job->owned());
+    for (JobCore* job : group.throttled) members.push_back(job->owned());
   }
-  for (auto& job : members) cancel(*job);
+  for (auto& job : members) job->cancel();
 }
 
 }  // namespace tasklet::detail

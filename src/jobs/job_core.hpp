@@ -1,0 +1,200 @@
+// Private: what the jobs layer keeps per job and per group.
+//
+// A job is a tasklet: each run is a JobRun, a tasklet whose only phase is that run, scheduled `async`
+// on the manager's job scheduler with the job's rule (so the rule table orders it with every other
+// holder) each time the job becomes waiting. A run is a tasklet of its own rather than the job's
+// core reused, so that the job can be scheduled again the moment its run has ended, while the
+// scheduler is still letting go of the run.
+//
+// A job's state is one word (JobCore::word): its JobState and what is pending on it. Every change
+// of the word is made holding the job's own lock (JobCore::lock), except the `joined` bit, which a
+// joiner sets atomically; readers (state(), join's first look) read it without a lock.
+#pragma once
+
+#include <any>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <oneapi/tbb/mutex.h>
+
+#include "task_condition.hpp"
+#include "tasklet/job.hpp"
+#include "tasklet/job_group.hpp"
+#include "tasklet/detail/allocator.hpp"
+#include "tasklet/tasklet_base.hpp"
+
+namespace tasklet::detail {
+
+class Jobs;
+class JobCore;
+struct GroupCore;
+
+/// The bits of a job's state word.
+namespace job_word {
+inline constexpr std::uint32_t phase_mask = 3;     // the JobState
+inline constexpr std::uint32_t taken = 1u << 2;    // waiting: its run is handed to the job scheduler
+inline constexpr std::uint32_t canceled = 1u << 3;  // waiting and taken: its run ends it, unrun
+inline constexpr std::uint32_t rerun = 1u << 4;     // runs once more after this run (or unrun end)
+inline constexpr std::uint32_t canceling_called = 1u << 5;  // canceling() was called for this run
+inline constexpr std::uint32_t joined = 1u << 6;    // a join() waits for the end of this run
+inline constexpr std::uint32_t rerun_pending = 1u << 7;  // none, and its re-run is not queued yet
+inline constexpr std::uint32_t started = 1u << 8;   // waiting: its run has begun (should_run, events)
+inline constexpr std::uint32_t one_end = 1u << 9;   // bits 9-31 count the ends, for join()
+
+constexpr JobState phase(std::uint32_t word) noexcept { return static_cast<JobState>(word & phase_mask); }
+constexpr std::uint32_t with_phase(std::uint32_t word, JobState phase) noexcept {
+  return (word & ~phase_mask) | static_cast<std::uint32_t>(phase);
+}
+}  // namespace job_word
+
+/// Job's protected hooks, reached through function pointers that Job's constructor fills in.
+struct JobHooks {
+  Status (*run)(Job&, ProgressMonitor&);
+  bool (*should_schedule)(Job&);
+  bool (*should_run)(Job&);
+  void (*canceling)(Job&);
+};
+
+/// A registered listener. remove_listener waits until no call of it is in progress, so a removed
+/// listener is never called after remove_listener returns (except by a call it is inside of).
+struct ListenerSlot {
+  explicit ListenerSlot(std::shared_ptr<JobListener> registered) : listener(std::move(registered)) {}
+  const std::shared_ptr<JobListener> listener;
+  std::atomic<bool> removed{false};
+  std::atomic<int> calls{0};  // in progress
+};
+using Listeners = std::vector<std::shared_ptr<ListenerSlot>>;
+
+/// A listener event waiting for delivery.
+struct PendingEvent {
+  enum class Kind { scheduled, about_to_run, running, done, sleeping, awake };
+  Kind kind;
+  JobEvent event;
+};
+
+/// What a job needs only when it uses listeners, properties or delays: made on first use, so that
+/// a plain queued job stays small. Guarded by the manager's lock (Jobs::mutex).
+struct JobExtras {
+  std::map<std::string, std::any> properties;
+  Listeners listeners;
+  std::deque<PendingEvent> events;
+  bool delivering = false;
+  bool has_timer = false;
+  std::multimap<Clock::time_point, JobCore*>::iterator timer;
+};
+
+class JobCore {
+ public:
+  JobCore(Job& job, const JobHooks& hooks, std::shared_ptr<Jobs> jobs) noexcept
+      : job_(job), hooks_(hooks), jobs_(std::move(jobs)) {}
+  JobCore(const JobCore&) = delete;
+  JobCore& operator=(const JobCore&) = delete;
+
+  Job& job() const noexcept { return job_; }
+  std::shared_ptr<Job> owned() const { return job_.shared_from_this(); }
+  Jobs& jobs() const noexcept { return *jobs_; }
+  const std::shared_ptr<Jobs>& shared_jobs() const noexcept { return jobs_; }
+  const JobHooks& hooks() const noexcept { return hooks_; }
+
+  std::uint32_t load() const noexcept { return word.load(std::memory_order_acquire); }
+  JobState state() const noexcept { return job_word::phase(load()); }
+  /// Sets the phase and the `set` bits and clears the `clear` bits (holding `lock`).
+  std::uint32_t change(JobState phase, std::uint32_t set = 0, std::uint32_t clear = 0) noexcept;
+
+  /// The extras, made on first use (under the manager's lock).
+  JobExtras& extras();
+  JobExtras* made_extras() const noexcept { return extras_.get(); }
+
+  /// The job's lock: guards the changes of `word` and the fields below it.
+  oneapi::tbb::mutex lock;
+  std::atomic<std::uint32_t> word{0};
+  Priority priority = Priority::long_job;
+  bool system = false;
+  bool user = false;
+  bool seed = false;              // this run counts as a seed of its group (manager's lock)
+  bool holds_group_slot = false;  // let in under its group's max_threads (manager's lock)
+  std::chrono::milliseconds rerun_delay{0};
+  std::unique_ptr<Status> result;  // of the last run; null: ok
+  std::shared_ptr<ProgressMonitor> monitor;  // while running (cancel() may outlive the run)
+  // Set while the job is waiting or sleeping, from when it first became so: find() lists jobs in
+  // this order, so wake_up(family) puts them back in the order they were first scheduled.
+  std::uint64_t order = 0;
+  Rule rule;
+  // The run handed to the job scheduler and not started yet (it may still be taken back), or null.
+  Tasklet* run = nullptr;
+
+  std::shared_ptr<JobGroup> group;  // fixed while scheduled
+  GroupCore* group_core = nullptr;
+
+  // Jobs' registry of live jobs (waiting, sleeping, running, or finishing a run): an intrusive
+  // list per shard, guarded by the shard's lock. A listed job keeps itself alive: the manager owns
+  // a scheduled job until it is done.
+  JobCore* prev = nullptr;
+  JobCore* next = nullptr;
+  bool listed = false;
+  std::shared_ptr<Job> keep_alive;
+
+ private:
+  Job& job_;
+  const JobHooks& hooks_;
+  std::shared_ptr<Jobs> jobs_;
+  std::unique_ptr<JobExtras> extras_;
+};
+
+/// One run of a job: a tasklet whose only phase runs the job (Jobs::run).
+class JobRun final : public Tasklet {
+ public:
+  JobRun(JobCore& core, std::int64_t deadline) noexcept : core_(core), deadline_(deadline) {}
+  Directive task() override;
+  /// When it may start at the latest, by its job's priority (the job scheduler's order).
+  static std::int64_t deadline_of(const Tasklet& run) { return static_cast<const JobRun&>(run).deadline_; }
+
+ private:
+  JobCore& core_;  // alive while the job is listed, which it is until this run has ended it
+  std::int64_t deadline_;
+};
+
+/// JobGroup's protected hooks (see JobHooks).
+struct GroupHooks {
+  bool (*should_cancel)(JobGroup&, const Status&, int, int);
+  Status (*compute_group_result)(JobGroup&, const std::vector<Status>&);
+};
+
+struct GroupCore {
+  GroupCore(JobGroup& group, const GroupHooks& group_hooks, int seeds) noexcept
+      : self(group), hooks(group_hooks), seeds_expected(seeds) {}
+
+  JobGroup& self;
+  const GroupHooks& hooks;
+  mutable std::mutex mutex;  // taken only inside Jobs::mutex, or alone
+  TaskCondition changed;     // notified under `mutex`
+  JobGroup::State state = JobGroup::State::none;
+  int seeds_expected = 0;
+  int seeds_done = 0;
+  int running = 0;   // jobs let into the rule table and not ended
+  int deciding = 0;  // failures whose should_cancel() has not decided yet: nobody is let in
+  int failed = 0;
+  int canceled = 0;
+  // Waiting for a slot under max_threads, or for should_cancel() to decide.
+  std::deque<JobCore*> throttled;
+  std::vector<JobCore*> active;
+  std::vector<Status> results;
+  Status last_result;
+
+  /// Whether a job may be let into the rule table now (under `mutex`).
+  bool admits(int more = 0) const noexcept {
+    const int limit = self.max_threads();
+    return deciding == 0 && (limit <= 0 || running + more < limit);
+  }
+};
+
+/// The core of a group (set by JobGroup's constructor, which has access to it).
+extern GroupCore& (*group_core_of)(JobGroup&) noexcept;
+
+}  // namespace tasklet::detail
