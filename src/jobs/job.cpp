@@ -166,7 +166,7 @@ class FunctionJob final : public Job {
 
 std::shared_ptr<Job> make_job(std::string name, std::function<Status(ProgressMonitor&)> fn,
                               std::shared_ptr<JobManager> manager) {
-  return std::allocate_shared<FunctionJob>(detail::Allocator<FunctionJob>{}, std::move(name), std::move(fn),
+  return std::make_shared<FunctionJob>(std::move(name), std::move(fn),
                                            std::move(manager));
 }
 

@@ -23,6 +23,7 @@
 
 #include <oneapi/tbb/mutex.h>
 
+#include "scheduler_impl.hpp"
 #include "task_condition.hpp"
 #include "tasklet/job.hpp"
 #include "tasklet/job_group.hpp"
@@ -147,18 +148,35 @@ class JobCore {
   std::unique_ptr<JobExtras> extras_;
 };
 
-/// One run of a job: a tasklet whose only phase runs the job (Jobs::run).
-class JobRun final : public Tasklet {
+/// A tasklet of the job scheduler, with its place in that scheduler's order: a lane (priority) and
+/// when it may start at the latest.
+class JobTasklet : public Tasklet {
  public:
-  JobRun(JobCore& core, std::int64_t deadline) noexcept : core_(core), deadline_(deadline) {}
+  void prepare(Priority priority, std::int64_t deadline) noexcept {
+    priority_ = priority;
+    deadline_ = deadline;
+  }
+  static SchedulerImpl::Order order_of(const Tasklet& tasklet) noexcept {
+    const auto& self = static_cast<const JobTasklet&>(tasklet);
+    return {static_cast<std::size_t>(self.priority_), self.deadline_};
+  }
+
+ private:
+  Priority priority_ = Priority::interactive;
+  std::int64_t deadline_ = 0;
+};
+
+/// One run of a job: a tasklet whose only phase runs the job (Jobs::run).
+class JobRun final : public JobTasklet {
+ public:
+  explicit JobRun(JobCore& core) noexcept : core_(core) {}
   Directive task() override;
-  /// When it may start at the latest, by its job's priority (the job scheduler's order).
-  static std::int64_t deadline_of(const Tasklet& run) { return static_cast<const JobRun&>(run).deadline_; }
 
  private:
   JobCore& core_;  // alive while the job is listed, which it is until this run has ended it
-  std::int64_t deadline_;
 };
+
+static_assert(static_cast<std::size_t>(Priority::decorate) < SchedulerImpl::lane_count);
 
 /// JobGroup's protected hooks (see JobHooks).
 struct GroupHooks {

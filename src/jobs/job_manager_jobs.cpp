@@ -18,7 +18,7 @@ namespace {
 class JobsExtension final : public DomainExtension {
  public:
   explicit JobsExtension(Domain& domain) : scheduler_(domain.make_background()) {
-    impl(*scheduler_).order_async_phases_by(&JobRun::deadline_of);
+    impl(*scheduler_).order_async_phases_by(&JobTasklet::order_of);
     jobs_ = std::make_shared<Jobs>(*scheduler_);
   }
 

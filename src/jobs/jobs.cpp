@@ -1,5 +1,7 @@
 #include "jobs.hpp"
 
+#include <time.h>
+
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -54,10 +56,18 @@ std::chrono::microseconds priority_delay(Priority priority) {
   return milliseconds{100};
 }
 
+// In microseconds of the monotonic clock's coarse reading (a few milliseconds' resolution, against
+// priority delays of 50 ms and more), which costs a fraction of a precise one.
 std::int64_t deadline_for(Priority priority) {
-  return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch() +
-                                                               priority_delay(priority))
-      .count();
+  std::int64_t now = 0;
+#ifdef CLOCK_MONOTONIC_COARSE
+  timespec coarse{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &coarse);
+  now = std::int64_t{coarse.tv_sec} * 1'000'000 + coarse.tv_nsec / 1'000;
+#else
+  now = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count();
+#endif
+  return now + std::chrono::duration_cast<std::chrono::microseconds>(priority_delay(priority)).count();
 }
 
 bool in_family(const Job& job, Family family) {
@@ -156,8 +166,8 @@ bool Jobs::runs_a_job_here() const noexcept {
 void Jobs::destroy_after_this_run(std::shared_ptr<Domain> domain) noexcept {
   shutdown();
   std::lock_guard lock(mutex);
-  dying_after_ = running_job();
   dying_ = std::move(domain);
+  dying_after_.store(running_job(), std::memory_order_release);
 }
 
 void Jobs::schedule_refused(const Job& job) const {
@@ -168,8 +178,7 @@ void Jobs::schedule_refused(const Job& job) const {
 // ---------------------------------------------------------------------------------------------
 // The registry of live jobs
 
-void Jobs::list(JobCore& job) {
-  std::shared_ptr<Job> owner = job.owned();  // before the lock: its count is written elsewhere too
+void Jobs::list(JobCore& job, std::shared_ptr<Job> owner) {
   Shard& shard = shard_of(job);
   std::lock_guard lock(shard.mutex);
   if (job.listed) return;
@@ -278,13 +287,22 @@ void Jobs::start(ToStart& to_start) {
 // the job has ended. Such an end is completed on this thread, or, on the timer thread, by the job
 // scheduler: listeners and group hooks never run on the timer thread (one of them may drop the
 // manager, whose shutdown joins that thread).
+std::shared_ptr<JobRun> Jobs::make_run(JobCore& job) {
+  return std::allocate_shared<JobRun>(Allocator<JobRun>{}, job);
+}
+
+// Under the job's lock: the run takes the job's rule and priority, and is the job's run now.
+void Jobs::attach_run(JobCore& job, JobRun& run) noexcept {
+  run.prepare(job.priority, deadline_for(job.priority));
+  if (job.rule) TaskletAccess::set_trusted_rule(run, job.rule);  // validated by set_rule
+  job.run = &run;
+}
+
 void Jobs::hand_over(JobCore& job) {
-  const std::shared_ptr<Job> owner = job.owned();
-  std::shared_ptr<Tasklet> run;
+  std::shared_ptr<Job> owner = job.owned();
+  std::shared_ptr<JobRun> run;
   try {
-    auto made = std::allocate_shared<JobRun>(Allocator<JobRun>{}, job, deadline_for(job.priority));
-    if (job.rule) TaskletAccess::set_trusted_rule(*made, job.rule);  // validated by set_rule
-    run = std::move(made);
+    run = make_run(job);
   } catch (...) {
     // Out of memory: the job ends with the error instead of waiting forever.
     ToStart let_in;
@@ -299,8 +317,12 @@ void Jobs::hand_over(JobCore& job) {
   }
   {
     std::lock_guard job_lock(job.lock);
-    job.run = run.get();
+    attach_run(job, *run);
   }
+  submit_run(job, std::move(run));
+}
+
+void Jobs::submit_run(JobCore& job, std::shared_ptr<JobRun> run) {
   if (auto* seam = before_hand_over.load(std::memory_order_acquire)) seam(job.job());
   Tasklet* handed = run.get();
   scheduler_->schedule(std::move(run), Directive::async);
@@ -326,17 +348,32 @@ void Jobs::hand_over(JobCore& job) {
   }
 }
 
-void Jobs::complete_off_timer(RunEnd end) {
-  auto shared_end = std::make_shared<RunEnd>(std::move(end));
-  try {
-    auto completion = make_tasklet([this, shared_end] {
-      complete(std::move(*shared_end));
-      return Directive::done;
-    });
-    scheduler_->schedule(std::move(completion), Directive::async);
-  } catch (...) {  // out of memory: completed here rather than lost
-    if (shared_end->job != nullptr) complete(std::move(*shared_end));
+namespace {
+// Completes the end of a run on the job scheduler (interactive: first in line).
+class EndCompletion final : public JobTasklet {
+ public:
+  EndCompletion(Jobs& jobs, RunEnd end) : jobs_(jobs), end_(std::move(end)) {}
+  Directive task() override {
+    jobs_.complete(std::move(end_));
+    return Directive::done;
   }
+
+ private:
+  Jobs& jobs_;
+  RunEnd end_;
+};
+}  // namespace
+
+void Jobs::complete_off_timer(RunEnd end) {
+  std::shared_ptr<EndCompletion> completion;
+  try {
+    completion = std::make_shared<EndCompletion>(*this, std::move(end));
+  } catch (...) {  // out of memory: completed here rather than lost
+    complete(std::move(end));
+    return;
+  }
+  completion->prepare(Priority::interactive, 0);
+  scheduler_->schedule(std::move(completion), Directive::async);
 }
 
 // Takes a waiting job out of wherever it waits: true when it is out (and its run, if it had one,
@@ -541,6 +578,10 @@ void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun
     throw;
   }
   const bool plain = delay.count() == 0 && job.group_core == nullptr && !has_listeners(job);
+  // A plain job's run is made ahead, so that it is handed over under this one taking of the lock.
+  std::shared_ptr<JobRun> run = plain ? make_run(job) : nullptr;
+  std::shared_ptr<Job> owner = job.owned();
+  bool handing = false;
   {
     std::lock_guard job_lock(job.lock);
     const std::uint32_t word = job.load();
@@ -558,15 +599,17 @@ void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun
     if (stopping_.load(std::memory_order_acquire)) schedule_refused(job.job());
     job.order = next_order_.fetch_add(1, std::memory_order_relaxed);
     // A plain job goes straight to the job scheduler, unless the manager is suspended.
-    if (plain && !suspended_.load(std::memory_order_acquire)) {
+    handing = plain && !suspended_.load(std::memory_order_acquire);
+    if (handing) {
       job.change(JobState::waiting, jw::taken);
+      attach_run(job, *run);
     } else {
       job.change(JobState::waiting);
     }
   }
-  list(job);
-  if (plain && (job.load() & jw::taken) != 0) {
-    hand_over(job);
+  list(job, std::move(owner));
+  if (handing) {
+    submit_run(job, std::move(run));
     return;
   }
   ToStart to_start;
@@ -796,7 +839,7 @@ void Jobs::run(JobCore& job, Tasklet& run) noexcept {
     }
     try {
       if (provider) monitor = provider(job.job());
-      if (!monitor) monitor = std::make_shared<ProgressMonitor>();
+      if (!monitor) monitor = std::allocate_shared<ProgressMonitor>(Allocator<ProgressMonitor>{});
     } catch (...) {
       go = false;  // no monitor: the run cannot start
     }
@@ -874,12 +917,10 @@ void Jobs::run(JobCore& job, Tasklet& run) noexcept {
   complete(std::move(ended));
 
   std::shared_ptr<Domain> dying;
-  if (dying_after_ != nullptr) {
+  if (dying_after_.load(std::memory_order_acquire) == &job) {
     std::lock_guard lock(mutex);
-    if (dying_after_ == &job) {
-      dying = std::move(dying_);
-      dying_after_ = nullptr;
-    }
+    dying = std::move(dying_);
+    dying_after_.store(nullptr, std::memory_order_relaxed);
   }
   if (dying) dying->shut_down();  // the manager dropped inside this run: finish it now that it is over
 }

@@ -26,6 +26,8 @@
 #include <thread>
 #include <vector>
 
+#include <oneapi/tbb/mutex.h>
+
 #include "context.hpp"
 #include "domain.hpp"
 #include "job_core.hpp"
@@ -115,6 +117,8 @@ class Jobs final : public WaitTimer {
 
   /// One run of a job, as its JobRun's only phase.
   void run(JobCore& job, Tasklet& run) noexcept;
+  /// The part of a run's end that runs user code (group hooks, listeners), then the re-run.
+  void complete(RunEnd end);
 
   void group_cancel(GroupCore& group);
 
@@ -132,13 +136,15 @@ class Jobs final : public WaitTimer {
   void enter_waiting(JobCore& job, ToStart& to_start);
   void start(ToStart& to_start);
   void hand_over(JobCore& job);
+  std::shared_ptr<JobRun> make_run(JobCore& job);
+  static void attach_run(JobCore& job, JobRun& run) noexcept;
+  void submit_run(JobCore& job, std::shared_ptr<JobRun> run);
   bool withdraw_waiting(JobCore& job);
   void release_group_slot(JobCore& job, ToStart& to_start);
   static std::vector<JobCore*> take_admissible(GroupCore& group);
   RunEnd finish_run(JobCore& job, Status result, ToStart& to_start);
   RunEnd end_word(JobCore& job, Status result);
   void finish_group(JobCore& job, RunEnd& end, ToStart& to_start);
-  void complete(RunEnd end);
   void complete_run(RunEnd& end);
   void complete_off_timer(RunEnd end);
   void schedule_refused(const Job& job) const;
@@ -151,7 +157,7 @@ class Jobs final : public WaitTimer {
   void remove_from(Listeners& listeners, const std::shared_ptr<JobListener>& listener);
 
   // The registry of live jobs.
-  void list(JobCore& job);
+  void list(JobCore& job, std::shared_ptr<Job> owner);
   void unlist_if_over(JobCore& job);
   template <class Visit>
   void for_each_listed(Visit&& visit) const;
@@ -167,12 +173,12 @@ class Jobs final : public WaitTimer {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> suspended_{false};
   bool detached_ = false;
-  std::atomic<std::uint64_t> next_order_{0};
+  alignas(64) std::atomic<std::uint64_t> next_order_{0};  // written per job: a line of its own
   std::atomic<int> listeners_count_{0};  // manager listeners, and jobs with listeners of their own
 
   // Live jobs, by the address of their core: a shard's lock is taken twice per run.
   struct alignas(64) Shard {
-    mutable std::mutex mutex;
+    mutable oneapi::tbb::mutex mutex;
     JobCore* head = nullptr;
     std::size_t count = 0;
   };
@@ -199,7 +205,7 @@ class Jobs final : public WaitTimer {
   TaskCondition delivered_;  // a job's event queue ran empty
   Listeners listeners_;
   JobManager::ProgressProvider provider_;
-  bool has_provider_ = false;
+  std::atomic<bool> has_provider_{false};
 
   std::multimap<Clock::time_point, JobCore*> timers_;
   Alarms alarms_;
@@ -208,7 +214,7 @@ class Jobs final : public WaitTimer {
   bool timer_stopping_ = false;
   // Set by destroy_after_this_run: the manager's remains and the job whose run they wait for.
   std::shared_ptr<Domain> dying_;
-  const JobCore* dying_after_ = nullptr;
+  std::atomic<const JobCore*> dying_after_{nullptr};  // read by every run without the lock
 };
 
 }  // namespace tasklet::detail

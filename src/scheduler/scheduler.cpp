@@ -204,11 +204,9 @@ struct detail::SchedulerImpl::PickTask {
     {
       std::lock_guard lock(impl->ready_mutex_);
       --impl->pending_picks_;
-      if (impl->ready_.empty()) return;
-      std::pop_heap(impl->ready_.begin(), impl->ready_.end(), std::greater<>{});
-      next = std::move(impl->ready_.back().tasklet);
-      impl->ready_.pop_back();
-      more = !impl->ready_.empty() && impl->pending_picks_ < impl->workers_.concurrency();
+      if (impl->ready_count_ == 0) return;
+      next = impl->take_earliest_ready();
+      more = impl->ready_count_ != 0 && impl->pending_picks_ < impl->workers_.concurrency();
       if (more) ++impl->pending_picks_;
     }
     if (more) impl->spawn(PickTask{impl});
@@ -548,14 +546,16 @@ bool detail::SchedulerImpl::withdraw(Tasklet& tasklet) {
   }
   // Granted but still queued for a runner: take it out and end it, which frees its rule now.
   TaskletPtr queued;
-  if (deadline_ != nullptr) {
+  if (order_ != nullptr) {
     std::lock_guard lock(ready_mutex_);
-    const auto entry = std::find_if(ready_.begin(), ready_.end(),
-                                    [&](const ReadyPhase& ready) { return ready.tasklet.get() == &tasklet; });
-    if (entry != ready_.end()) {
+    for (auto& lane : ready_) {
+      const auto entry = std::find_if(lane.begin(), lane.end(),
+                                      [&](const ReadyPhase& ready) { return ready.tasklet.get() == &tasklet; });
+      if (entry == lane.end()) continue;
       queued = std::move(entry->tasklet);
-      ready_.erase(entry);
-      std::make_heap(ready_.begin(), ready_.end(), std::greater<>{});
+      lane.erase(entry);
+      --ready_count_;
+      break;
     }
   }
   if (!queued) return false;
@@ -695,12 +695,13 @@ void detail::SchedulerImpl::spawn(Task task) {
 }
 
 void detail::SchedulerImpl::enqueue_async(TaskletPtr tasklet) {
-  if (deadline_ != nullptr) {
+  if (order_ != nullptr) {
     bool start_pick = false;
     {
       std::lock_guard lock(ready_mutex_);
-      ready_.push_back(ReadyPhase{deadline_(*tasklet), ready_arrivals_++, std::move(tasklet)});
-      std::push_heap(ready_.begin(), ready_.end(), std::greater<>{});
+      const Order order = order_(*tasklet);
+      ready_[order.lane].push_back(ReadyPhase{order.deadline, std::move(tasklet)});
+      ++ready_count_;
       start_pick = pending_picks_ < workers_.concurrency();
       if (start_pick) ++pending_picks_;
     }
@@ -723,7 +724,18 @@ void detail::SchedulerImpl::enqueue_async(TaskletPtr tasklet) {
   }
 }
 
-void detail::SchedulerImpl::order_async_phases_by(Deadline deadline) { deadline_ = deadline; }
+void detail::SchedulerImpl::order_async_phases_by(OrderOf order) { order_ = order; }
+
+detail::SchedulerImpl::TaskletPtr detail::SchedulerImpl::take_earliest_ready() noexcept {
+  std::deque<ReadyPhase>* earliest = nullptr;
+  for (auto& lane : ready_) {
+    if (!lane.empty() && (earliest == nullptr || lane.front().deadline < earliest->front().deadline)) earliest = &lane;
+  }
+  TaskletPtr next = std::move(earliest->front().tasklet);
+  earliest->pop_front();
+  --ready_count_;
+  return next;
+}
 
 bool detail::SchedulerImpl::yield_rule(Tasklet& tasklet) {
   detail::RuleRequest* hold = TaskletAccess::hold(tasklet);

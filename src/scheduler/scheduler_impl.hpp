@@ -13,10 +13,12 @@
 // Threads never run user code while holding `mutex_` or `parked_mutex_`.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <map>
 #include <memory>
@@ -25,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include <oneapi/tbb/mutex.h>
 #include <oneapi/tbb/task_group.h>
 
 #include "context.hpp"
@@ -67,13 +70,23 @@ class SchedulerImpl final {
   void make_background();
   /// Withdraws a tasklet still waiting for its rule and ends it unrun; false when it has started.
   bool withdraw(Tasklet& tasklet);
-  /// Async phases wait in a queue ordered by `deadline` (earliest first, then arrival) instead of
-  /// going straight to the arena. Each is taken by a pick task on the workers, which starts the
-  /// next pick before it runs the phase: a phase that waits (suspended) leaves the queue moving,
-  /// the arena's concurrency bounds how many run, and a stream of phases from one thread costs one
-  /// arena submission per `concurrency` picks waiting, not one per phase. Set before use.
-  using Deadline = std::int64_t (*)(const Tasklet&);
-  void order_async_phases_by(Deadline deadline);
+  /// Async phases wait in deadline order (earliest first; ties in arrival order) instead of going
+  /// straight to the arena. `order` gives a phase's lane and deadline; within a lane, deadlines
+  /// grow with arrival (a lane is a job priority: its deadline is the time it became waiting plus
+  /// the priority's delay), so each lane is a FIFO and the next phase is the earliest of the lanes'
+  /// fronts. Each phase is taken by a pick task on the workers, which starts the next pick before
+  /// it runs the phase: a phase that waits (suspended) leaves the queue moving, the arena's
+  /// concurrency bounds how many run, and a stream of phases from one thread costs one arena
+  /// submission per `concurrency` picks waiting, not one per phase. Set before use.
+  struct Order {
+    std::size_t lane;
+    std::int64_t deadline;
+  };
+  static constexpr std::size_t lane_count = 5;
+  using OrderOf = Order (*)(const Tasklet&);
+  void order_async_phases_by(OrderOf order);
+  /// The front of the lane whose front is earliest (under ready_mutex_, with a phase ready).
+  TaskletPtr take_earliest_ready() noexcept;
   /// The tasklet whose phase runs here lets a waiting conflicting request go first and then takes
   /// its rule again (waiting as begin_rule does). False, at once, when nobody conflicting waits.
   bool yield_rule(Tasklet& tasklet);
@@ -142,20 +155,16 @@ class SchedulerImpl final {
 
   std::atomic<bool> spawned_{false};  // any oneTBB task was ever created (the destructor waits)
 
-  // Deadline-ordered async phases (order_async_phases_by): a heap, earliest first, and the picks
-  // started and not yet running (at most the workers' concurrency).
+  // Deadline-ordered async phases (order_async_phases_by): a FIFO per lane, and the picks started
+  // and not yet running (at most the workers' concurrency).
   struct ReadyPhase {
     std::int64_t deadline;
-    std::uint64_t arrival;
     TaskletPtr tasklet;
-    bool operator>(const ReadyPhase& other) const noexcept {
-      return deadline != other.deadline ? deadline > other.deadline : arrival > other.arrival;
-    }
   };
-  Deadline deadline_ = nullptr;
-  std::mutex ready_mutex_;
-  std::vector<ReadyPhase> ready_;
-  std::uint64_t ready_arrivals_ = 0;
+  OrderOf order_ = nullptr;
+  oneapi::tbb::mutex ready_mutex_;  // held for a queue step: spins briefly, then waits
+  std::array<std::deque<ReadyPhase>, lane_count> ready_;
+  std::size_t ready_count_ = 0;
   int pending_picks_ = 0;
 
  private:
