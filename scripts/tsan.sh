@@ -39,7 +39,7 @@ cmake --build --preset tsan -j "$jobs"
 # ldd's output is read whole before grep: with pipefail, `ldd | grep -q` fails whenever grep exits
 # at the first match while ldd is still writing (ldd dies of SIGPIPE).
 tbb_lib="$(pwd)/build/tbb-tsan/install/lib"
-for binary in build/tsan/tests/unit/unit_scheduler_test build/tsan/examples/request_response; do
+for binary in build/tsan/tests/scheduler/unit_scheduler_test build/tsan/examples/request_response; do
   loaded="$(env -u LD_LIBRARY_PATH ldd "$binary")" || { echo "tsan lane: ldd $binary failed" >&2; exit 1; }
   for lib in libtbb.so.12 libtbbmalloc.so.2; do
     grep -qF "$lib => $tbb_lib/$lib" <<<"$loaded" || {

@@ -38,6 +38,9 @@ class JobGroup : public std::enable_shared_from_this<JobGroup> {
   /// The combined result of the last complete run of the group.
   Status result() const;
 
+  /// The group's state in the jobs layer (defined inside the library, not for users).
+  struct Core;
+
  protected:
   /// After each job that ends with a non-ok result (but the last): whether to cancel the rest.
   /// Default: any job failed. Called where the job ended (its runner, or the thread that canceled
@@ -50,7 +53,6 @@ class JobGroup : public std::enable_shared_from_this<JobGroup> {
   virtual Status compute_group_result(const std::vector<Status>& results);
 
  private:
-  struct Core;  // the group's state (src/jobs)
   std::string name_;
   int max_threads_;
   std::unique_ptr<Core> core_;

@@ -26,10 +26,6 @@
 namespace tasklet {
 
 class SchedulingRule;
-namespace detail {
-class RuleTable;
-struct RuleNote;
-}  // namespace detail
 
 /// Rules are shared and immutable; their identity (the object) matters to end_rule.
 using Rule = std::shared_ptr<const SchedulingRule>;
@@ -56,7 +52,7 @@ struct RuleKey {
 /// Implementations must be thread-safe for concurrent const calls (rules are immutable).
 class SchedulingRule {
  public:
-  virtual ~SchedulingRule() { ::operator delete(static_cast<void*>(note_.load(std::memory_order_acquire))); }
+  virtual ~SchedulingRule() { ::operator delete(table_slot_.load(std::memory_order_acquire)); }
 
   /// True when a thread holding this rule may begin `other` inside it (nesting).
   virtual bool contains(const SchedulingRule& other) const = 0;
@@ -75,6 +71,9 @@ class SchedulingRule {
   /// The spans must stay valid for the rule's lifetime.
   virtual RuleKey key() const noexcept { return {}; }
 
+  /// The rule table's access to its slot below (defined inside the library, not for users).
+  class TableSlot;
+
  protected:
   SchedulingRule() = default;
   /// A copy is another rule: it does not share the original's note (below).
@@ -82,11 +81,10 @@ class SchedulingRule {
   SchedulingRule& operator=(const SchedulingRule&) noexcept { return *this; }
 
  private:
-  friend class detail::RuleTable;
-  // Where in a rule table (the first one to index this rule) the rule's nodes are, so that the
-  // next request for the same rule object looks nothing up. Set once, by that table (allocated with
-  // ::operator new); see src/rule_table.hpp.
-  mutable std::atomic<detail::RuleNote*> note_{nullptr};
+  // One opaque slot for the rule table: where the first table to index this rule found its nodes,
+  // so that the next request for the same rule object looks nothing up. Set once, by that table,
+  // to a block from ::operator new that the rule frees.
+  mutable std::atomic<void*> table_slot_{nullptr};
 };
 
 /// `rule->to_string()`, or "null" for an empty rule.

@@ -92,8 +92,6 @@ class SerialTask : public Tasklet {
 
  private:
   virtual void run_body() = 0;
-  // The executor's state: it keeps the rule (rule() points at it) and counts the task's delivery.
-  detail::TaskletOwner* library_owner() const noexcept override;
   // Not owned: the executor's destructor waits until every task of it is destroyed.
   SerialExecutor::State& state_;
 };

@@ -21,11 +21,6 @@
 namespace tasklet {
 
 class Scheduler;
-namespace detail {
-struct TaskletAccess;
-struct TaskletOwner;
-class RuleRequest;
-}  // namespace detail
 
 /// Subclass it and implement task(), or wrap a callable with make_tasklet().
 class Tasklet : public std::enable_shared_from_this<Tasklet> {
@@ -52,19 +47,16 @@ class Tasklet : public std::enable_shared_from_this<Tasklet> {
   /// True from the moment the tasklet is scheduled until its last phase returns done.
   bool is_active() const noexcept { return (state_.load(std::memory_order_acquire) & 3u) != 0; }
 
+  /// The engine's view of a tasklet (defined inside the library, not for users).
+  class Engine;
+
  protected:
   Tasklet() = default;
 
  private:
-  friend struct detail::TaskletAccess;
-  // The library's own: what owns one of the library's tasklets (a SerialExecutor's tasks), which
-  // keeps their rule (their rule_ points at it without owning it) and counts the deliveries of
-  // their grants; null for every other tasklet (src/tasklet_state.hpp).
-  virtual detail::TaskletOwner* library_owner() const noexcept { return nullptr; }
-
-  std::atomic<std::uint64_t> state_{0};         // see src/tasklet_state.hpp
+  std::atomic<std::uint64_t> state_{0};         // one word the engine decides everything on
   std::atomic<Scheduler*> scheduler_{nullptr};  // the scheduler it is active in
-  detail::RuleRequest* hold_ = nullptr;         // its rule's request while active
+  void* hold_ = nullptr;                        // the engine's: its rule's request while active
   Rule rule_;
   std::unique_ptr<std::string> name_;  // usually unnamed: a pointer keeps the tasklet small
 };

@@ -17,11 +17,8 @@ struct Job::Core final : detail::JobCore {
 
 struct JobGroup::Core final : detail::GroupCore {
   using GroupCore::GroupCore;
+  static GroupCore& of(JobGroup& group) noexcept { return *group.core_; }
 };
-
-namespace detail {
-GroupCore& (*group_core_of)(JobGroup&) noexcept = nullptr;
-}  // namespace detail
 
 // ---------------------------------------------------------------------------------------------
 // Job
@@ -112,7 +109,7 @@ bool Job::is_user() const {
 }
 
 void Job::set_group(std::shared_ptr<JobGroup> group) {
-  detail::GroupCore* group_core = group ? &detail::group_core_of(*group) : nullptr;
+  detail::GroupCore* group_core = group ? &JobGroup::Core::of(*group) : nullptr;
   std::lock_guard lock(core_->lock);
   require_none(*this, *core_, "the group");
   core_->group = std::move(group);
@@ -181,10 +178,6 @@ JobGroup::JobGroup(std::string name, int max_threads, int seed_jobs)
       },
       [](JobGroup& group, const std::vector<Status>& results) { return group.compute_group_result(results); },
   };
-  // Job::set_group reaches a group's core through this accessor (a member's lambda has the access).
-  if (detail::group_core_of == nullptr) {
-    detail::group_core_of = [](JobGroup& group) noexcept -> detail::GroupCore& { return *group.core_; };
-  }
   core_ = std::make_unique<Core>(*this, hooks, seed_jobs);
 }
 

@@ -212,7 +212,4 @@ struct GroupCore {
   }
 };
 
-/// The core of a group (set by JobGroup's constructor, which has access to it).
-extern GroupCore& (*group_core_of)(JobGroup&) noexcept;
-
 }  // namespace tasklet::detail

@@ -60,7 +60,7 @@ class PhaseScope {
     ctx_.current = &impl;
     ctx_.phase_of = &impl;
     ctx_.tasklet = &tasklet;
-    const Rule& rule = TaskletAccess::owning_rule(tasklet);  // current_rule() may hand it out
+    const Rule& rule = tasklet.rule();  // current_rule() may hand it out
     ctx_.phase_rule = rule ? &rule : nullptr;
     ctx_.phase_domain = &impl.domain_;
     ctx_.phase_base = ctx_.rule_stack.size();
@@ -239,21 +239,15 @@ struct detail::SchedulerImpl::BatchTask {
 // A tasklet's request for its rule. While it waits it owns the tasklet; once granted it continues
 // the tasklet with the directive it was started with. Its entries are in place for rules of up to
 // N entries (start() picks N), so one block holds the whole request. It is counted in the
-// scheduler's holds_ or sync_holds_ until it is done with the scheduler, which the destructor waits for;
-// the request of a tasklet with a library owner (a SerialExecutor's task) is counted by that owner
-// instead, which outlives the scheduler's part in the delivery (see detail::TaskletOwner).
+// scheduler's holds_ or sync_holds_ until it is done with the scheduler, which the destructor waits for.
 //
 // Delivering a grant or a cancellation can run user code (a tasklet ended by it is destroyed), and
 // that code may drop the last reference to this very scheduler. Its destructor, on this thread,
 // must not wait for the delivery it is nested in: each delivery in progress is on a thread-local
 // list, which the destructor counts out itself instead (and the delivery then leaves it alone).
 struct detail::SchedulerImpl::Delivery {
-  // Counted out of `counted_in` at the end, or told to `owner` when the tasklet has one.
-  Delivery(SchedulerImpl& scheduler, std::atomic<std::size_t>& counted_in, detail::TaskletOwner* counted_by) noexcept
-      : impl(counted_by == nullptr ? &scheduler : nullptr),
-        count(&counted_in),
-        owner(counted_by),
-        outer(innermost) {
+  Delivery(SchedulerImpl& scheduler, std::atomic<std::size_t>& counted_in) noexcept
+      : impl(&scheduler), count(&counted_in), outer(innermost) {
     innermost = this;
   }
   Delivery(const Delivery&) = delete;
@@ -261,11 +255,9 @@ struct detail::SchedulerImpl::Delivery {
   ~Delivery() {
     innermost = outer;
     if (impl != nullptr) count->fetch_sub(1, std::memory_order_release);  // it may go now
-    if (owner != nullptr) owner->delivered();                             // so may the owner
   }
-  SchedulerImpl* impl;  // null once its destructor has counted this delivery out, or when `owner` counts it
+  SchedulerImpl* impl;  // null once its destructor has counted this delivery out
   std::atomic<std::size_t>* count;  // holds_ or sync_holds_
-  detail::TaskletOwner* owner;
   Delivery* outer;
   static thread_local Delivery* innermost;
 };
@@ -295,14 +287,14 @@ struct detail::SchedulerImpl::TaskletHold final : detail::InlineRuleRequest<N>, 
   SchedulerImpl& scheduler() const noexcept { return detail::impl(*TaskletAccess::scheduler(*tasklet)); }
   void granted() noexcept override {
     SchedulerImpl& impl = scheduler();
-    const Delivery delivery(impl, count_in(impl), TaskletAccess::owner(*tasklet));
+    const Delivery delivery(impl, count_in(impl));
     impl.dispatch(std::move(tasklet), pending());
   }
   void cancelled() noexcept override {
     SchedulerImpl& impl = scheduler();
-    const Delivery delivery(impl, count_in(impl), TaskletAccess::owner(*tasklet));
+    const Delivery delivery(impl, count_in(impl));
     TaskletPtr ended = std::move(tasklet);
-    TaskletAccess::hold(*ended) = nullptr;  // it never held the rule: nothing to release
+    TaskletAccess::set_hold(*ended, nullptr);  // it never held the rule: nothing to release
     delete this;
     impl.finish(std::move(ended), nullptr);
   }
@@ -324,7 +316,7 @@ detail::SchedulerImpl::~SchedulerImpl() {
   // batch, in drop_pending), and the counts taken ahead go back.
   for (std::size_t i = 0; i < entering_.size(); ++i) {
     TaskletPtr& tasklet = *entering_tasklets_[i];
-    TaskletAccess::hold(*tasklet) = nullptr;
+    TaskletAccess::set_hold(*tasklet, nullptr);
     async_batch_.push_back(std::move(tasklet));
     delete entering_[i];
     ++reserved_holds_;
@@ -343,7 +335,7 @@ detail::SchedulerImpl::~SchedulerImpl() {
   }
   // Deliveries on this thread that led here are not waited for.
   for (Delivery* delivery = Delivery::innermost; delivery != nullptr; delivery = delivery->outer) {
-    if (delivery->impl == this) {  // counted here (an owner's delivery is not)
+    if (delivery->impl == this) {
       delivery->impl = nullptr;
       delivery->count->fetch_sub(1, std::memory_order_relaxed);
     }
@@ -431,7 +423,7 @@ bool detail::SchedulerImpl::run_is_active_for_caller() {
   return true;
 }
 
-void detail::SchedulerImpl::schedule(TaskletPtr tasklet, Directive directive, bool rule_pinned) {
+void detail::SchedulerImpl::schedule(TaskletPtr tasklet, Directive directive) {
   if (!tasklet) throw std::invalid_argument("schedule: null tasklet");
   if (directive == Directive::done) {
     if (tasklet->is_active()) throw AlreadyScheduled("schedule: " + tasklet->name() + " is already active");
@@ -458,13 +450,13 @@ void detail::SchedulerImpl::schedule(TaskletPtr tasklet, Directive directive, bo
   } else if (!background_) {
     active_.fetch_add(1, std::memory_order_relaxed);
   }
-  start(std::move(tasklet), directive, rule_pinned);
+  start(std::move(tasklet), directive);
   if (directive == Directive::sync) drain_inline();
 }
 
 // A tasklet with a rule takes it before its first phase: at once when it is free, else it waits in
 // the rule table (holding no thread) and the grant continues it.
-void detail::SchedulerImpl::start(TaskletPtr tasklet, Directive directive, bool rule_pinned) {
+void detail::SchedulerImpl::start(TaskletPtr tasklet, Directive directive) {
   if (!tasklet->rule()) {
     dispatch(std::move(tasklet), directive);
     return;
@@ -475,27 +467,26 @@ void detail::SchedulerImpl::start(TaskletPtr tasklet, Directive directive, bool 
   switch (entries) {
     case 0:
     case 1:
-      return start_holding<1>(std::move(tasklet), directive, rule_pinned);
+      return start_holding<1>(std::move(tasklet), directive);
     case 2:
-      return start_holding<2>(std::move(tasklet), directive, rule_pinned);
+      return start_holding<2>(std::move(tasklet), directive);
     case 3:
-      return start_holding<3>(std::move(tasklet), directive, rule_pinned);
+      return start_holding<3>(std::move(tasklet), directive);
     case 4:
-      return start_holding<4>(std::move(tasklet), directive, rule_pinned);
+      return start_holding<4>(std::move(tasklet), directive);
     case 5:
-      return start_holding<5>(std::move(tasklet), directive, rule_pinned);
+      return start_holding<5>(std::move(tasklet), directive);
     default:
-      return start_holding<8>(std::move(tasklet), directive, rule_pinned);
+      return start_holding<8>(std::move(tasklet), directive);
   }
 }
 
 template <std::size_t N>
-void detail::SchedulerImpl::start_holding(TaskletPtr tasklet, Directive directive, bool rule_pinned) {
+void detail::SchedulerImpl::start_holding(TaskletPtr tasklet, Directive directive) {
   Tasklet& raw = *tasklet;
   const bool batched = detail::state().sync_of == this && running_.load(std::memory_order_relaxed);
-  assert(!batched || TaskletAccess::owner(raw) == nullptr);  // owners' tasklets go to background schedulers
   auto* hold = new TaskletHold<N>(std::move(tasklet), directive, batched);
-  TaskletAccess::hold(raw) = hold;
+  TaskletAccess::set_hold(raw, hold);
   if (batched) {
     take_reserved(sync_holds_, reserved_holds_);
     ++holds_started_;
@@ -509,16 +500,15 @@ void detail::SchedulerImpl::start_holding(TaskletPtr tasklet, Directive directiv
   }
   enter_pending_rules();
   // Counted as a delivery to wait for: granted() continues it, at once or later, perhaps on the
-  // thread that holds the table's lock now (this one does not wait for it). A library owner counts
-  // its tasklets' deliveries itself (and the posting thread then writes no line of ours).
-  if (TaskletAccess::owner(raw) == nullptr) holds_.fetch_add(1, std::memory_order_relaxed);
-  domain_.table_.submit(*hold, rule_pinned);
+  // thread that holds the table's lock now (this one does not wait for it).
+  holds_.fetch_add(1, std::memory_order_relaxed);
+  domain_.table_.submit(*hold);
 }
 
 void detail::SchedulerImpl::release_rule(Tasklet& tasklet) noexcept {
   detail::RuleRequest* hold = TaskletAccess::hold(tasklet);
   if (hold == nullptr) return;
-  TaskletAccess::hold(tasklet) = nullptr;
+  TaskletAccess::set_hold(tasklet, nullptr);
   // The lock is tried for a short spin (then this thread hands itself the tasklet it lets through);
   // if it stays taken by a task on the workers, the release is left to that holder and this thread
   // goes back to work rather than sleeping on the lock. Another holder (the synchronous thread, a
@@ -528,7 +518,7 @@ void detail::SchedulerImpl::release_rule(Tasklet& tasklet) noexcept {
   detail::RuleTable& table = domain_.table_;
   if (table.try_release(*hold, grants)) {
     delete hold;
-  } else if (table.holder_takes_releases() && hold->keep_rule(TaskletAccess::owning_rule(tasklet))) {
+  } else if (table.holder_takes_releases() && hold->keep_rule(tasklet.rule())) {
     table.hand_back(*hold);  // the tasklet and its rule may go now
   } else {
     table.release(*hold, grants);
@@ -742,14 +732,14 @@ bool detail::SchedulerImpl::yield_rule(Tasklet& tasklet) {
   if (hold == nullptr || !domain_.table_.has_conflicting_waiter(*hold)) return false;
   // Release, then queue again behind whoever waits: the same FIFO as everyone else.
   enter_pending_rules();
-  detail::ThreadHold* again = detail::ThreadHold::make(TaskletAccess::owning_rule(tasklet), domain_.table_);
+  detail::ThreadHold* again = detail::ThreadHold::make(tasklet.rule(), domain_.table_);
   detail::Grants grants;
   domain_.table_.release(*hold, grants);
   delete hold;
-  TaskletAccess::hold(tasklet) = again;
+  TaskletAccess::set_hold(tasklet, again);
   detail::RuleTable::notify(grants);
   if (!again->acquire(domain_.table_) && !again->wait()) {
-    TaskletAccess::hold(tasklet) = nullptr;
+    TaskletAccess::set_hold(tasklet, nullptr);
     detail::ThreadHold::recycle(again);
     throw IllegalState("yield_rule: the job manager shut down while " + tasklet.name() +
                        " waited to take its rule back");
@@ -939,7 +929,7 @@ void detail::SchedulerImpl::with(const TaskletPtr& tasklet) {
   if (!tasklet) throw std::invalid_argument("with: null tasklet");
   claim(*tasklet, "with");
   if (!background_) active_.fetch_add(1, std::memory_order_relaxed);
-  if (const Rule& rule = TaskletAccess::owning_rule(*tasklet)) {
+  if (const Rule& rule = tasklet->rule()) {
     // The phase runs here and now, so the caller waits for the rule like a thread in begin_rule.
     enter_pending_rules();
     detail::ThreadHold* hold = detail::ThreadHold::make(rule, domain_.table_);
@@ -949,7 +939,7 @@ void detail::SchedulerImpl::with(const TaskletPtr& tasklet) {
       throw IllegalState("with(" + tasklet->name() + "): the job manager shut down while it waited for " +
                          describe(rule));
     }
-    TaskletAccess::hold(*tasklet) = hold;
+    TaskletAccess::set_hold(*tasklet, hold);
   }
   const PhaseResult result = run_phase(*this, *tasklet);
   if (result.error) {

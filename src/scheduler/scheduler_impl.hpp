@@ -48,10 +48,7 @@ class SchedulerImpl final {
   ~SchedulerImpl();
 
   void run();
-  /// `rule_pinned`: the caller keeps the tasklet's rule alive until this returns (a
-  /// SerialExecutor's own rule), which lets its request be left to the table's next lock holder
-  /// (RuleTable::submit).
-  void schedule(TaskletPtr tasklet, Directive directive, bool rule_pinned = false);
+  void schedule(TaskletPtr tasklet, Directive directive);
   /// Scheduler::suspend: the suspension's generation, for its Rescheduler.
   std::uint32_t suspend(Tasklet& tasklet);
   void resume(const TaskletPtr& tasklet, std::uint32_t generation, Directive directive);
@@ -70,6 +67,15 @@ class SchedulerImpl final {
   void make_background();
   /// Withdraws a tasklet still waiting for its rule and ends it unrun; false when it has started.
   bool withdraw(Tasklet& tasklet);
+  /// Withdraws every tasklet waiting for exactly `rule` that `matches` (called under the rule
+  /// table's lock) and ends them unrun; returns how many.
+  template <class Predicate>
+  std::size_t withdraw_waiting(const SchedulingRule& rule, Predicate&& matches) {
+    return domain_.table_.withdraw_waiting(rule, [&](const RuleRequest& request) {
+      const auto* tasklet = static_cast<const Tasklet*>(request.owner());
+      return tasklet != nullptr && matches(*tasklet);
+    });
+  }
   /// Async phases wait in deadline order (earliest first; ties in arrival order) instead of going
   /// straight to the arena. `order` gives a phase's lane and deadline; within a lane, deadlines
   /// grow with arrival (a lane is a job priority: its deadline is the time it became waiting plus
@@ -181,9 +187,9 @@ class SchedulerImpl final {
   bool run_is_active_for_caller();
   // The synchronous thread's count for one more tasklet, out of `reserved` (refilled in blocks).
   static void take_reserved(std::atomic<std::size_t>& counter, std::size_t& reserved) noexcept;
-  void start(TaskletPtr tasklet, Directive directive, bool rule_pinned = false);
+  void start(TaskletPtr tasklet, Directive directive);
   template <std::size_t N>
-  void start_holding(TaskletPtr tasklet, Directive directive, bool rule_pinned);
+  void start_holding(TaskletPtr tasklet, Directive directive);
   void continue_after_phase(TaskletPtr tasklet, Directive directive, std::exception_ptr error) noexcept;
   void dispatch(TaskletPtr tasklet, Directive directive) noexcept;
   void enqueue_sync(TaskletPtr tasklet);

@@ -45,27 +45,13 @@ constexpr std::uint64_t resumed_with(Directive directive) noexcept {
 }
 }  // namespace word
 
-/// What owns some of the library's own tasklets (a SerialExecutor's state) and outlives them: it
-/// keeps their rule, which their rule_ points at without owning it (so that starting and ending
-/// one does not write the rule's reference count on two threads), and it counts the deliveries of
-/// their grants (or cancellations) itself, instead of their scheduler. It must not go before every
-/// delivery has called delivered().
-struct TaskletOwner {
-  explicit TaskletOwner(Rule owned) noexcept : rule(std::move(owned)) {}
-  TaskletOwner(const TaskletOwner&) = delete;
-  TaskletOwner& operator=(const TaskletOwner&) = delete;
+class RuleRequest;
 
-  /// The delivery of a grant or a cancellation of one of its tasklets is over: the scheduler is
-  /// done with the tasklet's request (the tasklet itself may live on, or be gone already).
-  virtual void delivered() noexcept = 0;
+}  // namespace tasklet::detail
 
-  const Rule rule;
-
- protected:
-  ~TaskletOwner() = default;
-};
-
-struct TaskletAccess {
+/// The engine's access to a tasklet's bookkeeping (a nested class of Tasklet: it may read it).
+class tasklet::Tasklet::Engine {
+ public:
   static std::atomic<std::uint64_t>& state(Tasklet& tasklet) noexcept { return tasklet.state_; }
   static Scheduler* scheduler(const Tasklet& tasklet) noexcept {
     return tasklet.scheduler_.load(std::memory_order_relaxed);
@@ -73,15 +59,15 @@ struct TaskletAccess {
   static void set_scheduler(Tasklet& tasklet, Scheduler* scheduler) noexcept {
     tasklet.scheduler_.store(scheduler, std::memory_order_relaxed);
   }
-  static RuleRequest*& hold(Tasklet& tasklet) noexcept { return tasklet.hold_; }
-  static TaskletOwner* owner(const Tasklet& tasklet) noexcept { return tasklet.library_owner(); }
-  /// The tasklet's rule as a reference that owns it (tasklet.rule() may not: see TaskletOwner).
-  static const Rule& owning_rule(const Tasklet& tasklet) noexcept {
-    const TaskletOwner* owner = tasklet.library_owner();
-    return owner != nullptr ? owner->rule : tasklet.rule_;
+  static detail::RuleRequest* hold(const Tasklet& tasklet) noexcept {
+    return static_cast<detail::RuleRequest*>(tasklet.hold_);
   }
-  /// Sets the rule without validating it, for a rule the library made (an inactive tasklet).
+  static void set_hold(Tasklet& tasklet, detail::RuleRequest* hold) noexcept { tasklet.hold_ = hold; }
+  /// Sets the rule without validating it, for a rule the library validated already (an inactive
+  /// tasklet).
   static void set_trusted_rule(Tasklet& tasklet, Rule rule) noexcept { tasklet.rule_ = std::move(rule); }
 };
 
+namespace tasklet::detail {
+using TaskletAccess = Tasklet::Engine;
 }  // namespace tasklet::detail

@@ -121,15 +121,6 @@ void RuleTable::place_live(RuleRequest& request, std::size_t at) noexcept {
   request.live_index_ = static_cast<std::uint32_t>(at);
 }
 
-// Parkable requests are not counted: a parked one is idle and leaves only when a conflicting
-// request is entered, and its owner puts it back to use without the lock.
-RuleNote* RuleTable::identity_note_of(const RuleRequest& request) const noexcept {
-  if (request.parkable_ || request.entry_count_ != 1 || request.entries_[0].node()->identity != request.rule_)
-    return nullptr;
-  RuleNote* note = request.rule_->note_.load(std::memory_order_relaxed);
-  return note != nullptr && note->table == id_ ? note : nullptr;
-}
-
 void RuleTable::insert_live(RuleRequest& request, bool rootless) {
   live_.push_back(&request);
   request.live_index_ = static_cast<std::uint32_t>(live_.size() - 1);
@@ -142,12 +133,6 @@ void RuleTable::insert_live(RuleRequest& request, bool rootless) {
 }
 
 void RuleTable::erase_live(RuleRequest& request) noexcept {
-  // Before parkable_ is cleared, and before the lock is let go (so before the settle() that then
-  // sees what submit() left).
-  if (RuleNote* note = identity_note_of(request)) {
-    assert(note->in_table.load(std::memory_order_relaxed) != 0);  // counted when it was entered
-    note->in_table.store(note->in_table.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
-  }
   const std::size_t hole = request.live_index_;
   if (hole < rootless_from_) {
     // The last of the first part fills the hole, and the last request its place.
@@ -185,12 +170,11 @@ RuleNode& RuleTable::path_node(RuleNode& from, std::string_view segment) {
 // The note this table keeps on `rule` (made, with room for `room` nodes, when the rule has none
 // yet), or null when another table made the rule's note.
 RuleNote* RuleTable::note_on(const SchedulingRule& rule, std::size_t room) {
-  RuleNote* note = rule.note_.load(std::memory_order_acquire);
+  RuleNote* note = SchedulingRule::TableSlot::note(rule, std::memory_order_acquire);
   if (note == nullptr) {
     void* block = ::operator new(sizeof(RuleNote) + room * sizeof(RuleNode*));
     auto* made = ::new (block) RuleNote{id_, 0, 0, static_cast<std::uint32_t>(room)};
-    if (rule.note_.compare_exchange_strong(note, made, std::memory_order_acq_rel, std::memory_order_acquire))
-      return made;
+    if (SchedulingRule::TableSlot::set_note(rule, note, made)) return made;
     ::operator delete(block);  // another table was first: `note` is its note
   }
   return note->table == id_ ? note : nullptr;
@@ -466,8 +450,6 @@ bool RuleTable::enter(RuleRequest& request, EntryCache* cache, bool parkable, Gr
     insert_live(request, rootless);
     if (request.has_custom_) customs_.push_back(&request);
     request.parkable_ = parkable && !request.has_custom_;
-    if (RuleNote* note = identity_note_of(request))
-      note->in_table.store(note->in_table.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     request.park_.store(request.parkable_ ? Park::active : Park::none, std::memory_order_relaxed);
     if (request.parkable_) parked_.push_back(&request);
 
@@ -541,34 +523,10 @@ void RuleTable::push_submitted(std::uintptr_t newest, std::uintptr_t& oldest_lin
   } while (!submitted_.compare_exchange_weak(head, newest, std::memory_order_release, std::memory_order_relaxed));
 }
 
-namespace {
-// Requests a thread left in a row for the lock's next holder (see submit). Every so often it
-// enters them itself, while they are still in its cache: the holder would otherwise meet a long
-// list of them cold (a poster far ahead of the workers measured 30-50 % slower per post at 10^6).
-thread_local unsigned deferred_in_a_row = 0;
-constexpr unsigned defer_limit = 32;
-}  // namespace
-
 // Every submission sees to the stack itself (settle): what is below it may have been pushed by
-// submit_all, which leaves its requests to a drain() that can come much later. The exception is
-// below.
-void RuleTable::submit(RuleRequest& request, bool rule_pinned) {
-  // Read before the push: from then on the request may be entered, granted and deleted. The note
-  // lives as long as the rule, which the caller keeps alive when it says so.
-  const RuleNote* note = rule_pinned ? request.rule_->note_.load(std::memory_order_acquire) : nullptr;
+// submit_all, which leaves its requests to a drain() that can come much later.
+void RuleTable::submit(RuleRequest& request) {
   push_submitted(reinterpret_cast<std::uintptr_t>(&request), request.next_submitted_);
-  // An identity rule already in the table (held or waiting, not parkable) conflicts with this
-  // request, which therefore cannot be granted until that request leaves. Leaving happens under the
-  // lock, and the holder of the lock enters what was submitted when it takes it, or in settle()
-  // once it has let it go. The fences pair as in settle(): either the leaver's settle() sees our
-  // push, or we see the count it lowered (and enter the request ourselves). So a stream of posts
-  // to one serial executor does not take the lock once per post against the worker releasing it:
-  // the worker enters them together (10^3 posts: 0.75x the time per post).
-  if (note != nullptr && note->table == id_) {
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (note->in_table.load(std::memory_order_relaxed) != 0 && ++deferred_in_a_row < defer_limit) return;
-  }
-  deferred_in_a_row = 0;
   drain();
 }
 
@@ -653,7 +611,7 @@ void RuleTable::enter_together(SubmittedRun& run, Grants& grants, Orphans& orpha
     if (i == 0 || rules[i] != rules[i - 1]) __builtin_prefetch(requests[i]);
     __builtin_prefetch(rules[i]);
   }
-  for (std::size_t i = 0; i < run.count; ++i) __builtin_prefetch(rules[i]->note_.load(std::memory_order_relaxed));
+  for (std::size_t i = 0; i < run.count; ++i) __builtin_prefetch(SchedulingRule::TableSlot::note(*rules[i], std::memory_order_relaxed));
   for (std::size_t i = 0; i < run.count; ++i) {
     if (enter(*requests[i], nullptr, false, grants, orphans)) grants.push_back(requests[i]);
   }

@@ -413,7 +413,7 @@ struct alignas(64) RuleNode {  // also aligns RuleEntry's tag bits
   bool is_unused() const noexcept;
 };
 
-/// A rule table's note on a rule object (SchedulingRule::note_): the nodes of its path, root first,
+/// A rule table's note on a rule object (in its table slot): the nodes of its path, root first,
 /// or its identity node, as the table found them while its node generation was `generation`.
 /// Made by the first table that indexes the rule, with room for all its nodes after it, and freed
 /// by the rule's destructor; only that table reads or writes the nodes, under its lock. Other
@@ -423,12 +423,29 @@ struct RuleNote {
   std::uint64_t generation;  // RuleTable::node_generation_ when the nodes were noted
   std::uint32_t count;       // nodes noted; 0: none yet
   std::uint32_t room;
-  // Requests for exactly this identity rule in the table, held or waiting (written under the lock,
-  // read by submit() without it; see RuleTable::submit).
-  std::atomic<std::uint32_t> in_table{0};
   RuleNode** nodes() noexcept { return reinterpret_cast<RuleNode**>(this + 1); }
 };
 static_assert(sizeof(RuleNote) % alignof(RuleNode*) == 0);
+
+}  // namespace tasklet::detail
+
+/// Where the table keeps its note on a rule (a nested class of SchedulingRule: it may reach it).
+class tasklet::SchedulingRule::TableSlot {
+ public:
+  static detail::RuleNote* note(const SchedulingRule& rule, std::memory_order order) noexcept {
+    return static_cast<detail::RuleNote*>(rule.table_slot_.load(order));
+  }
+  /// Sets the note if the slot is still empty; else `expected` becomes the note that is there.
+  static bool set_note(const SchedulingRule& rule, detail::RuleNote*& expected, detail::RuleNote* note) noexcept {
+    void* seen = expected;
+    const bool set = rule.table_slot_.compare_exchange_strong(seen, note, std::memory_order_acq_rel,
+                                                             std::memory_order_acquire);
+    expected = static_cast<detail::RuleNote*>(seen);
+    return set;
+  }
+};
+
+namespace tasklet::detail {
 
 /// A request's resolved entries kept between acquisitions (for a thread's recycled begin_rule
 /// request): they are reused when the table has freed no node since and the owner vouches that the
@@ -463,11 +480,8 @@ class RuleTable {
   /// another thread holds it, the request is left for that thread to enter before it lets the
   /// lock go. Its granted() is called in either case, at once or when its turn comes, perhaps on
   /// another thread; it counts as requested now (before anything this thread enters later).
-  /// Lock-free when the lock is taken; calls custom rules' checks under the lock. `rule_pinned`:
-  /// the caller keeps request.rule() alive until this returns; then a request for an identity rule
-  /// that is already in the table (held or waiting) is left to whoever takes the lock next, as it
-  /// cannot be granted before then.
-  void submit(RuleRequest& request, bool rule_pinned = false);
+  /// Lock-free when the lock is taken; calls custom rules' checks under the lock.
+  void submit(RuleRequest& request);
 
   /// As submit() for each request in turn (in that order), with one atomic step, but entering
   /// none of them on this thread: the next thread to take the lock, or to call drain(), enters
@@ -602,9 +616,6 @@ class RuleTable {
   // at most two other requests (those moved to keep the parts whole).
   void insert_live(RuleRequest& request, bool rootless);
   void erase_live(RuleRequest& request) noexcept;
-  // The note counting `request` in RuleNote::in_table, when its rule is an identity rule with a
-  // note of this table's.
-  RuleNote* identity_note_of(const RuleRequest& request) const noexcept;
   void place_live(RuleRequest& request, std::size_t at) noexcept;
   void remove_custom(RuleRequest& request) noexcept;
   // Root intents (see the top of this file): whether the root is claimed, and giving every rootless

@@ -1,11 +1,13 @@
 // Fixtures for the job manager's tests: gates, counters and event recorders that rendezvous through
-// condition variables (bounded waits, so a bug fails the test instead of hanging it).
+// condition variables (bounded waits, so a bug fails the test instead of hanging it), the JobTest
+// fixture the tests in tests/jobs share, and the hooked jobs more than one of them uses.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -123,6 +125,71 @@ class Recorder final : public JobListener {
   }
   std::mutex mutex_;
   std::vector<std::pair<std::string, std::string>> events_;
+};
+
+/// A manager with two runners; TearDown checks that every job has ended and no rule is left held
+/// or waited for.
+class JobTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    const bool joined = manager_->join(nullptr, patience);
+    EXPECT_TRUE(joined);
+    if (!joined) {
+      for (auto& j : manager_->find(nullptr)) {
+        ADD_FAILURE() << "left behind: " << j->name() << " state " << static_cast<int>(j->state());
+      }
+    }
+    EXPECT_TRUE(manager_->is_idle());
+    EXPECT_EQ(manager_->rule_stats().held, 0u);
+    EXPECT_EQ(manager_->rule_stats().waiting, 0u);
+  }
+  std::shared_ptr<JobManager> manager_ = JobManager::create(JobManager::Options{2, nullptr});
+
+  std::shared_ptr<Job> job(std::string name, std::function<Status(ProgressMonitor&)> fn) {
+    return make_job(std::move(name), std::move(fn), manager_);
+  }
+};
+
+/// A job named "veto" whose should_schedule() and should_run() answer as told.
+class Vetoing final : public Job {
+ public:
+  Vetoing(bool schedule, bool run, std::shared_ptr<JobManager> manager)
+      : Job("veto", std::move(manager)), schedule_(schedule), run_(run) {}
+  std::atomic<bool> ran{false};
+
+ protected:
+  Status run(ProgressMonitor&) override {
+    ran = true;
+    return Status::ok();
+  }
+  bool should_schedule() override { return schedule_; }
+  bool should_run() override { return run_; }
+
+ private:
+  bool schedule_, run_;
+};
+
+/// A job named "hooked" whose should_run() does what the test asks of it; counts its runs and
+/// notes whether two ever overlapped.
+class Hooked final : public Job {
+ public:
+  Hooked(std::function<bool(Job&)> should_run, std::shared_ptr<JobManager> manager)
+      : Job("hooked", std::move(manager)), should_run_(std::move(should_run)) {}
+  std::atomic<int> runs{0};
+  std::atomic<int> running{0};
+  std::atomic<bool> overlapped{false};
+
+ protected:
+  Status run(ProgressMonitor&) override {
+    if (running.fetch_add(1) != 0) overlapped = true;
+    runs.fetch_add(1);
+    running.fetch_sub(1);
+    return Status::ok();
+  }
+  bool should_run() override { return should_run_(*this); }
+
+ private:
+  std::function<bool(Job&)> should_run_;
 };
 
 }  // namespace tasklet::test

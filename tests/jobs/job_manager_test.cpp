@@ -301,6 +301,8 @@ TEST(JobManagerLifetime, AManagerDroppedByADelayedJobCanceledInItsHandOverIsDest
     Gate* release = nullptr;
     std::atomic<bool> on_a_worker{false};
   };
+  hand_over::cancels = 0;  // counted afresh in each run of the test (--gtest_repeat)
+  hand_over::taken_back = 0;
   struct Seam {
     Seam() { detail::before_hand_over = &hand_over::cancel_delayed; }
     ~Seam() { detail::before_hand_over = nullptr; }
