@@ -81,7 +81,11 @@ struct ThreadContext {
   TaskState* state = &own;  // the running task's state, or the thread's own
 };
 
-ThreadContext& context() noexcept;
+/// This thread's context. Inline, so that the engine's hot paths reach it without a call.
+inline ThreadContext& context() noexcept {
+  thread_local ThreadContext ctx;
+  return ctx;
+}
 
 /// Whether the code running now is a task on the workers (a phase, a job, an entering task) of any
 /// pool, which continues the tasklets it lets through on a worker, rather than the synchronous
