@@ -123,9 +123,9 @@ class JobCore {
   std::chrono::milliseconds rerun_delay{0};
   std::unique_ptr<Status> result;  // of the last run; null: ok
   std::shared_ptr<ProgressMonitor> monitor;  // while running (cancel() may outlive the run)
-  // Set while the job is waiting or sleeping, from when it first became so: find() lists jobs in
-  // this order, so wake_up(family) puts them back in the order they were first scheduled.
-  std::uint64_t order = 0;
+  // Set when the job leaves state none: find() lists jobs in this order, so wake_up(family) puts
+  // them back in the order they were first scheduled. Read by find() without the job's lock.
+  std::atomic<std::uint64_t> order{0};
   Rule rule;
   // The run handed to the job scheduler and not started yet (it may still be taken back), or null.
   Tasklet* run = nullptr;

@@ -597,7 +597,7 @@ void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun
     }
     if (phase != JobState::none) return;  // already waiting or sleeping (even for a re-run)
     if (stopping_.load(std::memory_order_acquire)) schedule_refused(job.job());
-    job.order = next_order_.fetch_add(1, std::memory_order_relaxed);
+    job.order.store(next_order_.fetch_add(1, std::memory_order_relaxed), std::memory_order_relaxed);
     // A plain job goes straight to the job scheduler, unless the manager is suspended.
     handing = plain && !suspended_.load(std::memory_order_acquire);
     if (handing) {
@@ -1151,7 +1151,7 @@ void Jobs::timer_loop() {
 std::vector<std::shared_ptr<Job>> Jobs::find(Family family) const {
   std::vector<std::pair<std::uint64_t, std::shared_ptr<Job>>> listed;
   for_each_listed([&](JobCore& job) {
-    if (job.keep_alive) listed.emplace_back(job.order, job.keep_alive);
+    if (job.keep_alive) listed.emplace_back(job.order.load(std::memory_order_relaxed), job.keep_alive);
   });
   // In the order they were first scheduled (wake_up(family) keeps it).
   std::sort(listed.begin(), listed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
