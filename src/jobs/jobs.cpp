@@ -979,8 +979,8 @@ void call_listener(ListenerSlot& slot, const PendingEvent& pending) noexcept {
 }  // namespace
 
 void Jobs::deliver(JobCore& job) noexcept {
-  if (job.made_extras() == nullptr) return;  // never had an event
   std::unique_lock lock(mutex);
+  if (job.made_extras() == nullptr) return;  // never had an event (extras are made under the lock)
   JobExtras& extras = job.extras();
   if (extras.delivering) return;  // the thread delivering now will take our events too
   extras.delivering = true;
