@@ -82,10 +82,11 @@ class Job : public std::enable_shared_from_this<Job> {
   void schedule(std::chrono::milliseconds delay = std::chrono::milliseconds{0});
 
   /// Waiting or sleeping: removed, done with a cancel result, returns true. Waiting, but its run
-  /// already taken by a runner (or not yet handed over by the thread that made it waiting: a
-  /// schedule(), wake_up(), resume() or group let-in elsewhere, or the timer): it will not run;
-  /// that run ends it with a cancel result shortly, join() waits for that, and a schedule()
-  /// meanwhile runs it once more afterwards; returns false. So a waiting job's cancel() may
+  /// already started (should_run(), about_to_run) or not yet handed over by the thread that made
+  /// it waiting (a schedule(), wake_up(), resume() or group let-in elsewhere, or the timer): it
+  /// will not run; that run ends it with a cancel result shortly, join() waits for that; returns
+  /// false. A re-run asked for before the cancel is dropped: only a schedule() after it runs the
+  /// job again. So a waiting job's cancel() may
   /// return false, depending on timing: join() tells when it has ended. Running: its monitor is
   /// canceled and canceling() is called (once per run), returns false. None: returns true.
   /// Thread-safe; a job's rule is free once it has ended.
@@ -93,13 +94,13 @@ class Job : public std::enable_shared_from_this<Job> {
 
   /// Waits until the job's current run (or its wait to run) is over; returns at once for a job in
   /// state none. Throws IllegalState when called from the job itself. join(timeout) returns false
-  /// when the time ran out. Called from another job, the joiner frees its runner while it waits
-  /// (the task is suspended), so the job joined can run even when every runner is taken.
+  /// when the time ran out. Called from another job, the joiner frees its worker while it waits
+  /// (the task is suspended), so the job joined can run even when every worker is taken.
   void join();
   bool join(std::chrono::milliseconds timeout);
 
   /// Waiting: becomes sleeping until woken. Sleeping: its wake-up time is cleared. Returns false
-  /// (and does nothing) for a running job, or a waiting one whose run a runner has already taken
+  /// (and does nothing) for a running job, or a waiting one whose run has already started
   /// or that is not handed over yet (as for cancel()), or that a cancel() has left to end.
   bool sleep();
   /// A sleeping job waits again, at once or after `delay`. Ignored for jobs that are not sleeping.

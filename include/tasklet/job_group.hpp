@@ -31,7 +31,7 @@ class JobGroup : public std::enable_shared_from_this<JobGroup> {
   /// Cancels every job of the group and refuses new ones until the group is over.
   void cancel();
   /// Waits until the group is over; false when the time ran out. Called from a job, it frees that
-  /// job's runner while it waits.
+  /// job's worker while it waits.
   bool join(std::chrono::milliseconds timeout = std::chrono::milliseconds::max());
   /// Jobs waiting, sleeping or running.
   std::vector<std::shared_ptr<Job>> active_jobs() const;
@@ -43,7 +43,7 @@ class JobGroup : public std::enable_shared_from_this<JobGroup> {
 
  protected:
   /// After each job that ends with a non-ok result (but the last): whether to cancel the rest.
-  /// Default: any job failed. Called where the job ended (its runner, or the thread that canceled
+  /// Default: any job failed. Called where the job ended (its worker, or the thread that canceled
   /// it), outside the manager's locks. No job of the group is let in until it returns (jobs
   /// scheduled meanwhile wait in the group's queue), so it must not wait for another job of the
   /// group. An exception means "cancel".

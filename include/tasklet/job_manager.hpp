@@ -41,7 +41,7 @@ class JobManager {
   /// cancels the monitors of running jobs and waits for them and for other background work, stops
   /// the timer. The jobs stay usable, in state none; schedule() on them throws IllegalState.
   /// Dropped inside one of its own jobs' run(), it waits for everything but that run, and the
-  /// job's runner finishes the destruction after it. The manager's listeners are dropped last,
+  /// job's worker finishes the destruction after it. The manager's listeners are dropped last,
   /// once everything else is torn down. Never throws.
   virtual ~JobManager();
   JobManager(const JobManager&) = delete;
@@ -52,7 +52,7 @@ class JobManager {
   /// outermost one and is pushed without waiting; otherwise RuleNotContained. A thread holding
   /// nothing waits, in FIFO order with tasklets and other threads, until `rule` is free: on one of
   /// the library's worker threads the waiting task is suspended and the worker runs other work
-  /// (in a job, the job frees its runner meanwhile).
+  /// (in a job, the job frees its worker meanwhile).
   /// A null rule pushes a no-op scope. The push happens before any check, so every begin_rule,
   /// even one that throws (RuleNotContained, InvalidRule, IllegalState for nesting across
   /// managers), must be balanced by end_rule; prefer RuleScope. Rules begun in a tasklet phase
@@ -77,7 +77,7 @@ class JobManager {
   void cancel(Family family);
   /// Waits until no job of the family is waiting, sleeping or running (while suspended: running),
   /// including jobs scheduled into it meanwhile. False when the timeout ran out. Must not be
-  /// called from a job of that family (IllegalState); from another job it frees that job's runner
+  /// called from a job of that family (IllegalState); from another job it frees that job's worker
   /// while it waits.
   bool join(Family family, std::chrono::milliseconds timeout = std::chrono::milliseconds::max());
   /// Puts every waiting job of the family to sleep; wakes every sleeping one.

@@ -18,8 +18,8 @@ namespace tasklet::detail {
 using Clock = std::chrono::steady_clock;
 
 /// One wait of the calling code until wake(). On an ordinary thread it blocks on a condition
-/// variable; in one of our oneTBB tasks it suspends the task (the worker runs other work, and a job
-/// runner leaves its runner limit until the task goes on).
+/// variable; in one of our oneTBB tasks it suspends the task (the worker runs other work until the
+/// task goes on).
 class Wakeup {
  public:
   void wait() noexcept;

@@ -88,7 +88,7 @@ class Jobs final : public WaitTimer {
   /// Whether the calling code is the run() of one of these jobs.
   bool runs_a_job_here() const noexcept;
   /// The manager was dropped inside the run() of one of its jobs, on this thread: its remains are
-  /// shut down by that job's runner once the run is over.
+  /// shut down by that job's worker once the run is over.
   void destroy_after_this_run(std::shared_ptr<Domain> domain) noexcept;
 
   // Job operations (Job's public methods land here).

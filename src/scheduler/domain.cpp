@@ -221,7 +221,7 @@ ManagerHandle::~ManagerHandle() {
   DomainExtension* extension = domain->made_extension();
   if (extension != nullptr && extension->runs_here()) {
     // Dropped inside the extension's own work (a job's run), which the destructor would wait for:
-    // that work's runner finishes the destruction once it is over.
+    // that work's worker finishes the destruction once it is over.
     extension->finish_after_this_run(std::move(domain));
     return;
   }

@@ -18,8 +18,7 @@
 namespace tasklet::detail {
 
 /// A thread's request in begin_rule. wait() blocks an ordinary thread; on a worker it suspends the
-/// oneTBB task, so the worker goes on with other work (waiting callers never starve the pool), and
-/// a job runner leaves its runner limit while it waits (see Wakeup).
+/// oneTBB task, so the worker goes on with other work (waiting callers never starve the pool).
 class ThreadHold final : public InlineRuleRequest<4> {
  public:
   /// A request for `rule` in `table`, out of every table. `rule` must outlive it (the begin_rule

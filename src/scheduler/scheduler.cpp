@@ -534,7 +534,7 @@ bool detail::SchedulerImpl::withdraw(Tasklet& tasklet) {
       }) != 0) {
     return true;
   }
-  // Granted but still queued for a runner: take it out and end it, which frees its rule now.
+  // Granted but still queued for a worker: take it out and end it, which frees its rule now.
   TaskletPtr queued;
   if (order_ != nullptr) {
     std::lock_guard lock(ready_mutex_);
