@@ -791,8 +791,9 @@ void Jobs::run(JobCore& job, Tasklet& run) noexcept {
     if (job.run != &run || jw::phase(word) != JobState::waiting) return;  // taken back meanwhile
     job.run = nullptr;
     canceled = (word & jw::canceled) != 0;
-    if (!suspended_.load(std::memory_order_acquire) || canceled) job.change(JobState::waiting, jw::started);
-    if (suspended_.load(std::memory_order_acquire) && !canceled) {
+    const bool suspended = suspended_.load(std::memory_order_acquire);
+    if (!suspended || canceled) job.change(JobState::waiting, jw::started);
+    if (suspended && !canceled) {
       // Waits again, from the start, holding nothing; resume() lets it in first.
       job_lock.unlock();
       ToStart let_in;
