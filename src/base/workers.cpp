@@ -59,7 +59,9 @@ std::shared_ptr<Workers> Workers::create(int concurrency) {
   return std::make_shared<detail::WorkersImpl>(concurrency);
 }
 
-int Workers::concurrency() const noexcept { return static_cast<const detail::WorkersImpl&>(*this).concurrency(); }
+int Workers::concurrency() const noexcept {
+  return static_cast<const detail::WorkersImpl&>(*this).concurrency();
+}
 
 std::shared_ptr<Workers> adopt_arena(std::shared_ptr<oneapi::tbb::task_arena> arena) {
   return std::make_shared<detail::WorkersImpl>(std::move(arena));

@@ -43,7 +43,8 @@ namespace {
 // Settings that are fixed while the job is scheduled (under the job's lock).
 void require_none(const Job& job, const detail::JobCore& core, const char* what) {
   if (core.state() != JobState::none) {
-    throw TaskletActive(std::string(what) + " of job '" + job.name() + "' cannot change while it is scheduled");
+    throw TaskletActive(std::string(what) + " of job '" + job.name() +
+                        "' cannot change while it is scheduled");
   }
 }
 
@@ -139,7 +140,9 @@ std::any Job::property(const std::string& key) const {
   return found == extras->properties.end() ? std::any{} : found->second;
 }
 
-void Job::add_listener(std::shared_ptr<JobListener> listener) { core_->jobs().add_listener(*core_, std::move(listener)); }
+void Job::add_listener(std::shared_ptr<JobListener> listener) {
+  core_->jobs().add_listener(*core_, std::move(listener));
+}
 
 void Job::remove_listener(const std::shared_ptr<JobListener>& listener) {
   core_->jobs().remove_listener(*core_, listener);
@@ -150,7 +153,8 @@ bool Job::belongs_to(Family /*family*/) const { return false; }
 namespace {
 class FunctionJob final : public Job {
  public:
-  FunctionJob(std::string name, std::function<Status(ProgressMonitor&)> fn, std::shared_ptr<JobManager> manager)
+  FunctionJob(std::string name, std::function<Status(ProgressMonitor&)> fn,
+              std::shared_ptr<JobManager> manager)
       : Job(std::move(name), std::move(manager)), fn_(std::move(fn)) {}
 
  protected:
@@ -163,8 +167,7 @@ class FunctionJob final : public Job {
 
 std::shared_ptr<Job> make_job(std::string name, std::function<Status(ProgressMonitor&)> fn,
                               std::shared_ptr<JobManager> manager) {
-  return std::make_shared<FunctionJob>(std::move(name), std::move(fn),
-                                           std::move(manager));
+  return std::make_shared<FunctionJob>(std::move(name), std::move(fn), std::move(manager));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -229,7 +232,9 @@ Status JobGroup::result() const {
   return core_->last_result;
 }
 
-bool JobGroup::should_cancel(const Status& /*last_result*/, int failed, int /*canceled*/) { return failed > 0; }
+bool JobGroup::should_cancel(const Status& /*last_result*/, int failed, int /*canceled*/) {
+  return failed > 0;
+}
 
 Status JobGroup::compute_group_result(const std::vector<Status>& results) {
   Status combined;

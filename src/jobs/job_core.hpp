@@ -25,9 +25,9 @@
 
 #include "scheduler_impl.hpp"
 #include "task_condition.hpp"
+#include "tasklet/detail/allocator.hpp"
 #include "tasklet/job.hpp"
 #include "tasklet/job_group.hpp"
-#include "tasklet/detail/allocator.hpp"
 #include "tasklet/tasklet_base.hpp"
 
 namespace tasklet::detail {
@@ -38,15 +38,15 @@ struct GroupCore;
 
 /// The bits of a job's state word.
 namespace job_word {
-inline constexpr std::uint32_t phase_mask = 3;     // the JobState
-inline constexpr std::uint32_t taken = 1u << 2;    // waiting: its run is handed to the job scheduler
-inline constexpr std::uint32_t canceled = 1u << 3;  // waiting and taken: its run ends it, unrun
-inline constexpr std::uint32_t rerun = 1u << 4;     // runs once more after this run (or unrun end)
+inline constexpr std::uint32_t phase_mask = 3;              // the JobState
+inline constexpr std::uint32_t taken = 1u << 2;             // waiting: its run is handed to the job scheduler
+inline constexpr std::uint32_t canceled = 1u << 3;          // waiting and taken: its run ends it, unrun
+inline constexpr std::uint32_t rerun = 1u << 4;             // runs once more after this run (or unrun end)
 inline constexpr std::uint32_t canceling_called = 1u << 5;  // canceling() was called for this run
-inline constexpr std::uint32_t joined = 1u << 6;    // a join() waits for the end of this run
-inline constexpr std::uint32_t rerun_pending = 1u << 7;  // none, and its re-run is not queued yet
-inline constexpr std::uint32_t started = 1u << 8;   // waiting: its run has begun (should_run, events)
-inline constexpr std::uint32_t one_end = 1u << 9;   // bits 9-31 count the ends, for join()
+inline constexpr std::uint32_t joined = 1u << 6;            // a join() waits for the end of this run
+inline constexpr std::uint32_t rerun_pending = 1u << 7;     // none, and its re-run is not queued yet
+inline constexpr std::uint32_t started = 1u << 8;           // waiting: its run has begun (should_run, events)
+inline constexpr std::uint32_t one_end = 1u << 9;           // bits 9-31 count the ends, for join()
 
 constexpr JobState phase(std::uint32_t word) noexcept { return static_cast<JobState>(word & phase_mask); }
 constexpr std::uint32_t with_phase(std::uint32_t word, JobState phase) noexcept {
@@ -121,7 +121,7 @@ class JobCore {
   bool seed = false;              // this run counts as a seed of its group (manager's lock)
   bool holds_group_slot = false;  // let in under its group's max_threads (manager's lock)
   std::chrono::milliseconds rerun_delay{0};
-  std::unique_ptr<Status> result;  // of the last run; null: ok
+  std::unique_ptr<Status> result;            // of the last run; null: ok
   std::shared_ptr<ProgressMonitor> monitor;  // while running (cancel() may outlive the run)
   // Set when the job leaves state none: find() lists jobs in this order, so wake_up(family) puts
   // them back in the order they were first scheduled. Read by find() without the job's lock.

@@ -61,16 +61,22 @@ std::shared_ptr<Job> JobManager::current_job() const {
   const detail::JobCore* job = detail::running_job();
   return job != nullptr ? job->owned() : nullptr;
 }
-std::vector<std::shared_ptr<Job>> JobManager::find(Family family) const { return jobs_of(*this).find(family); }
+std::vector<std::shared_ptr<Job>> JobManager::find(Family family) const {
+  return jobs_of(*this).find(family);
+}
 void JobManager::cancel(Family family) { jobs_of(*this).cancel(family); }
-bool JobManager::join(Family family, std::chrono::milliseconds timeout) { return jobs_of(*this).join(family, timeout); }
+bool JobManager::join(Family family, std::chrono::milliseconds timeout) {
+  return jobs_of(*this).join(family, timeout);
+}
 void JobManager::sleep(Family family) { jobs_of(*this).sleep(family); }
 void JobManager::wake_up(Family family) { jobs_of(*this).wake_up(family); }
 void JobManager::suspend() { jobs_of(*this).suspend(); }
 void JobManager::resume() { jobs_of(*this).resume(); }
 bool JobManager::is_suspended() const { return jobs_of(*this).is_suspended(); }
 bool JobManager::is_idle() const { return jobs_of(*this).is_idle(); }
-void JobManager::add_listener(std::shared_ptr<JobListener> listener) { jobs_of(*this).add_listener(std::move(listener)); }
+void JobManager::add_listener(std::shared_ptr<JobListener> listener) {
+  jobs_of(*this).add_listener(std::move(listener));
+}
 void JobManager::remove_listener(const std::shared_ptr<JobListener>& listener) {
   jobs_of(*this).remove_listener(listener);
 }

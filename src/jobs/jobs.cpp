@@ -8,8 +8,8 @@
 #include <utility>
 
 #include "scheduler_impl.hpp"
-#include "tasklet_state.hpp"
 #include "tasklet/error.hpp"
+#include "tasklet_state.hpp"
 
 namespace tasklet::detail {
 
@@ -27,8 +27,8 @@ JobExtras& JobCore::extras() {
 
 std::uint32_t JobCore::change(JobState phase, std::uint32_t set, std::uint32_t clear) noexcept {
   std::uint32_t old = word.load(std::memory_order_relaxed);
-  while (!word.compare_exchange_weak(old, (jw::with_phase(old, phase) | set) & ~clear, std::memory_order_acq_rel,
-                                     std::memory_order_relaxed)) {
+  while (!word.compare_exchange_weak(old, (jw::with_phase(old, phase) | set) & ~clear,
+                                     std::memory_order_acq_rel, std::memory_order_relaxed)) {
   }
   return old;
 }
@@ -309,7 +309,8 @@ void Jobs::hand_over(JobCore& job) {
     RunEnd end;
     {
       std::lock_guard lock(mutex);
-      end = finish_run(job, Status::error("out of memory while starting the job", std::current_exception()), let_in);
+      end = finish_run(job, Status::error("out of memory while starting the job", std::current_exception()),
+                       let_in);
     }
     start(let_in);
     complete(std::move(end));
@@ -335,7 +336,8 @@ void Jobs::submit_run(JobCore& job, std::shared_ptr<JobRun> run) {
     std::lock_guard lock(mutex);
     {
       std::lock_guard job_lock(job.lock);
-      if (job.run != handed || (job.load() & jw::canceled) == 0 || !impl(*scheduler_).withdraw(*handed)) return;
+      if (job.run != handed || (job.load() & jw::canceled) == 0 || !impl(*scheduler_).withdraw(*handed))
+        return;
       job.run = nullptr;
     }
     end = finish_run(job, Status::cancel(), let_in);
@@ -437,7 +439,8 @@ RunEnd Jobs::end_word(JobCore& job, Status result) {
       next = jw::with_phase(old, JobState::none) + jw::one_end;
       next &= ~(jw::taken | jw::started | jw::canceled | jw::rerun | jw::canceling_called | jw::joined);
       if (end.rerun) next |= jw::rerun_pending;
-    } while (!job.word.compare_exchange_weak(old, next, std::memory_order_acq_rel, std::memory_order_acquire));
+    } while (
+        !job.word.compare_exchange_weak(old, next, std::memory_order_acq_rel, std::memory_order_acquire));
   }
   end.done = JobEvent{end.owner, std::move(result), std::chrono::milliseconds{0}, nullptr};
   if ((old & jw::joined) != 0) {
@@ -534,7 +537,8 @@ void Jobs::complete_run(RunEnd& end) {
   } else if (end.group != nullptr && end.ask_should_cancel) {
     bool cancel_group = true;
     try {
-      cancel_group = end.group->hooks.should_cancel(end.group->self, end.done.result, end.failed, end.canceled);
+      cancel_group =
+          end.group->hooks.should_cancel(end.group->self, end.done.result, end.failed, end.canceled);
     } catch (...) {
     }
     // Canceling first: the jobs throttled while it decided are canceled, not let in.
@@ -590,7 +594,8 @@ void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun
     // Running, or about to (its run has begun, or a cancel that could not take the run back lets
     // the run end it, unrun): once more after it ends.
     const JobState phase = jw::phase(word);
-    if (phase == JobState::running || (phase == JobState::waiting && (word & (jw::started | jw::canceled)) != 0)) {
+    if (phase == JobState::running ||
+        (phase == JobState::waiting && (word & (jw::started | jw::canceled)) != 0)) {
       job.change(phase, jw::rerun);
       job.rerun_delay = delay;
       return;
@@ -745,7 +750,8 @@ bool Jobs::sleep(JobCore& job) {
           std::lock_guard job_lock(job.lock);
           job.change(JobState::sleeping);
         }
-        if (has_listeners(job)) post(job, PendingEvent::Kind::sleeping, JobEvent{job.owned(), {}, {}, nullptr});
+        if (has_listeners(job))
+          post(job, PendingEvent::Kind::sleeping, JobEvent{job.owned(), {}, {}, nullptr});
         break;
     }
   }
@@ -899,7 +905,8 @@ void Jobs::run(JobCore& job, Tasklet& run) noexcept {
   TaskState& after = state();  // the run may have moved to another thread (begin_rule, yield_rule)
   after.job = outer;
   // Rules begun in run() and left open are released now, before join() can return, and fail the run.
-  if (const std::string open = end_frames_above(after, after.phase_base); !open.empty() && !result.is_error()) {
+  if (const std::string open = end_frames_above(after, after.phase_base);
+      !open.empty() && !result.is_error()) {
     const std::string message = "job '" + job.job().name() + "' began " + open +
                                 " in run() and did not end it; rules begun in a run must be ended in it "
                                 "(they have been released)";
@@ -1033,7 +1040,9 @@ void Jobs::add_listener(std::shared_ptr<JobListener> listener) {
   listeners_count_.fetch_add(1, std::memory_order_acq_rel);
 }
 
-void Jobs::remove_listener(const std::shared_ptr<JobListener>& listener) { remove_from(listeners_, listener); }
+void Jobs::remove_listener(const std::shared_ptr<JobListener>& listener) {
+  remove_from(listeners_, listener);
+}
 
 void Jobs::remove_from(Listeners& listeners, const std::shared_ptr<JobListener>& listener) {
   Listeners removed;

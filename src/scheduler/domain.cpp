@@ -253,7 +253,9 @@ JobManager::RuleStats JobManager::rule_stats() const {
   return RuleStats{table.held_count(), table.waiting_count()};
 }
 
-const std::shared_ptr<Workers>& JobManager::workers() const noexcept { return detail::domain(*this).workers_; }
+const std::shared_ptr<Workers>& JobManager::workers() const noexcept {
+  return detail::domain(*this).workers_;
+}
 
 RuleScope::RuleScope(JobManager& manager, Rule rule) : manager_(manager), rule_(std::move(rule)) {
   try {

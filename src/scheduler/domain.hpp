@@ -31,9 +31,7 @@ class ThreadHold final : public InlineRuleRequest<4> {
   /// request revoked it meanwhile.
   static ThreadHold* resume(const Rule& rule, RuleTable& table) noexcept;
   /// Enters the request in `table` (RuleTable::acquire with this hold's entry cache).
-  bool acquire(RuleTable& table, bool parkable = false) {
-    return table.acquire(*this, &cache_, parkable);
-  }
+  bool acquire(RuleTable& table, bool parkable = false) { return table.acquire(*this, &cache_, parkable); }
   /// end_rule: parks the request in `table` for this thread's next begin_rule of the same rule
   /// when nobody wants it, else releases it; either way the caller is done with it.
   static void finish(ThreadHold* hold, RuleTable& table);

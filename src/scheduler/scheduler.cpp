@@ -1,7 +1,7 @@
 #include <algorithm>
 #include <array>
-#include <functional>
 #include <cassert>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -256,7 +256,7 @@ struct detail::SchedulerImpl::Delivery {
     innermost = outer;
     if (impl != nullptr) count->fetch_sub(1, std::memory_order_release);  // it may go now
   }
-  SchedulerImpl* impl;  // null once its destructor has counted this delivery out
+  SchedulerImpl* impl;              // null once its destructor has counted this delivery out
   std::atomic<std::size_t>* count;  // holds_ or sync_holds_
   Delivery* outer;
   static thread_local Delivery* innermost;
@@ -539,8 +539,8 @@ bool detail::SchedulerImpl::withdraw(Tasklet& tasklet) {
   if (order_ != nullptr) {
     std::lock_guard lock(ready_mutex_);
     for (auto& lane : ready_) {
-      const auto entry = std::find_if(lane.begin(), lane.end(),
-                                      [&](const ReadyPhase& ready) { return ready.tasklet.get() == &tasklet; });
+      const auto entry = std::find_if(
+          lane.begin(), lane.end(), [&](const ReadyPhase& ready) { return ready.tasklet.get() == &tasklet; });
       if (entry == lane.end()) continue;
       queued = std::move(entry->tasklet);
       lane.erase(entry);
@@ -584,7 +584,7 @@ void detail::SchedulerImpl::record_failure(const Tasklet& tasklet, std::exceptio
 // Directives
 
 void detail::SchedulerImpl::continue_after_phase(TaskletPtr tasklet, Directive directive,
-                                           std::exception_ptr error) noexcept {
+                                                 std::exception_ptr error) noexcept {
   if (error) {
     finish(std::move(tasklet), std::move(error));
     return;
@@ -719,7 +719,8 @@ void detail::SchedulerImpl::order_async_phases_by(OrderOf order) { order_ = orde
 detail::SchedulerImpl::TaskletPtr detail::SchedulerImpl::take_earliest_ready() noexcept {
   std::deque<ReadyPhase>* earliest = nullptr;
   for (auto& lane : ready_) {
-    if (!lane.empty() && (earliest == nullptr || lane.front().deadline < earliest->front().deadline)) earliest = &lane;
+    if (!lane.empty() && (earliest == nullptr || lane.front().deadline < earliest->front().deadline))
+      earliest = &lane;
   }
   TaskletPtr next = std::move(earliest->front().tasklet);
   earliest->pop_front();
@@ -1089,7 +1090,9 @@ std::vector<Failure> Scheduler::failures() const {
   return impl.failures_;
 }
 
-const std::shared_ptr<JobManager>& Scheduler::manager() const noexcept { return detail::impl(*this).options_.manager; }
+const std::shared_ptr<JobManager>& Scheduler::manager() const noexcept {
+  return detail::impl(*this).options_.manager;
+}
 
 void Rescheduler::resume(Directive directive) const {
   const std::shared_ptr<Scheduler> scheduler = scheduler_.lock();

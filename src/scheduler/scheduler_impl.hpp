@@ -58,7 +58,8 @@ class SchedulerImpl final {
   /// it started and has not entered into the rule table yet go in now, so that a request it makes
   /// next (begin_rule, with, another scheduler's tasklet) comes after them, in program order.
   static void enter_pending_rules(const TaskState& here = state()) {
-    if (SchedulerImpl* sync = here.sync_of; sync != nullptr && !sync->entering_.empty()) sync->enter_rule_batch();
+    if (SchedulerImpl* sync = here.sync_of; sync != nullptr && !sync->entering_.empty())
+      sync->enter_rule_batch();
   }
 
   /// The implicit scheduler of the calling thread runs its sync tasklets inline.

@@ -313,8 +313,8 @@ bool RuleTable::blocked_by_custom(const RuleRequest& request) const noexcept {
 
 // Whether some request holds or waits for S, SIX or X at the root (and so can conflict there).
 bool RuleTable::root_claimed() const noexcept {
-  constexpr auto claims = static_cast<std::uint8_t>(1u << index_of(LockMode::s) | 1u << index_of(LockMode::six) |
-                                                    1u << index_of(LockMode::x));
+  constexpr auto claims = static_cast<std::uint8_t>(
+      1u << index_of(LockMode::s) | 1u << index_of(LockMode::six) | 1u << index_of(LockMode::x));
   return (root_.occupied() & claims) != 0;
 }
 
@@ -367,7 +367,7 @@ void RuleTable::give_root_intents() noexcept {
 bool RuleTable::clear_at(const RuleNode& node, LockMode mode, std::uint64_t ticket) noexcept {
   const std::uint8_t incompatible = incompatible_mask[index_of(mode)];
   if ((node.occupied() & incompatible) == 0) return true;  // nothing in the way
-  if ((node.counted & incompatible) != 0) return false;  // granted or clear and older
+  if ((node.counted & incompatible) != 0) return false;    // granted or clear and older
   // Only queues of incompatible modes are left: in the way when their front came earlier.
   for (unsigned left = node.queued & incompatible; left != 0; left &= left - 1) {
     if (node.waiting(static_cast<std::size_t>(std::countr_zero(left))).front_ticket() < ticket) return false;
@@ -520,7 +520,8 @@ void RuleTable::push_submitted(std::uintptr_t newest, std::uintptr_t& oldest_lin
   std::uintptr_t head = submitted_.load(std::memory_order_relaxed);
   do {
     oldest_link = head;
-  } while (!submitted_.compare_exchange_weak(head, newest, std::memory_order_release, std::memory_order_relaxed));
+  } while (
+      !submitted_.compare_exchange_weak(head, newest, std::memory_order_release, std::memory_order_relaxed));
 }
 
 // Every submission sees to the stack itself (settle): what is below it may have been pushed by
@@ -611,7 +612,8 @@ void RuleTable::enter_together(SubmittedRun& run, Grants& grants, Orphans& orpha
     if (i == 0 || rules[i] != rules[i - 1]) __builtin_prefetch(requests[i]);
     __builtin_prefetch(rules[i]);
   }
-  for (std::size_t i = 0; i < run.count; ++i) __builtin_prefetch(SchedulingRule::TableSlot::note(*rules[i], std::memory_order_relaxed));
+  for (std::size_t i = 0; i < run.count; ++i)
+    __builtin_prefetch(SchedulingRule::TableSlot::note(*rules[i], std::memory_order_relaxed));
   for (std::size_t i = 0; i < run.count; ++i) {
     if (enter(*requests[i], nullptr, false, grants, orphans)) grants.push_back(requests[i]);
   }
@@ -654,8 +656,7 @@ bool RuleTable::conflicting(const RuleRequest& a, const RuleRequest& b) noexcept
 // table, and marks the active ones that conflict with it wanted; every one of them when `request`
 // has custom parts. True when some were taken out. O(parked requests), and only for a newcomer
 // that would wait otherwise (or has custom parts).
-bool RuleTable::revoke_parked(const RuleRequest& request, Grants& grants,
-                              Orphans& orphans) {
+bool RuleTable::revoke_parked(const RuleRequest& request, Grants& grants, Orphans& orphans) {
   bool revoked = false;
   for (std::size_t at = 0; at < parked_.size();) {
     RuleRequest& other = *parked_[at];

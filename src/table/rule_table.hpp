@@ -436,10 +436,11 @@ class tasklet::SchedulingRule::TableSlot {
     return static_cast<detail::RuleNote*>(rule.table_slot_.load(order));
   }
   /// Sets the note if the slot is still empty; else `expected` becomes the note that is there.
-  static bool set_note(const SchedulingRule& rule, detail::RuleNote*& expected, detail::RuleNote* note) noexcept {
+  static bool set_note(const SchedulingRule& rule, detail::RuleNote*& expected,
+                       detail::RuleNote* note) noexcept {
     void* seen = expected;
     const bool set = rule.table_slot_.compare_exchange_strong(seen, note, std::memory_order_acq_rel,
-                                                             std::memory_order_acquire);
+                                                              std::memory_order_acquire);
     expected = static_cast<detail::RuleNote*>(seen);
     return set;
   }

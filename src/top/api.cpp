@@ -23,7 +23,9 @@ Scheduler& current() {
   return *mine.implicit;
 }
 
-void with(Scheduler& scheduler, const std::shared_ptr<Tasklet>& tasklet) { detail::impl(scheduler).with(tasklet); }
+void with(Scheduler& scheduler, const std::shared_ptr<Tasklet>& tasklet) {
+  detail::impl(scheduler).with(tasklet);
+}
 
 void configure(SchedulerOptions options) {
   // A configured concurrency becomes one pool shared by the thread's new schedulers.

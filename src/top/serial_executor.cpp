@@ -76,7 +76,7 @@ SerialExecutor::~SerialExecutor() {
 
 SerialExecutor::Handle SerialExecutor::post_task(std::shared_ptr<detail::SerialTask> task) {
   state_->outstanding.fetch_add(1, std::memory_order_relaxed);  // the task's destructor counts it out
-  detail::TaskletAccess::set_trusted_rule(*task, rule_);  // the executor made it: valid
+  detail::TaskletAccess::set_trusted_rule(*task, rule_);        // the executor made it: valid
   Handle handle{task};
   background_of(*manager_).schedule(std::move(task), Directive::async);
   return handle;
@@ -105,6 +105,8 @@ void SerialExecutor::wait() {
   if (error) std::rethrow_exception(error);
 }
 
-std::size_t SerialExecutor::outstanding() const noexcept { return state_->outstanding.load(std::memory_order_acquire); }
+std::size_t SerialExecutor::outstanding() const noexcept {
+  return state_->outstanding.load(std::memory_order_acquire);
+}
 
 }  // namespace tasklet

@@ -292,8 +292,8 @@ TEST(JobManagerLifetime, AManagerDroppedByADelayedJobCanceledInItsHandOverIsDest
   struct Dropper final : JobListener {
     void done(const JobEvent& e) override {
       if (e.job->name() != "delayed") return;
-      on_a_worker = oneapi::tbb::this_task_arena::current_thread_index() !=
-                    oneapi::tbb::task_arena::not_initialized;
+      on_a_worker =
+          oneapi::tbb::this_task_arena::current_thread_index() != oneapi::tbb::task_arena::not_initialized;
       release->open();  // the holder's run ends, so the manager's shutdown can wait for it
       manager.reset();
     }

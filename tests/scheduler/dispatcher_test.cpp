@@ -425,7 +425,8 @@ TEST_P(DispatcherTest, TaskletsWaitingForTheSyncThreadDoNotHoldItBack) {
     scheduler().run();
     EXPECT_EQ(ran_early.load(), 0) << "own rule: " << own_rule;
     ASSERT_EQ(order.size(), static_cast<std::size_t>(count)) << "own rule: " << own_rule;
-    for (int i = 0; i < count; ++i) ASSERT_EQ(order[static_cast<std::size_t>(i)], i) << "own rule: " << own_rule;
+    for (int i = 0; i < count; ++i)
+      ASSERT_EQ(order[static_cast<std::size_t>(i)], i) << "own rule: " << own_rule;
   }
 }
 
@@ -445,28 +446,28 @@ TEST_P(DispatcherTest, OtherThreadsWaitingTaskletsDoNotHoldTheSyncThreadBack) {
   });
   held.wait();
   std::atomic<int> ran{0};
-  scheduler().schedule(make_tasklet([&, phase = 0]() mutable {
-                         if (phase++ == 0) {
-                           api::current().schedule(make_tasklet([&] {  // on a worker
-                                                     for (int i = 0; i < waiting; ++i) {
-                                                       api::current().schedule(
-                                                           async_job(busy, [&] { ran.fetch_add(1); }),
-                                                           Directive::async);
-                                                     }
-                                                     posted.count_down();
-                                                     return Directive::done;
-                                                   }),
-                                                   Directive::async);
-                           return Directive::sync;
-                         }
-                         posted.wait();
-                         for (int i = 0; i < 64; ++i) {
-                           api::current().schedule(async_job(free, [&] { ran.fetch_add(1); }), Directive::async);
-                         }
-                         may_release.count_down();
-                         return Directive::done;
-                       }),
-                       Directive::sync);
+  scheduler().schedule(
+      make_tasklet([&, phase = 0]() mutable {
+        if (phase++ == 0) {
+          api::current().schedule(make_tasklet([&] {  // on a worker
+                                    for (int i = 0; i < waiting; ++i) {
+                                      api::current().schedule(async_job(busy, [&] { ran.fetch_add(1); }),
+                                                              Directive::async);
+                                    }
+                                    posted.count_down();
+                                    return Directive::done;
+                                  }),
+                                  Directive::async);
+          return Directive::sync;
+        }
+        posted.wait();
+        for (int i = 0; i < 64; ++i) {
+          api::current().schedule(async_job(free, [&] { ran.fetch_add(1); }), Directive::async);
+        }
+        may_release.count_down();
+        return Directive::done;
+      }),
+      Directive::sync);
   scheduler().run();
   holder.join();
   EXPECT_EQ(ran.load(), waiting + 64);
@@ -587,29 +588,30 @@ TEST(DispatcherBusyWorkersTest, ASyncTaskletWithARuleDoesNotWaitForABusyWorker) 
   std::promise<void> ran;
   std::shared_future<void> sync_ran = ran.get_future().share();
   std::atomic<bool> blocker_saw_it{false};
-  scheduler->schedule(
-      make_tasklet([&, phase = 0]() mutable {
-        if (phase++ == 0) {
-          api::current().schedule(make_tasklet([&] {
-                                    blocker_started.count_down();
-                                    // Bounded only so that a regression fails instead of hanging.
-                                    blocker_saw_it = sync_ran.wait_for(60s) == std::future_status::ready;
-                                    return Directive::done;
-                                  }),
-                                  Directive::async);
-          return Directive::sync;  // the blocker starts when this turn ends
-        }
-        blocker_started.wait();  // the only worker is busy from now on
-        api::current().schedule(make_tasklet(
-                                    [&] {
-                                      ran.set_value();
-                                      return Directive::done;
-                                    },
-                                    rule),
-                                Directive::sync);
-        return Directive::done;
-      }),
-      Directive::sync);
+  scheduler->schedule(make_tasklet([&, phase = 0]() mutable {
+                        if (phase++ == 0) {
+                          api::current().schedule(make_tasklet([&] {
+                                                    blocker_started.count_down();
+                                                    // Bounded only so that a regression fails instead of
+                                                    // hanging.
+                                                    blocker_saw_it =
+                                                        sync_ran.wait_for(60s) == std::future_status::ready;
+                                                    return Directive::done;
+                                                  }),
+                                                  Directive::async);
+                          return Directive::sync;  // the blocker starts when this turn ends
+                        }
+                        blocker_started.wait();  // the only worker is busy from now on
+                        api::current().schedule(make_tasklet(
+                                                    [&] {
+                                                      ran.set_value();
+                                                      return Directive::done;
+                                                    },
+                                                    rule),
+                                                Directive::sync);
+                        return Directive::done;
+                      }),
+                      Directive::sync);
   scheduler->run();
   EXPECT_TRUE(blocker_saw_it.load()) << "the sync tasklet waited for the busy worker";
   EXPECT_EQ(manager->rule_stats().held, 0u);

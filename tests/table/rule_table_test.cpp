@@ -561,7 +561,8 @@ TEST_F(RuleTableTest, WaitersWithdrawnAnywhereInALongQueueLeaveTheRestInOrder) {
       }
       ASSERT_EQ(probe.grants, 1) << "waiter " << i << " is next";
       for (int later = i + 1; later < count; ++later) {
-        ASSERT_EQ(waiters[static_cast<std::size_t>(later)]->grants, 0) << "waiter " << later << " before " << i;
+        ASSERT_EQ(waiters[static_cast<std::size_t>(later)]->grants, 0)
+            << "waiter " << later << " before " << i;
       }
       // While it drains: withdraw the new front and one a little further on.
       if (i == 400) {
