@@ -52,7 +52,10 @@ struct RuleKey {
 /// Implementations must be thread-safe for concurrent const calls (rules are immutable).
 class SchedulingRule {
  public:
-  virtual ~SchedulingRule() { ::operator delete(table_slot_.load(std::memory_order_acquire)); }
+  virtual ~SchedulingRule() {
+    void* note = table_slot_.load(std::memory_order_acquire);
+    if (note != seen_once()) ::operator delete(note);
+  }
 
   /// True when a thread holding this rule may begin `other` inside it (nesting).
   virtual bool contains(const SchedulingRule& other) const = 0;
@@ -82,8 +85,11 @@ class SchedulingRule {
 
  private:
   // One opaque slot for the rule table: where the first table to index this rule found its nodes,
-  // so that the next request for the same rule object looks nothing up. Set once, by that table,
-  // to a block from ::operator new that the rule frees.
+  // so that the next request for the same rule object looks nothing up. The table marks it
+  // seen_once() at a rule's first request and sets it at the second, to a block from
+  // ::operator new that the rule frees (a rule made for one job costs no note).
+  static void* seen_once() noexcept { return &seen_once_mark; }
+  static inline char seen_once_mark = 0;
   mutable std::atomic<void*> table_slot_{nullptr};
 };
 

@@ -5,6 +5,8 @@
 #include <memory>
 #include <utility>
 
+#include <oneapi/tbb/cache_aligned_allocator.h>
+
 #include "tasklet/scheduling_rule.hpp"
 
 namespace tasklet::rules::detail {
@@ -33,7 +35,10 @@ struct alignas(cache_line) RuleApart {
 template <class R, class... Args>
 Rule make_rule(Args&&... args) {
   // One block, as with std::make_shared; the Rule shares its ownership and points at the rule.
-  auto block = std::make_shared<const RuleApart<R>>(std::forward<Args>(args)...);
+  // oneTBB's allocator: a rule made by the posting thread is mostly freed by a worker, which
+  // glibc's allocator makes contend for the arena lock of the thread that allocated it.
+  auto block = std::allocate_shared<const RuleApart<R>>(oneapi::tbb::cache_aligned_allocator<RuleApart<R>>{},
+                                                        std::forward<Args>(args)...);
   const R* rule = &block->rule;
   return Rule(std::move(block), rule);
 }

@@ -87,11 +87,6 @@ inline ThreadContext& context() noexcept {
   return ctx;
 }
 
-/// Whether the code running now is a task on the workers (a phase, a job, an entering task) of any
-/// pool, which continues the tasklets it lets through on a worker, rather than the synchronous
-/// thread or a thread of the user's.
-inline bool in_worker_task() noexcept { return context().state->worker_of != nullptr; }
-
 /// The state of the code running now on this thread.
 inline TaskState& state() noexcept { return *context().state; }
 

@@ -16,52 +16,50 @@ namespace {
 struct SpareHold {
   ThreadHold* hold = nullptr;
   ~SpareHold() {
-    if (hold != nullptr && !RuleTable::orphan(*hold)) delete hold;
+    if (hold != nullptr && !RuleTable::discard(*hold)) delete hold;
   }
 };
 thread_local SpareHold spare;
 
+// The request this thread is entering (ThreadHold::enter): an answer that comes while it does
+// comes on this thread, and needs no wake-up.
+thread_local const ThreadHold* entering_here = nullptr;
+
 }  // namespace
 
-ThreadHold* ThreadHold::resume(const Rule& rule, RuleTable& table) noexcept {
+ThreadHold* ThreadHold::parked(const Rule& rule, const RuleTable& table) noexcept {
   ThreadHold* hold = spare.hold;
-  // Requests submitted before (by this thread, perhaps) come first: they go through the lock.
-  if (hold == nullptr || hold->parked_in_ != &table || !hold->is_for(rule) || table.has_submitted())
-    return nullptr;
-  hold->parked_in_ = nullptr;
-  if (!RuleTable::resume(*hold)) return nullptr;  // revoked: out of the table, still the spare
+  if (hold == nullptr || hold->parked_in_ != &table || !hold->is_for(rule)) return nullptr;
   spare.hold = nullptr;
+  hold->parked_in_ = nullptr;
+  hold->reset();
   return hold;
 }
 
-ThreadHold* ThreadHold::make(const Rule& rule, RuleTable& table) {
+ThreadHold* ThreadHold::take(const Rule& rule, bool parkable) {
   ThreadHold* hold = std::exchange(spare.hold, nullptr);
   if (hold != nullptr && hold->parked_in_ != nullptr) {
-    if (hold->parked_in_ == &table) {
-      table.unpark(*hold);
-    } else if (RuleTable::orphan(*hold)) {
-      hold = nullptr;  // its own table deletes it when it takes it out
-    }
-    if (hold != nullptr) hold->parked_in_ = nullptr;
+    hold->parked_in_ = nullptr;
+    if (RuleTable::discard(*hold)) hold = nullptr;  // its table deletes it
   }
   if (hold == nullptr) hold = new ThreadHold;
-  const bool same = hold->is_for(rule);
-  if (!same) hold->last_rule_ = rule;
-  hold->cache_.same_rule = same;
+  if (!hold->is_for(rule)) hold->last_rule_ = rule;
   hold->set_rule(rule.get());
-  hold->wakeup_.reset();
-  hold->granted_ = false;
+  hold->parkable_ = parkable;
+  hold->reset();
   return hold;
 }
 
 void ThreadHold::finish(ThreadHold* hold, RuleTable& table) {
-  if (spare.hold == nullptr && RuleTable::park(*hold)) {
-    hold->parked_in_ = &table;
-    spare.hold = hold;
+  if (!table.leave(*hold)) {
+    recycle(hold);
     return;
   }
-  table.release(*hold);
-  recycle(hold);
+  // Parked: it is the spare now (one a thread left parked before, if any, is given up).
+  hold->parked_in_ = &table;
+  if (ThreadHold* before = std::exchange(spare.hold, hold)) {
+    if (before->parked_in_ == nullptr || !RuleTable::discard(*before)) delete before;
+  }
 }
 
 void ThreadHold::recycle(ThreadHold* hold) noexcept {
@@ -72,13 +70,31 @@ void ThreadHold::recycle(ThreadHold* hold) noexcept {
   }
 }
 
-bool ThreadHold::wait() {
-  wakeup_.wait();
+void ThreadHold::reset() noexcept {
+  wakeup_.reset();
+  granted_ = false;
+  answered_here_ = false;
+}
+
+bool ThreadHold::enter(RuleTable& table) {
+  struct Entering {
+    explicit Entering(const ThreadHold* hold) noexcept { entering_here = hold; }
+    ~Entering() { entering_here = nullptr; }
+  };
+  {
+    const Entering entering(this);
+    table.enter(*this);
+  }
+  if (!answered_here_) wakeup_.wait();
   return granted_;
 }
 
 void ThreadHold::wake(bool granted) noexcept {
   granted_ = granted;
+  if (entering_here == this) {
+    answered_here_ = true;
+    return;
+  }
   wakeup_.wake();  // the waiter may be gone once this returns: touch nothing
 }
 
@@ -91,8 +107,7 @@ std::string end_frames_above(TaskState& ctx, std::size_t base) noexcept {
     if (!names.empty()) names += ", ";
     names += describe(frame.rule);
     if (frame.hold != nullptr) {
-      frame.domain->table_.release(*frame.hold);
-      ThreadHold::recycle(frame.hold);
+      ThreadHold::finish(frame.hold, frame.domain->table_);
     }
   }
   return names;
@@ -164,14 +179,13 @@ void Domain::begin_rule(const Rule& rule) {
     return;
   }
   SchedulerImpl::enter_pending_rules(ctx);  // what this thread started before comes first
-  if (detail::ThreadHold* parked = detail::ThreadHold::resume(rule, table_)) {
-    ctx.rule_stack.back().hold = parked;  // validated when it was first acquired
-    return;
+  detail::ThreadHold* hold = detail::ThreadHold::parked(rule, table_);  // validated before
+  if (hold == nullptr) {
+    validate_rule(rule);
+    hold = detail::ThreadHold::take(rule, true);
   }
-  validate_rule(rule);
-  detail::ThreadHold* hold = detail::ThreadHold::make(rule, table_);
   ctx.rule_stack.back().hold = hold;
-  if (!hold->acquire(table_, true) && !hold->wait()) {
+  if (!hold->enter(table_)) {
     ctx.rule_stack.back().hold = nullptr;
     detail::ThreadHold::recycle(hold);
     throw IllegalState("begin_rule(" + describe(rule) + "): the job manager shut down while waiting");

@@ -21,39 +21,40 @@ namespace tasklet::detail {
 /// oneTBB task, so the worker goes on with other work (waiting callers never starve the pool).
 class ThreadHold final : public InlineRuleRequest<4> {
  public:
-  /// A request for `rule` in `table`, out of every table. `rule` must outlive it (the begin_rule
-  /// frame or the tasklet keeps it). Recycled per thread: uncontended begin_rule/end_rule allocate
-  /// nothing, and resolving the rule's nodes is skipped when this thread's last request was for
-  /// the same rule.
-  static ThreadHold* make(const Rule& rule, RuleTable& table);
-  /// begin_rule's fast path: the request this thread parked in `table` for exactly `rule` at its
-  /// last end_rule, held again without the table's lock; null when there is none or a conflicting
-  /// request revoked it meanwhile.
-  static ThreadHold* resume(const Rule& rule, RuleTable& table) noexcept;
-  /// Enters the request in `table` (RuleTable::acquire with this hold's entry cache).
-  bool acquire(RuleTable& table, bool parkable = false) { return table.acquire(*this, &cache_, parkable); }
-  /// end_rule: parks the request in `table` for this thread's next begin_rule of the same rule
-  /// when nobody wants it, else releases it; either way the caller is done with it.
+  /// begin_rule's fast path: the request this thread left parked in `table` for exactly `rule` at
+  /// its last end_rule, to enter() there again (which takes it back without the table's lock unless
+  /// somebody came for it meanwhile); null when there is none. Lock-free.
+  static ThreadHold* parked(const Rule& rule, const RuleTable& table) noexcept;
+  /// A request for `rule`, out of every table, to enter() in one. `rule` must outlive it (the
+  /// begin_rule frame or the tasklet keeps it). Recycled per thread: uncontended begin_rule/end_rule
+  /// allocate nothing. `parkable`: leave() may park it (begin_rule's requests; see RuleTable::leave).
+  static ThreadHold* take(const Rule& rule, bool parkable);
+  /// end_rule: leaves `table`, where the request stays parked for this thread's next begin_rule of
+  /// the same rule when nobody wants it; either way the caller is done with it.
   static void finish(ThreadHold* hold, RuleTable& table);
   static void recycle(ThreadHold* hold) noexcept;
-  /// Returns once granted; false when the table cancelled the request instead.
-  bool wait();
+  /// Enters the request in `table` and returns once it is granted; false when the table cancelled
+  /// it instead.
+  bool enter(RuleTable& table);
   void granted() noexcept override { wake(true); }
   void cancelled() noexcept override { wake(false); }
+  bool parkable() const noexcept override { return parkable_; }
 
  private:
   bool is_for(const Rule& rule) const noexcept {
     return this->rule() == rule.get() && !last_rule_.owner_before(rule) && !rule.owner_before(last_rule_);
   }
   void wake(bool granted) noexcept;
+  void reset() noexcept;
   Wakeup wakeup_;
   bool granted_ = false;
+  bool answered_here_ = false;  // granted or cancelled by the owner's own enter(): nothing to wait for
+  bool parkable_ = false;
   // The table where this request is parked (read by its owner only), or null.
   RuleTable* parked_in_ = nullptr;
   // The rule of the last request: a weak reference, so that a new rule cannot take its address
-  // while the entries for the old one are kept.
+  // while its request is parked.
   std::weak_ptr<const SchedulingRule> last_rule_;
-  EntryCache cache_;
 };
 
 /// Ends the begin_rule frames above `base` (a phase's leftovers), innermost first, releasing

@@ -278,12 +278,6 @@ struct detail::SchedulerImpl::TaskletHold final : detail::InlineRuleRequest<N>, 
     return (this->own_bits() & 4u) != 0 ? impl.sync_holds_ : impl.holds_;
   }
   const void* owner() const noexcept override { return tasklet.get(); }
-  // Once granted, `tasklet` is free: a handed-back hold keeps its rule there (an aliasing pointer
-  // that owns the rule and points at nothing).
-  bool keep_rule(const Rule& rule) noexcept override {
-    tasklet = TaskletPtr(rule, nullptr);
-    return true;
-  }
   SchedulerImpl& scheduler() const noexcept { return detail::impl(*TaskletAccess::scheduler(*tasklet)); }
   void granted() noexcept override {
     SchedulerImpl& impl = scheduler();
@@ -502,29 +496,15 @@ void detail::SchedulerImpl::start_holding(TaskletPtr tasklet, Directive directiv
   // Counted as a delivery to wait for: granted() continues it, at once or later, perhaps on the
   // thread that holds the table's lock now (this one does not wait for it).
   holds_.fetch_add(1, std::memory_order_relaxed);
-  domain_.table_.submit(*hold);
+  domain_.table_.enter(*hold);
 }
 
 void detail::SchedulerImpl::release_rule(Tasklet& tasklet) noexcept {
   detail::RuleRequest* hold = TaskletAccess::hold(tasklet);
   if (hold == nullptr) return;
   TaskletAccess::set_hold(tasklet, nullptr);
-  // The lock is tried for a short spin (then this thread hands itself the tasklet it lets through);
-  // if it stays taken by a task on the workers, the release is left to that holder and this thread
-  // goes back to work rather than sleeping on the lock. Another holder (the synchronous thread, a
-  // user's thread) would post what the release lets through from there: then it waits for the lock
-  // (docs/design.md, "A release waits for the lock only briefly, and hands itself only to a worker").
-  detail::Grants grants;
-  detail::RuleTable& table = domain_.table_;
-  if (table.try_release(*hold, grants)) {
-    delete hold;
-  } else if (table.holder_takes_releases() && hold->keep_rule(tasklet.rule())) {
-    table.hand_back(*hold);  // the tasklet and its rule may go now
-  } else {
-    table.release(*hold, grants);
-    delete hold;
-  }
-  detail::RuleTable::notify(grants);
+  domain_.table_.leave(*hold);
+  delete hold;
 }
 
 bool detail::SchedulerImpl::withdraw(Tasklet& tasklet) {
@@ -717,7 +697,7 @@ void detail::SchedulerImpl::enqueue_async(TaskletPtr tasklet) {
 void detail::SchedulerImpl::order_async_phases_by(OrderOf order) { order_ = order; }
 
 detail::SchedulerImpl::TaskletPtr detail::SchedulerImpl::take_earliest_ready() noexcept {
-  std::deque<ReadyPhase>* earliest = nullptr;
+  Lane* earliest = nullptr;
   for (auto& lane : ready_) {
     if (!lane.empty() && (earliest == nullptr || lane.front().deadline < earliest->front().deadline))
       earliest = &lane;
@@ -733,13 +713,11 @@ bool detail::SchedulerImpl::yield_rule(Tasklet& tasklet) {
   if (hold == nullptr || !domain_.table_.has_conflicting_waiter(*hold)) return false;
   // Release, then queue again behind whoever waits: the same FIFO as everyone else.
   enter_pending_rules();
-  detail::ThreadHold* again = detail::ThreadHold::make(tasklet.rule(), domain_.table_);
-  detail::Grants grants;
-  domain_.table_.release(*hold, grants);
+  detail::ThreadHold* again = detail::ThreadHold::take(tasklet.rule(), false);
+  domain_.table_.leave(*hold);
   delete hold;
   TaskletAccess::set_hold(tasklet, again);
-  detail::RuleTable::notify(grants);
-  if (!again->acquire(domain_.table_) && !again->wait()) {
+  if (!again->enter(domain_.table_)) {
     TaskletAccess::set_hold(tasklet, nullptr);
     detail::ThreadHold::recycle(again);
     throw IllegalState("yield_rule: the job manager shut down while " + tasklet.name() +
@@ -764,7 +742,7 @@ void detail::SchedulerImpl::take_reserved(std::atomic<std::size_t>& counter, std
 // back the counts taken ahead for them.
 void detail::SchedulerImpl::enter_rule_batch() {
   if (entering_.empty()) return;
-  domain_.table_.submit_all(entering_);
+  domain_.table_.enter_all(entering_);
   entering_.clear();
   entering_tasklets_.clear();
   spawn(EnterTask{this});
@@ -933,8 +911,8 @@ void detail::SchedulerImpl::with(const TaskletPtr& tasklet) {
   if (const Rule& rule = tasklet->rule()) {
     // The phase runs here and now, so the caller waits for the rule like a thread in begin_rule.
     enter_pending_rules();
-    detail::ThreadHold* hold = detail::ThreadHold::make(rule, domain_.table_);
-    if (!hold->acquire(domain_.table_) && !hold->wait()) {
+    detail::ThreadHold* hold = detail::ThreadHold::take(rule, false);
+    if (!hold->enter(domain_.table_)) {
       detail::ThreadHold::recycle(hold);
       finish(tasklet, nullptr);
       throw IllegalState("with(" + tasklet->name() + "): the job manager shut down while it waited for " +

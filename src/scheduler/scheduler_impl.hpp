@@ -28,6 +28,7 @@
 #include <vector>
 
 #include <oneapi/tbb/mutex.h>
+#include <oneapi/tbb/scalable_allocator.h>
 #include <oneapi/tbb/task_group.h>
 
 #include "context.hpp"
@@ -170,7 +171,10 @@ class SchedulerImpl final {
   };
   OrderOf order_ = nullptr;
   oneapi::tbb::mutex ready_mutex_;  // held for a queue step: spins briefly, then waits
-  std::array<std::deque<ReadyPhase>, lane_count> ready_;
+  // Blocks pushed by the posting thread are freed by the workers: glibc's allocator would make them
+  // contend for its arena lock, the scalable allocator frees into the owner thread's pool.
+  using Lane = std::deque<ReadyPhase, oneapi::tbb::scalable_allocator<ReadyPhase>>;
+  std::array<Lane, lane_count> ready_;
   std::size_t ready_count_ = 0;
   int pending_picks_ = 0;
 

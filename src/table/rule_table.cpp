@@ -1,13 +1,10 @@
 #include "rule_table.hpp"
 
-#include "context.hpp"
-
 #include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cassert>
 #include <new>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -104,6 +101,7 @@ RuleTable::~RuleTable() {
       request->held_ = false;
       request->parkable_ = false;
       request->park_.store(Park::revoked, std::memory_order_release);
+      request->park_.notify_all();
     } else if (state == Park::orphaned) {
       delete request;
     }
@@ -167,16 +165,23 @@ RuleNode& RuleTable::path_node(RuleNode& from, std::string_view segment) {
   return made;
 }
 
-// The note this table keeps on `rule` (made, with room for `room` nodes, when the rule has none
-// yet), or null when another table made the rule's note.
+// The note this table keeps on `rule`, or null when another table made the rule's note or this is
+// the rule object's first request: a rule made for one job (rules::path(file) per job) is looked up
+// once, and a note would only cost an allocation. The second request makes it, with room for
+// `room` nodes.
 RuleNote* RuleTable::note_on(const SchedulingRule& rule, std::size_t room) {
-  RuleNote* note = SchedulingRule::TableSlot::note(rule, std::memory_order_acquire);
-  if (note == nullptr) {
+  using Slot = SchedulingRule::TableSlot;
+  void* held = Slot::slot(rule, std::memory_order_acquire);
+  if (held == nullptr) {
+    if (Slot::replace(rule, held, Slot::seen_once())) return nullptr;
+  }
+  if (held == Slot::seen_once()) {
     void* block = ::operator new(sizeof(RuleNote) + room * sizeof(RuleNode*));
     auto* made = ::new (block) RuleNote{id_, 0, 0, static_cast<std::uint32_t>(room)};
-    if (SchedulingRule::TableSlot::set_note(rule, note, made)) return made;
-    ::operator delete(block);  // another table was first: `note` is its note
+    if (Slot::replace(rule, held, made)) return made;
+    ::operator delete(block);  // another table was first: `held` is its note
   }
+  auto* note = static_cast<RuleNote*>(held);
   return note->table == id_ ? note : nullptr;
 }
 
@@ -400,23 +405,17 @@ std::uint32_t RuleTable::mark_clear(RuleRequest& request) noexcept {
   return unclear;
 }
 
-// acquire() under the lock; revoking parked requests may let others through (`grants`) and leave
+// enter() under the lock; revoking parked requests may let others through (`grants`) and leave
 // orphans to delete (outside the lock).
-bool RuleTable::enter(RuleRequest& request, EntryCache* cache, bool parkable, Grants& grants,
-                      Orphans& orphans) {
+bool RuleTable::put_in(RuleRequest& request, Grants& grants, Orphans& orphans) {
   assert(request.rule_ != nullptr && !request.in_table_);
   {
     request.ticket_ = ++next_ticket_;
     request.held_ = false;
-    const bool reuse = cache != nullptr && cache->same_rule && cache->table == id_ &&
-                       cache->generation == node_generation_ && request.entry_count_ != 0;
-    if (!reuse) {
-      request.clear_entries();
-      request.has_custom_ = false;
-      const RuleKey key = request.rule_->key();
-      add_atom(request, *request.rule_, key, false, root_claimed() || claims_root(key));
-      if (cache != nullptr) *cache = EntryCache{id_, node_generation_, false};
-    }
+    request.clear_entries();
+    request.has_custom_ = false;
+    const RuleKey key = request.rule_->key();
+    add_atom(request, *request.rule_, key, false, root_claimed() || claims_root(key));
     // Where the request stands at the root: it claims it, takes an intent there, or is rootless.
     bool at_root = false, claims = false, on_path = false;
     for (const RuleEntry& entry : request.entries()) {
@@ -426,10 +425,6 @@ bool RuleTable::enter(RuleRequest& request, EntryCache* cache, bool parkable, Gr
       } else {
         on_path = on_path || entry.node()->identity == nullptr;
       }
-    }
-    if (reuse && on_path && !at_root && root_claimed()) {
-      add_root_intent(request);  // the entries found last time, with the root's intent added
-      at_root = true;
     }
     const bool rootless = on_path && !at_root;
     if (rootless) request.reserve_entries(request.entry_count_ + std::size_t{1});  // for give_root_intents
@@ -449,9 +444,12 @@ bool RuleTable::enter(RuleRequest& request, EntryCache* cache, bool parkable, Gr
     request.in_table_ = true;
     insert_live(request, rootless);
     if (request.has_custom_) customs_.push_back(&request);
-    request.parkable_ = parkable && !request.has_custom_;
+    request.parkable_ = request.parkable() && !request.has_custom_;
     request.park_.store(request.parkable_ ? Park::active : Park::none, std::memory_order_relaxed);
-    if (request.parkable_) parked_.push_back(&request);
+    if (request.parkable_) {
+      drop_orphans(orphans);
+      parked_.push_back(&request);
+    }
 
     if (unclear == 0 && !custom_blocked) {
       for (RuleEntry& entry : request.entries()) {
@@ -480,18 +478,7 @@ bool RuleTable::enter(RuleRequest& request, EntryCache* cache, bool parkable, Gr
   return false;
 }
 
-bool RuleTable::acquire(RuleRequest& request, EntryCache* cache, bool parkable) {
-  Grants grants;
-  bool granted = false;
-  {
-    Locked lock(*this, grants);
-    granted = enter(request, cache, parkable, grants, lock.orphans());
-  }
-  notify(grants);
-  return granted;
-}
-
-// A run of requests submitted together (submit_all), in one block with their rules: the thread
+// A run of requests entered together (enter_all), in one block with their rules: the thread
 // that enters them starts fetching them before it enters the first, where a linked chain cost one
 // cache miss per link, one after the other, under the lock. On the submitted stack it is tagged
 // with the low bit; it links to the next older entry.
@@ -508,10 +495,9 @@ struct RuleTable::SubmittedRun {
 };
 
 std::uintptr_t& RuleTable::submitted_link(std::uintptr_t entry) noexcept {
-  static_assert(alignof(RuleRequest) > (run_tag | release_tag) && alignof(SubmittedRun) > run_tag,
-                "the tags' bits are free");
+  static_assert(alignof(RuleRequest) > run_tag && alignof(SubmittedRun) > run_tag, "the tag's bit is free");
   if ((entry & run_tag) != 0) return reinterpret_cast<SubmittedRun*>(entry & ~run_tag)->next;
-  return reinterpret_cast<RuleRequest*>(entry & ~release_tag)->next_submitted_;
+  return reinterpret_cast<RuleRequest*>(entry)->next_submitted_;
 }
 
 // Puts `newest` on the submitted stack; `oldest_link`, the link of the oldest entry pushed with it,
@@ -524,14 +510,34 @@ void RuleTable::push_submitted(std::uintptr_t newest, std::uintptr_t& oldest_lin
       !submitted_.compare_exchange_weak(head, newest, std::memory_order_release, std::memory_order_relaxed));
 }
 
-// Every submission sees to the stack itself (settle): what is below it may have been pushed by
-// submit_all, which leaves its requests to a drain() that can come much later.
-void RuleTable::submit(RuleRequest& request) {
+// A request is pushed on the submitted stack and entered by whoever takes the lock next: this
+// thread, at once, unless another holds it. Every submission sees to the stack itself (drain): what
+// is below it may have been pushed by enter_all, which leaves its requests to a drain() that can
+// come much later.
+void RuleTable::enter(RuleRequest& request) {
+  if (request.park_.load(std::memory_order_relaxed) == Park::parked) {
+    // Its owner's idle request, left here by leave(): taken back without the lock, unless requests
+    // submitted before it wait to be entered (they came first) or a newcomer revokes it.
+    if (!has_submitted() && resume(request)) {
+      request.granted();
+      return;
+    }
+    if (request.park_.load(std::memory_order_acquire) != Park::revoked) {
+      Grants grants;
+      {
+        Locked lock(*this, grants);
+        // Only its owner moves it out of parked, and revocations happen under this lock.
+        if (request.park_.load(std::memory_order_acquire) == Park::parked) take_out(request, grants);
+      }
+      notify(grants);
+    }
+    request.park_.store(Park::none, std::memory_order_relaxed);
+  }
   push_submitted(reinterpret_cast<std::uintptr_t>(&request), request.next_submitted_);
   drain();
 }
 
-void RuleTable::submit_all(std::span<RuleRequest* const> requests) noexcept {
+void RuleTable::enter_all(std::span<RuleRequest* const> requests) noexcept {
   if (requests.empty()) return;
   void* block = nullptr;
   if (requests.size() > 1) {
@@ -587,13 +593,9 @@ void RuleTable::enter_submitted(Grants& grants, Orphans& orphans) noexcept {
       auto* run = reinterpret_cast<SubmittedRun*>(entry & ~run_tag);
       enter_together(*run, grants, orphans);
       deallocate_bytes(run);
-    } else if ((entry & release_tag) != 0) {
-      auto& request = *reinterpret_cast<RuleRequest*>(entry & ~release_tag);
-      leave(request, grants);
-      orphans.push_back(&request);  // deleted once the lock is let go
     } else {
       auto& request = *reinterpret_cast<RuleRequest*>(entry);
-      if (enter(request, nullptr, false, grants, orphans)) grants.push_back(&request);
+      if (put_in(request, grants, orphans)) grants.push_back(&request);
     }
   }
   entering_submitted_.store(false, std::memory_order_release);
@@ -615,14 +617,8 @@ void RuleTable::enter_together(SubmittedRun& run, Grants& grants, Orphans& orpha
   for (std::size_t i = 0; i < run.count; ++i)
     __builtin_prefetch(SchedulingRule::TableSlot::note(*rules[i], std::memory_order_relaxed));
   for (std::size_t i = 0; i < run.count; ++i) {
-    if (enter(*requests[i], nullptr, false, grants, orphans)) grants.push_back(requests[i]);
+    if (put_in(*requests[i], grants, orphans)) grants.push_back(requests[i]);
   }
-}
-
-void RuleTable::took_lock() noexcept {
-  const bool on_worker = in_worker_task();
-  if (holder_on_worker_.load(std::memory_order_relaxed) != on_worker)
-    holder_on_worker_.store(on_worker, std::memory_order_relaxed);
 }
 
 // After letting the lock go (or submitting): enters what was submitted meanwhile, unless another
@@ -632,7 +628,6 @@ void RuleTable::settle(Grants& grants, Orphans& orphans) noexcept {
   for (;;) {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (submitted_.load(std::memory_order_relaxed) == 0 || !mutex_.try_lock()) return;
-    took_lock();
     enter_submitted(grants, orphans);
     mutex_.unlock();
   }
@@ -674,12 +669,13 @@ bool RuleTable::revoke_parked(const RuleRequest& request, Grants& grants, Orphan
       ++at;  // active (now wanted) or wanted: its owner releases it when done
       continue;
     }
-    // Nobody waits for a parked request, so leave() lets nobody through, but it may as well say.
-    leave(other, grants);  // takes it out of parked_: `at` now holds the next one
+    // Nobody waits for a parked request, so take_out() lets nobody through, but it may as well say.
+    take_out(other, grants);  // takes it out of parked_: `at` now holds the next one
     if (state == Park::orphaned) {
       orphans.push_back(&other);
     } else {
       other.park_.store(Park::revoked, std::memory_order_release);
+      other.park_.notify_all();  // its owner may wait in resume() or discard(), and keeps it alive
     }
     revoked = true;
   }
@@ -694,27 +690,33 @@ bool RuleTable::park(RuleRequest& request) noexcept {
 bool RuleTable::resume(RuleRequest& request) noexcept {
   Park state = Park::parked;
   if (request.park_.compare_exchange_strong(state, Park::active, std::memory_order_acq_rel)) return true;
-  // A newcomer is taking it out under the table's lock: a few hundred instructions.
-  while (request.park_.load(std::memory_order_acquire) == Park::revoking) std::this_thread::yield();
+  // A newcomer may be taking it out under the table's lock (revoke_parked notifies when it is out).
+  request.park_.wait(Park::revoking, std::memory_order_acquire);
   return false;
 }
 
-bool RuleTable::orphan(RuleRequest& request) noexcept {
+bool RuleTable::discard(RuleRequest& request) noexcept {
   Park state = Park::parked;
   if (request.park_.compare_exchange_strong(state, Park::orphaned, std::memory_order_acq_rel)) return true;
-  while (request.park_.load(std::memory_order_acquire) == Park::revoking) std::this_thread::yield();
+  request.park_.wait(Park::revoking, std::memory_order_acquire);
+  request.park_.store(Park::none, std::memory_order_relaxed);
   return false;
 }
 
-void RuleTable::unpark(RuleRequest& request) {
-  Grants grants;
-  {
-    Locked lock(*this, grants);
-    // Only the owner moves it out of parked, and revocations happen under this lock.
-    if (request.park_.load(std::memory_order_acquire) == Park::parked) leave(request, grants);
-    request.park_.store(Park::none, std::memory_order_relaxed);
+// Under the lock, before another request is parked: the orphans go (so that a thread that holds
+// one rule after another leaves at most one request parked at a time).
+void RuleTable::drop_orphans(Orphans& orphans) noexcept {
+  for (std::size_t at = 0; at < parked_.size();) {
+    RuleRequest& other = *parked_[at];
+    Park state = Park::orphaned;
+    if (!other.park_.compare_exchange_strong(state, Park::revoking, std::memory_order_acq_rel)) {
+      ++at;
+      continue;
+    }
+    Grants none;            // nobody waits for a parked request
+    take_out(other, none);  // takes it out of parked_: `at` now holds the next one
+    orphans.push_back(&other);
   }
-  notify(grants);
 }
 
 // Parked requests (and orphans) count as neither held nor waiting.
@@ -810,7 +812,7 @@ void RuleTable::unlink_waiting(RuleRequest& request) noexcept {
   if (request.custom_blocked_) std::erase(blocked_, &request);
 }
 
-void RuleTable::leave(RuleRequest& request, Grants& grants) {
+void RuleTable::take_out(RuleRequest& request, Grants& grants) {
   if (request.held_) {
     for (RuleEntry& entry : request.entries()) {
       const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
@@ -838,42 +840,27 @@ void RuleTable::leave(RuleRequest& request, Grants& grants) {
   for (RuleEntry& entry : request.entries()) walk(*entry.node(), grants);
   if (!blocked_.empty()) recheck_custom_blocked(grants);
   // Children come after their parents in the entries (a root intent added late comes last, but the
-  // root is never freed), so pruning backwards frees leaves first. The entries stay with the
-  // request, for an EntryCache to reuse; the next acquire rebuilds them.
+  // root is never freed), so pruning backwards frees leaves first.
   if (path_nodes_ > kept_path_nodes || identities_.size() > kept_identity_nodes) {
     for (auto entry = request.entries().rbegin(); entry != request.entries().rend(); ++entry)
       prune(*entry->node());
   }
 }
 
-void RuleTable::release(RuleRequest& request, Grants& grants) {
+bool RuleTable::leave(RuleRequest& request, Grants& grants) {
+  // parkable_ was set when the request was entered, before its grant reached its owner.
+  if (request.parkable_ && park(request)) return true;
   Locked lock(*this, grants);
   assert(request.in_table_ && request.held_);
-  leave(request, grants);
+  take_out(request, grants);
+  return false;
 }
 
-bool RuleTable::try_release(RuleRequest& request, Grants& grants) noexcept {
-  if (!mutex_.try_lock_briefly()) return false;
-  took_lock();
-  Orphans orphans;
-  enter_submitted(grants, orphans);
-  assert(request.in_table_ && request.held_);
-  leave(request, grants);
-  mutex_.unlock();
-  settle(grants, orphans);
-  for (RuleRequest* orphan : orphans) delete orphan;
-  return true;
-}
-
-void RuleTable::hand_back(RuleRequest& request) noexcept {
-  push_submitted(reinterpret_cast<std::uintptr_t>(&request) | release_tag, request.next_submitted_);
-  drain();
-}
-
-void RuleTable::release(RuleRequest& request) {
+bool RuleTable::leave(RuleRequest& request) {
   Grants grants;
-  release(request, grants);
+  const bool parked = leave(request, grants);
   notify(grants);
+  return parked;
 }
 
 bool RuleTable::withdraw(RuleRequest& request) {
@@ -882,7 +869,7 @@ bool RuleTable::withdraw(RuleRequest& request) {
   {
     Locked lock(*this, grants);
     if (request.in_table_ && !request.held_) {
-      leave(request, grants);
+      take_out(request, grants);
       withdrawn = true;
     }
   }

@@ -30,15 +30,13 @@
 // and earlier waiting request (the custom rule asked, as receiver); other requests are checked
 // pairwise only against requests with custom parts. Those calls run under the table's lock.
 //
-// Parking (begin_rule's fast path): a thread that ends its rule may leave its request in the
-// table, granted but idle, so that its next begin_rule of the same rule takes it back with one
-// compare-and-swap instead of the table's lock. A parked request never makes anyone wait: a
-// newcomer that would wait for it revokes it first (under the lock), and a newcomer that conflicts
-// with an active parkable request marks it wanted, so that its owner releases it for real instead
-// of parking it. Parked requests are not counted as held (held_count, is_idle).
+// Parking (begin_rule's fast path, inside enter() and leave()): a thread that ends its rule leaves
+// its request in the table, granted but idle, so that its next begin_rule of the same rule takes it
+// back with one compare-and-swap instead of the table's lock (about a third of the time). A parked request
+// never makes anyone wait: a newcomer that would wait for it revokes it first (under the lock), and a
+// newcomer that conflicts with an active parkable request marks it wanted, so that its owner releases it for
+// real instead of parking it. Parked requests are not counted as held (held_count, is_idle).
 #pragma once
-
-#include <pthread.h>
 
 #include <algorithm>
 #include <array>
@@ -54,6 +52,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include <oneapi/tbb/mutex.h>
 #include <boost/container/flat_map.hpp>
 #include <boost/container/small_vector.hpp>
 
@@ -64,52 +63,6 @@ namespace tasklet::detail {
 
 class RuleTable;
 struct RuleNode;
-
-/// The table's lock. It is held for a few hundred nanoseconds at a time by the posting thread and
-/// the releasing workers: a plain mutex turns every collision into a futex sleep and wake-up,
-/// which costs more than the work, and a pure spin lock wastes the CPU whenever its holder is
-/// preempted (oversubscribed machines). glibc's adaptive mutex spins briefly, then sleeps.
-class TableMutex {
- public:
-  TableMutex() noexcept = default;
-  TableMutex(const TableMutex&) = delete;
-  TableMutex& operator=(const TableMutex&) = delete;
-  ~TableMutex() { pthread_mutex_destroy(&mutex_); }
-  void lock() noexcept { pthread_mutex_lock(&mutex_); }
-  bool try_lock() noexcept { return pthread_mutex_trylock(&mutex_) == 0; }
-  /// try_lock, tried again for up to brief_tries pauses (about 9 us on the AMD EPYC we measure on):
-  /// longer than the table's operations, so a holder that runs has let go by then, while one that
-  /// was preempted is not waited for.
-  bool try_lock_briefly() noexcept {
-    for (int tries = 0; tries < brief_tries; ++tries) {
-      if (!looks_locked() && try_lock()) return true;
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#elif defined(__aarch64__)
-      asm volatile("yield");
-#endif
-    }
-    return try_lock();
-  }
-  void unlock() noexcept { pthread_mutex_unlock(&mutex_); }
-
- private:
-  static constexpr int brief_tries = 300;
-  // Reads the lock word without writing its cache line, so that spinning does not slow the holder's
-  // unlock down (glibc's layout; elsewhere, every try writes).
-  bool looks_locked() const noexcept {
-#ifdef __GLIBC__
-    return __atomic_load_n(&mutex_.__data.__lock, __ATOMIC_RELAXED) != 0;
-#else
-    return false;
-#endif
-  }
-#ifdef PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP
-  pthread_mutex_t mutex_ = PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP;
-#else
-  pthread_mutex_t mutex_ = PTHREAD_MUTEX_INITIALIZER;
-#endif
-};
 
 /// Multi-granularity lock modes.
 enum class LockMode : std::uint8_t { is, ix, s, six, x };
@@ -223,8 +176,7 @@ class RuleRequest {
   RuleRequest(const RuleRequest&) = delete;
   RuleRequest& operator=(const RuleRequest&) = delete;
 
-  /// The rule requested; whoever owns the request keeps it alive while the request is in the table
-  /// (after a hand_back(), the request itself: see keep_rule()).
+  /// The rule requested; whoever owns the request keeps it alive while the request is in the table.
   const SchedulingRule* rule() const noexcept { return rule_; }
   void set_rule(const SchedulingRule* rule) noexcept { rule_ = rule; }
   bool is_held() const noexcept { return held_; }
@@ -236,12 +188,9 @@ class RuleRequest {
   virtual void cancelled() noexcept = 0;
   /// Who asked (a tasklet, for instance), so that its request can be found and withdrawn.
   virtual const void* owner() const noexcept { return nullptr; }
-  /// Takes a reference to `rule` (this request's rule), kept until the request is deleted, so that
-  /// it can be handed back (RuleTable::hand_back); false for a kind of request that cannot.
-  virtual bool keep_rule(const Rule& rule) noexcept {
-    static_cast<void>(rule);
-    return false;
-  }
+  /// Whether leave() may park this request (see the top of this file) instead of releasing it;
+  /// asked when it is entered. Its owner then keeps it until it enters it again or discards it.
+  virtual bool parkable() const noexcept { return false; }
 
  protected:
   /// Three bits of the subclass's own, kept in a byte the request has spare: set them before the
@@ -419,7 +368,7 @@ struct alignas(64) RuleNode {  // also aligns RuleEntry's tag bits
 /// by the rule's destructor; only that table reads or writes the nodes, under its lock. Other
 /// tables look the rule up every time.
 struct RuleNote {
-  std::uint64_t table;       // RuleTable::id() of the table that keeps it (set before it is shared)
+  std::uint64_t table;       // RuleTable::id_ of the table that keeps it (set before it is shared)
   std::uint64_t generation;  // RuleTable::node_generation_ when the nodes were noted
   std::uint32_t count;       // nodes noted; 0: none yet
   std::uint32_t room;
@@ -432,30 +381,24 @@ static_assert(sizeof(RuleNote) % alignof(RuleNode*) == 0);
 /// Where the table keeps its note on a rule (a nested class of SchedulingRule: it may reach it).
 class tasklet::SchedulingRule::TableSlot {
  public:
-  static detail::RuleNote* note(const SchedulingRule& rule, std::memory_order order) noexcept {
-    return static_cast<detail::RuleNote*>(rule.table_slot_.load(order));
+  /// The slot: null (never requested), seen_once() or the note.
+  static void* slot(const SchedulingRule& rule, std::memory_order order) noexcept {
+    return rule.table_slot_.load(order);
   }
-  /// Sets the note if the slot is still empty; else `expected` becomes the note that is there.
-  static bool set_note(const SchedulingRule& rule, detail::RuleNote*& expected,
-                       detail::RuleNote* note) noexcept {
-    void* seen = expected;
-    const bool set = rule.table_slot_.compare_exchange_strong(seen, note, std::memory_order_acq_rel,
-                                                              std::memory_order_acquire);
-    expected = static_cast<detail::RuleNote*>(seen);
-    return set;
+  static void* seen_once() noexcept { return SchedulingRule::seen_once(); }
+  /// The note, or null when there is none yet.
+  static detail::RuleNote* note(const SchedulingRule& rule, std::memory_order order) noexcept {
+    void* held = slot(rule, order);
+    return held == seen_once() ? nullptr : static_cast<detail::RuleNote*>(held);
+  }
+  /// Sets the slot to `value` if it still holds `expected`; else `expected` becomes what is there.
+  static bool replace(const SchedulingRule& rule, void*& expected, void* value) noexcept {
+    return rule.table_slot_.compare_exchange_strong(expected, value, std::memory_order_acq_rel,
+                                                    std::memory_order_acquire);
   }
 };
 
 namespace tasklet::detail {
-
-/// A request's resolved entries kept between acquisitions (for a thread's recycled begin_rule
-/// request): they are reused when the table has freed no node since and the owner vouches that the
-/// rule is the same object as the last time.
-struct EntryCache {
-  std::uint64_t table = 0;  // RuleTable::id(): a table at a dead one's address is another table
-  std::uint64_t generation = 0;
-  bool same_rule = false;  // set by the owner before each acquire
-};
 
 /// Requests newly granted by a release or cancellation, to notify outside the lock.
 using Grants = boost::container::small_vector<RuleRequest*, 4>;
@@ -469,63 +412,38 @@ class RuleTable {
   RuleTable(const RuleTable&) = delete;
   RuleTable& operator=(const RuleTable&) = delete;
 
-  /// Enters a request for request.rule() (not null). True when granted at once; otherwise it waits
-  /// and its granted() is called when its turn comes. Calls custom rules' checks under the lock.
-  /// The table notes the nodes of a built-in rule in the rule object (see RuleNote), so that the
-  /// next request for the same rule object skips the lookups of its segments or identity.
-  /// `parkable`: the owner may park the request when it is done with it (see park()); only for
-  /// requests without custom parts.
-  bool acquire(RuleRequest& request, EntryCache* cache = nullptr, bool parkable = false);
+  // The one way in and the one way out, for every holder: tasklets (and so jobs and serial tasks)
+  // and threads in begin_rule.
 
-  /// Enters a request for request.rule() (not null) without waiting for the table's lock: when
-  /// another thread holds it, the request is left for that thread to enter before it lets the
-  /// lock go. Its granted() is called in either case, at once or when its turn comes, perhaps on
-  /// another thread; it counts as requested now (before anything this thread enters later).
-  /// Lock-free when the lock is taken; calls custom rules' checks under the lock.
-  void submit(RuleRequest& request);
-
-  /// As submit() for each request in turn (in that order), with one atomic step, but entering
-  /// none of them on this thread: the next thread to take the lock, or to call drain(), enters
-  /// them, before anything else. The caller must see to it that drain() runs afterwards (on any
-  /// thread), so that they do not wait for an unrelated operation. Lock-free.
-  void submit_all(std::span<RuleRequest* const> requests) noexcept;
-  /// Enters what was submitted and notifies the requests granted, unless another thread holds the
-  /// lock (that thread then enters it before it lets go). Never waits for the lock.
+  /// Enters a request for request.rule() (not null). Its granted() is called once its turn comes:
+  /// at once on this thread, or later on the thread whose release lets it through. It counts as
+  /// requested now (before anything this thread enters later), even when another thread holds the
+  /// table's lock: the request is then left for that thread to enter before it lets go. A parked
+  /// request (see leave()) is taken back without the lock when nobody came for it meanwhile.
+  /// Calls custom rules' checks under the lock. The table notes the nodes of a built-in rule in
+  /// the rule object from its second request on (see RuleNote).
+  void enter(RuleRequest& request);
+  /// As enter() for each request in turn (in that order), with one atomic step, but entering none
+  /// of them on this thread: the next thread to take the lock, or to call drain(), enters them,
+  /// before anything else. The caller must see to it that drain() runs afterwards (on any thread).
+  /// For a thread that makes work for others faster than they get through it. Lock-free.
+  void enter_all(std::span<RuleRequest* const> requests) noexcept;
+  /// Enters what was entered with enter_all and notifies the requests granted, unless another
+  /// thread holds the lock (that thread then enters it before it lets go). Never waits for the lock.
   void drain() noexcept;
 
-  /// The owner of a granted parkable request is done with it: true when the request stays in the
-  /// table, parked (the owner keeps the object, and may resume(), unpark() or orphan() it); false
-  /// when a conflicting request wants it, and the owner must release() it. Lock-free.
-  static bool park(RuleRequest& request) noexcept;
-  /// Takes a parked request back for its owner: true when it is held again; false when a newcomer
-  /// revoked it (it is out of the table then, and the owner may acquire() it anew). Lock-free
-  /// unless it has to wait for a revocation in progress.
-  static bool resume(RuleRequest& request) noexcept;
-  /// Takes a parked request out of the table for its owner (who may then reuse it).
-  void unpark(RuleRequest& request);
-  /// The owner gives up a parked request without touching its table (which may be another
-  /// thread's to destroy): true when the table now owns it and will delete it; false when it was
-  /// revoked already, and the caller still owns it.
-  static bool orphan(RuleRequest& request) noexcept;
-
-  /// Releases a held request and notifies the requests that this lets through (outside the lock).
-  void release(RuleRequest& request);
-  /// As release(), but hands the newly granted requests to the caller to notify.
-  void release(RuleRequest& request, Grants& grants);
-  /// As release(request, grants), unless another thread holds the lock for longer than a short
-  /// spin: then false, and nothing was done. Never sleeps waiting for the lock.
-  bool try_release(RuleRequest& request, Grants& grants) noexcept;
-  /// Leaves the release of a held request that is not parkable to the thread that holds the lock,
-  /// or else the next one to take it (as submit() does), which notifies the requests it lets
-  /// through and then deletes the request, outside the lock. The owner gives the request up; it
-  /// must keep its rule alive until it is deleted (other requests' pairwise checks may ask the
-  /// rule until then). Lock-free.
-  void hand_back(RuleRequest& request) noexcept;
-  /// Whether the thread that holds the lock (or held it last) runs a task on the workers: then the
-  /// tasklets that a release handed to it lets through stay on the workers. A release handed to the
-  /// synchronous thread or a user's thread (a SerialExecutor's poster, say) would have them posted
-  /// from there instead of continued by the releasing worker. A hint: the holder may change.
-  bool holder_takes_releases() const noexcept { return holder_on_worker_.load(std::memory_order_relaxed); }
+  /// Leaves a held request and hands the requests this lets through to the caller to notify. True
+  /// when the request was parked instead (a parkable() one that no conflicting request wants): it
+  /// stays in the table, granted but idle, until its owner enters it again (taking it back) or
+  /// discards it. Lock-free when it parks.
+  bool leave(RuleRequest& request, Grants& grants);
+  /// As leave(request, grants), notifying the requests let through itself.
+  bool leave(RuleRequest& request);
+  /// Its owner gives up a parked request without touching its table (which may be another
+  /// thread's to destroy): true when the table now owns it, and deletes it when it next parks
+  /// another request, revokes it or is destroyed; false when a newcomer took it out of the table
+  /// already, and the caller still owns it. Lock-free.
+  static bool discard(RuleRequest& request) noexcept;
 
   /// Withdraws a waiting request; false when it was granted meanwhile (its granted() runs or ran).
   bool withdraw(RuleRequest& request);
@@ -544,7 +462,7 @@ class RuleTable {
   bool has_conflicting_waiter(const RuleRequest& held);
 
   /// Whether submitted requests wait to be entered, or a lock holder is entering those it took
-  /// (a parked request must not be resumed past them: they came first).
+  /// (a parked request must not be taken back past them: they came first).
   bool has_submitted() const noexcept {
     return submitted_.load(std::memory_order_acquire) != 0 ||
            entering_submitted_.load(std::memory_order_acquire);
@@ -552,9 +470,6 @@ class RuleTable {
 
   /// Cancels every waiting request (their cancelled() is called). For the owner's shutdown.
   void cancel_all_waiting();
-
-  /// Distinguishes tables for EntryCache (unique for the process's life).
-  std::uint64_t id() const noexcept { return id_; }
 
   /// True when no rule is held and no request waits. Thread-safe.
   bool is_idle();
@@ -573,7 +488,6 @@ class RuleTable {
    public:
     Locked(RuleTable& table, Grants& grants) : table_(table), grants_(grants) {
       table_.mutex_.lock();
-      table_.took_lock();
       table_.enter_submitted(grants_, orphans_);
     }
     ~Locked() {
@@ -592,10 +506,8 @@ class RuleTable {
     Orphans orphans_;
   };
   void enter_submitted(Grants& grants, Orphans& orphans) noexcept;
-  void took_lock() noexcept;  // notes who holds the lock now (holder_takes_releases)
   struct SubmittedRun;
   static constexpr std::uintptr_t run_tag = 1;
-  static constexpr std::uintptr_t release_tag = 2;  // a held request handed back (hand_back)
   static std::uintptr_t& submitted_link(std::uintptr_t entry) noexcept;
   void push_submitted(std::uintptr_t newest, std::uintptr_t& oldest_link) noexcept;
   void enter_together(SubmittedRun& run, Grants& grants, Orphans& orphans) noexcept;
@@ -642,32 +554,36 @@ class RuleTable {
   static bool clear_at(const RuleNode& node, LockMode mode, std::uint64_t ticket) noexcept;
   bool blocked_by_custom(const RuleRequest& request) const noexcept;
   static bool conflicting(const RuleRequest& a, const RuleRequest& b) noexcept;
-  bool enter(RuleRequest& request, EntryCache* cache, bool parkable, Grants& grants, Orphans& orphans);
+  bool put_in(RuleRequest& request, Grants& grants, Orphans& orphans);
   bool revoke_parked(const RuleRequest& request, Grants& grants, Orphans& orphans);
+  void drop_orphans(Orphans& orphans) noexcept;
+  static bool park(RuleRequest& request) noexcept;
+  static bool resume(RuleRequest& request) noexcept;
   std::uint32_t mark_clear(RuleRequest& request) noexcept;
   std::size_t parked_idle() const noexcept;
   void grant(RuleRequest& request, Grants& grants);
   void walk(RuleNode& node, Grants& grants);
   void recheck_custom_blocked(Grants& grants);
   void unlink_waiting(RuleRequest& request) noexcept;
-  void leave(RuleRequest& request, Grants& grants);
+  void take_out(RuleRequest& request, Grants& grants);
   void prune(RuleNode& node);
 
-  TableMutex mutex_;
-  // What was submitted and not entered yet, newest first: requests linked through next_submitted_,
-  // requests submitted together (tagged: see submit_all), each linked to the next older one, and
-  // held requests handed back (tagged: see hand_back), to release. On the lock's cache line: a
-  // submission pushes here and then tries the lock (on a line of its own, every SerialExecutor
-  // post took 7-14 % longer).
+  // Held for a few hundred nanoseconds at a time by the posting thread and the releasing workers:
+  // oneTBB's mutex spins briefly before it sleeps, where a plain futex mutex would turn every
+  // collision into a sleep and a wake-up that cost more than the work.
+  oneapi::tbb::mutex mutex_;
+  // What was entered and not put in yet, newest first: requests linked through next_submitted_ and
+  // requests entered together (tagged: see enter_all), each linked to the next older one. On the
+  // lock's cache line: a submission pushes here and then tries the lock (on a line of its own,
+  // every SerialExecutor post took 7-14 % longer).
   std::atomic<std::uintptr_t> submitted_{0};
   std::atomic<bool> entering_submitted_{false};  // a lock holder took the stack and enters it
-  std::atomic<bool> holder_on_worker_{false};    // see holder_takes_releases()
-  const std::uint64_t id_;
+  const std::uint64_t id_;  // distinguishes tables for rule notes (unique for the process's life)
   std::uint64_t next_ticket_ = 0;
   std::size_t held_ = 0;
   RuleNode root_;
   std::size_t path_nodes_ = 0;         // trie nodes below the root
-  std::uint64_t node_generation_ = 0;  // nodes freed so far (EntryCache validity)
+  std::uint64_t node_generation_ = 0;  // nodes freed so far (rule notes' validity)
   // Unused nodes kept for reuse (see prune()).
   static constexpr std::size_t kept_identity_nodes = 1024;
   static constexpr std::size_t kept_path_nodes = 16384;
@@ -695,7 +611,7 @@ std::size_t RuleTable::withdraw_collected(Collect&& collect) {
     auto kept = withdrawn.begin();
     for (RuleRequest* request : withdrawn) {
       if (request->held_) continue;  // let through by an earlier withdrawal: it runs after all
-      leave(*request, grants);
+      take_out(*request, grants);
       *kept++ = request;
     }
     withdrawn.erase(kept, withdrawn.end());

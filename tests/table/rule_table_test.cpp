@@ -28,8 +28,10 @@ struct Probe final : InlineRuleRequest<2> {
   Rule kept;
   void granted() noexcept override { ++grants; }
   void cancelled() noexcept override { ++cancels; }
+  bool parkable() const noexcept override { return may_park; }
   int grants = 0;
   int cancels = 0;
+  bool may_park = false;
 };
 
 // A user-written rule without an index: conflicts with the same colour and with every path under
@@ -50,14 +52,31 @@ class ColourRule final : public SchedulingRule {
   int colour_;
 };
 
+// Enters `probe` in `table`; true when enter() granted it there and then (on this thread, with
+// nobody else in the table's lock), a grant its count then leaves out: `grants` counts the grants
+// that came later, from releases.
+bool acquire_in(RuleTable& table, Probe& probe) {
+  const int before = probe.grants;
+  table.enter(probe);
+  if (probe.grants == before) return false;
+  --probe.grants;
+  return true;
+}
+
 class RuleTableTest : public ::testing::Test {
  protected:
   void TearDown() override { EXPECT_TRUE(table_.is_idle()); }
-  // Takes and releases `rule` with a thread's request, which is then recycled with its entries.
+  bool acquire(Probe& probe) { return acquire_in(table_, probe); }
+  // Enters a thread's request; true when it was granted there and then.
+  bool enter_and_hold(ThreadHold& hold) {
+    table_.enter(hold);  // its granted() wakes nobody: this thread does not wait for it
+    return hold.is_held();
+  }
+  // Takes and releases `rule` with a thread's request, which is then recycled.
   void begin_and_end_once(const Rule& rule) {
-    ThreadHold* hold = ThreadHold::make(rule, table_);
-    EXPECT_TRUE(hold->acquire(table_));
-    table_.release(*hold);
+    ThreadHold* hold = ThreadHold::take(rule, false);
+    EXPECT_TRUE(hold->enter(table_));
+    EXPECT_FALSE(table_.leave(*hold));
     ThreadHold::recycle(hold);
   }
   RuleTable table_;
@@ -66,87 +85,87 @@ class RuleTableTest : public ::testing::Test {
 TEST_F(RuleTableTest, MutexRequestsAreGrantedInOrder) {
   const Rule light = rules::mutex("light");
   Probe on(light), off(light), again(light);
-  EXPECT_TRUE(table_.acquire(on));
-  EXPECT_FALSE(table_.acquire(off));
-  EXPECT_FALSE(table_.acquire(again));
-  table_.release(on);
+  EXPECT_TRUE(acquire(on));
+  EXPECT_FALSE(acquire(off));
+  EXPECT_FALSE(acquire(again));
+  table_.leave(on);
   EXPECT_EQ(off.grants, 1);
   EXPECT_EQ(again.grants, 0);
-  table_.release(off);
+  table_.leave(off);
   EXPECT_EQ(again.grants, 1);
-  table_.release(again);
+  table_.leave(again);
 }
 
 TEST_F(RuleTableTest, DistinctMutexesDoNotWait) {
   Probe a(rules::mutex("a")), b(rules::mutex("b"));
-  EXPECT_TRUE(table_.acquire(a));
-  EXPECT_TRUE(table_.acquire(b));
-  table_.release(a);
-  table_.release(b);
+  EXPECT_TRUE(acquire(a));
+  EXPECT_TRUE(acquire(b));
+  table_.leave(a);
+  table_.leave(b);
 }
 
 TEST_F(RuleTableTest, DirectoryExcludesItsFilesAndSiblingsRunTogether) {
   Probe project(rules::path("/project")), file(rules::path("/project/src/a.cpp"));
   Probe docs(rules::path("/project/docs")), src(rules::path("/project/src"));
   Probe other(rules::path("/other"));
-  EXPECT_TRUE(table_.acquire(project));
-  EXPECT_FALSE(table_.acquire(file));
-  EXPECT_TRUE(table_.acquire(other));
-  table_.release(project);
+  EXPECT_TRUE(acquire(project));
+  EXPECT_FALSE(acquire(file));
+  EXPECT_TRUE(acquire(other));
+  table_.leave(project);
   EXPECT_EQ(file.grants, 1);
-  EXPECT_TRUE(table_.acquire(docs)) << "a sibling of a held path";
-  EXPECT_FALSE(table_.acquire(src)) << "the parent of a held file";
-  table_.release(file);
+  EXPECT_TRUE(acquire(docs)) << "a sibling of a held path";
+  EXPECT_FALSE(acquire(src)) << "the parent of a held file";
+  table_.leave(file);
   EXPECT_EQ(src.grants, 1);
-  for (Probe* probe : {&docs, &src, &other}) table_.release(*probe);
+  for (Probe* probe : {&docs, &src, &other}) table_.leave(*probe);
 }
 
 TEST_F(RuleTableTest, BroadRuleIsNotOvertakenByLaterNarrowOnes) {
   Probe x(rules::path("/a/x")), all(rules::path("/a")), y(rules::path("/a/y"));
-  EXPECT_TRUE(table_.acquire(x));
-  EXPECT_FALSE(table_.acquire(all));
-  EXPECT_FALSE(table_.acquire(y)) << "/a/y is free, but /a asked first and conflicts with it";
-  table_.release(x);
+  EXPECT_TRUE(acquire(x));
+  EXPECT_FALSE(acquire(all));
+  EXPECT_FALSE(acquire(y)) << "/a/y is free, but /a asked first and conflicts with it";
+  table_.leave(x);
   EXPECT_EQ(all.grants, 1);
   EXPECT_EQ(y.grants, 0);
-  table_.release(all);
+  table_.leave(all);
   EXPECT_EQ(y.grants, 1);
-  table_.release(y);
+  table_.leave(y);
 }
 
 // Path requests take their intent on the root only once somebody claims it (a rule on "/"): those
 // that entered before, held or waiting, must count there all the same, and later ones wait behind.
 TEST_F(RuleTableTest, ARuleOnTheRootCountsThePathsThatEnteredBeforeIt) {
   Probe dir(rules::path("/a")), file(rules::path("/a/f")), reader(rules::read_path("/b/r"));
-  EXPECT_TRUE(table_.acquire(dir));
-  EXPECT_FALSE(table_.acquire(file));
-  EXPECT_TRUE(table_.acquire(reader));
+  EXPECT_TRUE(acquire(dir));
+  EXPECT_FALSE(acquire(file));
+  EXPECT_TRUE(acquire(reader));
   Probe read_all(rules::read_path("/")), write_all(rules::path("/"));
-  EXPECT_FALSE(table_.acquire(read_all)) << "a writer below the root holds";
+  EXPECT_FALSE(acquire(read_all)) << "a writer below the root holds";
   Probe later_read(rules::read_path("/e")), later_write(rules::path("/c"));
-  EXPECT_TRUE(table_.acquire(later_read)) << "readers share with a waiting reader of the root";
-  EXPECT_FALSE(table_.acquire(later_write)) << "a writer comes after the waiting reader of the root";
-  EXPECT_FALSE(table_.acquire(write_all));
-  table_.release(dir);
+  EXPECT_TRUE(acquire(later_read)) << "readers share with a waiting reader of the root";
+  EXPECT_FALSE(acquire(later_write)) << "a writer comes after the waiting reader of the root";
+  EXPECT_FALSE(acquire(write_all));
+  table_.leave(dir);
   EXPECT_EQ(file.grants, 1);
   EXPECT_EQ(read_all.grants, 0) << "/a/f, waiting when the root was claimed, is a writer below it";
-  table_.release(file);
+  table_.leave(file);
   EXPECT_EQ(read_all.grants, 1);
   EXPECT_EQ(later_write.grants, 0);
-  table_.release(read_all);
+  table_.leave(read_all);
   EXPECT_EQ(later_write.grants, 1);
   EXPECT_EQ(write_all.grants, 0);
-  for (Probe* probe : {&reader, &later_read, &later_write}) table_.release(*probe);
+  for (Probe* probe : {&reader, &later_read, &later_write}) table_.leave(*probe);
   EXPECT_EQ(write_all.grants, 1);
   // With the root claimed, a newcomer below it waits; once it is free, paths go without it again.
   Probe below(rules::path("/d/e"));
-  EXPECT_FALSE(table_.acquire(below));
-  table_.release(write_all);
+  EXPECT_FALSE(acquire(below));
+  table_.leave(write_all);
   EXPECT_EQ(below.grants, 1);
   Probe sibling(rules::path("/d/g"));
-  EXPECT_TRUE(table_.acquire(sibling));
-  table_.release(below);
-  table_.release(sibling);
+  EXPECT_TRUE(acquire(sibling));
+  table_.leave(below);
+  table_.leave(sibling);
 }
 
 // A multi rule that reads the root and writes below it takes SIX there: another reader of the root
@@ -154,71 +173,71 @@ TEST_F(RuleTableTest, ARuleOnTheRootCountsThePathsThatEnteredBeforeIt) {
 TEST_F(RuleTableTest, AMultiRuleThatReadsTheRootAndWritesBelowItExcludesReadersOfTheRoot) {
   Probe mixed(rules::combine(rules::read_path("/"), rules::path("/a/b")));
   Probe reader(rules::read_path("/")), other_reader(rules::read_path("/x"));
-  EXPECT_TRUE(table_.acquire(mixed));
-  EXPECT_FALSE(table_.acquire(reader));
-  table_.release(mixed);
+  EXPECT_TRUE(acquire(mixed));
+  EXPECT_FALSE(acquire(reader));
+  table_.leave(mixed);
   EXPECT_EQ(reader.grants, 1);
-  EXPECT_TRUE(table_.acquire(other_reader));
-  table_.release(reader);
-  table_.release(other_reader);
+  EXPECT_TRUE(acquire(other_reader));
+  table_.leave(reader);
+  table_.leave(other_reader);
 }
 
-// A thread's recycled request reuses the entries it found last time; found while nobody claimed
-// the root, they have none there, and must take one when the root is claimed now.
-TEST_F(RuleTableTest, RecycledThreadRequestsTakeTheRootIntentWhenTheRootIsClaimed) {
+// A rule's second request reuses the nodes its first one found (the rule's note); found while
+// nobody claimed the root, they have none there, and it must take one when the root is claimed now.
+TEST_F(RuleTableTest, ANotedRuleTakesTheRootIntentWhenTheRootIsClaimed) {
   const Rule rule = rules::path("/a/b");
   begin_and_end_once(rule);
   Probe read_all(rules::read_path("/"));
-  ASSERT_TRUE(table_.acquire(read_all));
-  ThreadHold* hold = ThreadHold::make(rule, table_);
-  EXPECT_FALSE(hold->acquire(table_)) << "/a/b writes below the root, which is read";
-  table_.release(read_all);
+  ASSERT_TRUE(acquire(read_all));
+  ThreadHold* hold = ThreadHold::take(rule, false);
+  EXPECT_FALSE(enter_and_hold(*hold)) << "/a/b writes below the root, which is read";
+  table_.leave(read_all);
   EXPECT_TRUE(hold->is_held());
-  table_.release(*hold);
+  table_.leave(*hold);
   ThreadHold::recycle(hold);
 }
 
 TEST_F(RuleTableTest, ReadersShareAndAWriterExcludesThem) {
   Probe r1(rules::read_path("/data")), r2(rules::read_path("/data/x")), w(rules::path("/data/x/y"));
   Probe r3(rules::read_path("/data"));
-  EXPECT_TRUE(table_.acquire(r1));
-  EXPECT_TRUE(table_.acquire(r2));
-  EXPECT_FALSE(table_.acquire(w));
-  EXPECT_FALSE(table_.acquire(r3)) << "a reader behind a waiting writer it conflicts with waits (FIFO)";
-  table_.release(r1);
+  EXPECT_TRUE(acquire(r1));
+  EXPECT_TRUE(acquire(r2));
+  EXPECT_FALSE(acquire(w));
+  EXPECT_FALSE(acquire(r3)) << "a reader behind a waiting writer it conflicts with waits (FIFO)";
+  table_.leave(r1);
   EXPECT_EQ(w.grants, 0);
-  table_.release(r2);
+  table_.leave(r2);
   EXPECT_EQ(w.grants, 1);
   EXPECT_EQ(r3.grants, 0);
-  table_.release(w);
+  table_.leave(w);
   EXPECT_EQ(r3.grants, 1);
-  table_.release(r3);
+  table_.leave(r3);
 }
 
 TEST_F(RuleTableTest, MultiRulesAreAllOrNothing) {
   const Rule m = rules::mutex("m");
   Probe holder(rules::path("/b")), both(rules::combine(rules::path("/a"), m)), mutex_only(m);
   Probe unrelated(rules::path("/c"));
-  EXPECT_TRUE(table_.acquire(holder));
-  EXPECT_TRUE(table_.acquire(both));
-  EXPECT_FALSE(table_.acquire(mutex_only));
-  EXPECT_TRUE(table_.acquire(unrelated));
-  table_.release(both);
+  EXPECT_TRUE(acquire(holder));
+  EXPECT_TRUE(acquire(both));
+  EXPECT_FALSE(acquire(mutex_only));
+  EXPECT_TRUE(acquire(unrelated));
+  table_.leave(both);
   EXPECT_EQ(mutex_only.grants, 1);
-  for (Probe* probe : {&holder, &mutex_only, &unrelated}) table_.release(*probe);
+  for (Probe* probe : {&holder, &mutex_only, &unrelated}) table_.leave(*probe);
 }
 
 TEST_F(RuleTableTest, MultiRuleWaitsUntilEveryPartIsFree) {
   Probe a(rules::path("/a")), b(rules::path("/b")),
       both(rules::combine(rules::path("/a/1"), rules::path("/b/1")));
-  EXPECT_TRUE(table_.acquire(a));
-  EXPECT_TRUE(table_.acquire(b));
-  EXPECT_FALSE(table_.acquire(both));
-  table_.release(a);
+  EXPECT_TRUE(acquire(a));
+  EXPECT_TRUE(acquire(b));
+  EXPECT_FALSE(acquire(both));
+  table_.leave(a);
   EXPECT_EQ(both.grants, 0);
-  table_.release(b);
+  table_.leave(b);
   EXPECT_EQ(both.grants, 1);
-  table_.release(both);
+  table_.leave(both);
 }
 
 // A request keeps a few entries in place and the rest in one heap block; a queue slot finds an
@@ -230,54 +249,54 @@ TEST_F(RuleTableTest, AMultiRuleOfHundredsOfPartsWaitsAtEachAndIsGrantedOnce) {
   const Rule all_parts = rules::combine(std::span<const Rule>(parts));
   Probe first(parts.front()), last(parts.back()), middle(parts[260]);
   Probe withdrawn(all_parts), granted(all_parts), behind_last(parts.back()), behind_middle(parts[260]);
-  EXPECT_TRUE(table_.acquire(first));
-  EXPECT_TRUE(table_.acquire(last));
-  EXPECT_TRUE(table_.acquire(middle));
-  EXPECT_FALSE(table_.acquire(withdrawn));  // queued at parts 0, 260 and 299
-  EXPECT_FALSE(table_.acquire(behind_last));
-  EXPECT_FALSE(table_.acquire(behind_middle));
-  table_.release(last);    // `withdrawn` is clear at part 299 (its 300th entry)
-  table_.release(middle);  // and at part 260, not yet at part 0
+  EXPECT_TRUE(acquire(first));
+  EXPECT_TRUE(acquire(last));
+  EXPECT_TRUE(acquire(middle));
+  EXPECT_FALSE(acquire(withdrawn));  // queued at parts 0, 260 and 299
+  EXPECT_FALSE(acquire(behind_last));
+  EXPECT_FALSE(acquire(behind_middle));
+  table_.leave(last);    // `withdrawn` is clear at part 299 (its 300th entry)
+  table_.leave(middle);  // and at part 260, not yet at part 0
   EXPECT_EQ(behind_last.grants + behind_middle.grants, 0);  // it came first
   EXPECT_TRUE(table_.withdraw(withdrawn));
   EXPECT_EQ(behind_last.grants, 1);
   EXPECT_EQ(behind_middle.grants, 1);
 
-  EXPECT_FALSE(table_.acquire(granted));  // queued at parts 0, 260 and 299 again
-  table_.release(behind_last);
-  table_.release(behind_middle);
+  EXPECT_FALSE(acquire(granted));  // queued at parts 0, 260 and 299 again
+  table_.leave(behind_last);
+  table_.leave(behind_middle);
   EXPECT_EQ(granted.grants, 0);
-  table_.release(first);
+  table_.leave(first);
   EXPECT_EQ(granted.grants, 1);
   EXPECT_EQ(withdrawn.grants + withdrawn.cancels, 0);
-  table_.release(granted);
+  table_.leave(granted);
   // Every node's counts came back to nothing: each part is free again.
   std::vector<std::unique_ptr<Probe>> again;
   for (const Rule& part : parts) {
     again.push_back(std::make_unique<Probe>(part));
-    EXPECT_TRUE(table_.acquire(*again.back())) << part->to_string();
+    EXPECT_TRUE(acquire(*again.back())) << part->to_string();
   }
-  for (auto& probe : again) table_.release(*probe);
+  for (auto& probe : again) table_.leave(*probe);
 }
 
 TEST_F(RuleTableTest, CustomRulesAreCheckedPairwiseInBothDirections) {
   const auto red = std::make_shared<ColourRule>(1);
   Probe custom(red), path(rules::path("/c1/file")), free_path(rules::path("/c2/file")), custom_again(red);
-  EXPECT_TRUE(table_.acquire(path));
-  EXPECT_FALSE(table_.acquire(custom)) << "the custom rule conflicts with a held path";
-  EXPECT_TRUE(table_.acquire(free_path));
-  EXPECT_FALSE(table_.acquire(custom_again));
-  table_.release(path);
+  EXPECT_TRUE(acquire(path));
+  EXPECT_FALSE(acquire(custom)) << "the custom rule conflicts with a held path";
+  EXPECT_TRUE(acquire(free_path));
+  EXPECT_FALSE(acquire(custom_again));
+  table_.leave(path);
   EXPECT_EQ(custom.grants, 1);
   Probe later_path(rules::path("/c1/other"));
-  EXPECT_FALSE(table_.acquire(later_path)) << "a built-in rule waits for a held custom rule";
-  table_.release(custom);
+  EXPECT_FALSE(acquire(later_path)) << "a built-in rule waits for a held custom rule";
+  table_.leave(custom);
   EXPECT_EQ(custom_again.grants, 1);
   EXPECT_EQ(later_path.grants, 0) << "and for an earlier waiting one (FIFO)";
-  table_.release(custom_again);
+  table_.leave(custom_again);
   EXPECT_EQ(later_path.grants, 1);
-  table_.release(later_path);
-  table_.release(free_path);
+  table_.leave(later_path);
+  table_.leave(free_path);
 }
 
 // A custom rule whose first conflict check (made under the table's lock) waits for `go`: while it
@@ -306,14 +325,14 @@ TEST_F(RuleTableTest, RequestsSubmittedWhileTheLockIsHeldAreEnteredInOrderByItsH
   const auto holding = std::make_shared<LockHoldingRule>(true);
   const auto plain = std::make_shared<LockHoldingRule>(false);  // only `holding` waits
   Probe held(plain), checker(holding);
-  ASSERT_TRUE(table_.acquire(held));
-  std::thread holder([&] { EXPECT_TRUE(table_.acquire(checker)); });  // checks against `held`
+  ASSERT_TRUE(acquire(held));
+  std::thread holder([&] { EXPECT_TRUE(acquire(checker)); });  // checks against `held`
   holding->inside.wait();
   const Rule light = rules::mutex("light");
   Probe first(light), second(light), third(light);
-  table_.submit(first);
-  table_.submit(second);
-  table_.submit(third);
+  table_.enter(first);
+  table_.enter(second);
+  table_.enter(third);
   EXPECT_TRUE(table_.has_submitted());
   EXPECT_EQ(first.grants + second.grants + third.grants, 0) << "nobody could enter them yet";
   holding->go.count_down();
@@ -322,71 +341,29 @@ TEST_F(RuleTableTest, RequestsSubmittedWhileTheLockIsHeldAreEnteredInOrderByItsH
   EXPECT_EQ(first.grants, 1) << "the first submitted is granted first";
   EXPECT_EQ(second.grants + third.grants, 0);
   EXPECT_EQ(table_.waiting_count(), 2u);
-  table_.release(first);
+  table_.leave(first);
   EXPECT_EQ(second.grants, 1);
   EXPECT_EQ(third.grants, 0);
-  table_.release(second);
+  table_.leave(second);
   EXPECT_EQ(third.grants, 1);
-  table_.release(third);
-  table_.release(checker);
-  table_.release(held);
+  table_.leave(third);
+  table_.leave(checker);
+  table_.leave(held);
 }
 
-TEST_F(RuleTableTest, TryReleaseReleasesWhenTheLockIsFree) {
+TEST_F(RuleTableTest, LeaveHandsTheRequestsItLetsThroughToTheCaller) {
   const Rule light = rules::mutex("light");
   Probe on(light), next(light);
-  ASSERT_TRUE(table_.acquire(on));
-  EXPECT_FALSE(table_.acquire(next));
+  ASSERT_TRUE(acquire(on));
+  EXPECT_FALSE(acquire(next));
   Grants grants;
-  EXPECT_TRUE(table_.try_release(on, grants));
+  EXPECT_FALSE(table_.leave(on, grants)) << "a request that is not parkable is never parked";
   ASSERT_EQ(grants.size(), 1u);
   EXPECT_EQ(grants.front(), &next);
   EXPECT_EQ(next.grants, 0) << "the caller notifies";
   RuleTable::notify(grants);
   EXPECT_EQ(next.grants, 1);
-  table_.release(next);
-}
-
-// A release handed back while another thread holds the lock: try_release says no at once,
-// hand_back returns at once, and the holder releases the request (letting the next one through)
-// and deletes it when it lets go.
-TEST_F(RuleTableTest, AReleaseHandedBackWhileTheLockIsHeldIsDoneByItsHolder) {
-  struct Owned final : InlineRuleRequest<2> {
-    Owned(Rule rule, std::atomic<bool>& deleted_flag) : kept(std::move(rule)), deleted(deleted_flag) {
-      set_rule(kept.get());
-    }
-    ~Owned() override { deleted = true; }
-    void granted() noexcept override {}
-    void cancelled() noexcept override {}
-    Rule kept;
-    std::atomic<bool>& deleted;
-  };
-  const auto holding = std::make_shared<LockHoldingRule>(true);
-  const auto plain = std::make_shared<LockHoldingRule>(false);
-  const Rule light = rules::mutex("light");
-  std::atomic<bool> deleted{false};
-  auto* owner = new Owned(light, deleted);
-  Probe held(plain), checker(holding), next(light);
-  ASSERT_TRUE(table_.acquire(held));
-  ASSERT_TRUE(table_.acquire(*owner));
-  EXPECT_FALSE(table_.acquire(next));
-  std::thread holder([&] { EXPECT_TRUE(table_.acquire(checker)); });
-  holding->inside.wait();
-  Grants grants;
-  EXPECT_FALSE(table_.try_release(*owner, grants)) << "the lock is taken";
-  EXPECT_TRUE(grants.empty());
-  table_.hand_back(*owner);  // returns although the lock is still taken
-  EXPECT_TRUE(table_.has_submitted());
-  EXPECT_FALSE(deleted.load());
-  EXPECT_EQ(next.grants, 0);
-  holding->go.count_down();
-  holder.join();
-  EXPECT_TRUE(deleted.load()) << "the holder released and deleted it when it let the lock go";
-  EXPECT_EQ(next.grants, 1);
-  EXPECT_FALSE(table_.has_submitted());
-  table_.release(next);
-  table_.release(checker);
-  table_.release(held);
+  table_.leave(next);
 }
 
 // Whoever takes the lock enters what was submitted before its own operation: an acquire that was
@@ -396,26 +373,26 @@ TEST_F(RuleTableTest, AnAcquireWaitingForTheLockComesAfterWhatWasSubmittedMeanwh
   const auto plain = std::make_shared<LockHoldingRule>(false);
   const Rule light = rules::mutex("light");
   Probe held(plain), checker(holding), owner(light), submitted(light), dropped(light), later(light);
-  ASSERT_TRUE(table_.acquire(held));
-  ASSERT_TRUE(table_.acquire(owner));
-  std::thread holder([&] { EXPECT_TRUE(table_.acquire(checker)); });
+  ASSERT_TRUE(acquire(held));
+  ASSERT_TRUE(acquire(owner));
+  std::thread holder([&] { EXPECT_TRUE(acquire(checker)); });
   holding->inside.wait();
-  table_.submit(submitted);
-  table_.submit(dropped);
-  std::thread acquirer([&] { EXPECT_FALSE(table_.acquire(later)); });
+  table_.enter(submitted);
+  table_.enter(dropped);
+  std::thread acquirer([&] { EXPECT_FALSE(acquire(later)); });
   holding->go.count_down();
   holder.join();
   acquirer.join();
   EXPECT_EQ(table_.withdraw_waiting(*light, [&](const RuleRequest& r) { return &r == &dropped; }), 1u);
   EXPECT_EQ(dropped.cancels, 1);
-  table_.release(owner);
+  table_.leave(owner);
   EXPECT_EQ(submitted.grants, 1) << "submitted before the acquire: granted before it";
   EXPECT_EQ(later.grants, 0);
-  table_.release(submitted);
+  table_.leave(submitted);
   EXPECT_EQ(later.grants, 1);
-  table_.release(later);
-  table_.release(checker);
-  table_.release(held);
+  table_.leave(later);
+  table_.leave(checker);
+  table_.leave(held);
 }
 
 // submit_all enters nothing on the calling thread: the requests wait for drain() (or whoever takes
@@ -424,7 +401,7 @@ TEST_F(RuleTableTest, RequestsSubmittedTogetherWaitForADrainAndKeepTheirOrder) {
   const Rule light = rules::mutex("light");
   Probe first(light), second(light), third(light), other(rules::path("/free"));
   std::vector<RuleRequest*> batch{&first, &second, &other, &third};
-  table_.submit_all(batch);
+  table_.enter_all(batch);
   EXPECT_TRUE(table_.has_submitted());
   EXPECT_EQ(first.grants + second.grants + third.grants + other.grants, 0);
   table_.drain();
@@ -432,24 +409,24 @@ TEST_F(RuleTableTest, RequestsSubmittedTogetherWaitForADrainAndKeepTheirOrder) {
   EXPECT_EQ(first.grants, 1);
   EXPECT_EQ(other.grants, 1) << "a request that conflicts with none is granted at once";
   EXPECT_EQ(second.grants + third.grants, 0);
-  table_.release(first);
+  table_.leave(first);
   EXPECT_EQ(second.grants, 1);
   EXPECT_EQ(third.grants, 0);
   // A second batch comes after the first, and an acquire after both.
   Probe fourth(light), fifth(light), last(light);
   std::vector<RuleRequest*> more{&fourth, &fifth};
-  table_.submit_all(more);
-  EXPECT_FALSE(table_.acquire(last)) << "entered after the batch it follows";
-  table_.release(second);
+  table_.enter_all(more);
+  EXPECT_FALSE(acquire(last)) << "entered after the batch it follows";
+  table_.leave(second);
   EXPECT_EQ(third.grants, 1);
-  table_.release(third);
+  table_.leave(third);
   EXPECT_EQ(fourth.grants, 1);
-  table_.release(fourth);
+  table_.leave(fourth);
   EXPECT_EQ(fifth.grants, 1);
-  table_.release(fifth);
+  table_.leave(fifth);
   EXPECT_EQ(last.grants, 1);
-  table_.release(last);
-  table_.release(other);
+  table_.leave(last);
+  table_.leave(other);
 }
 
 // Runs (one entry on the stack for several requests) and requests linked one by one (a run of one)
@@ -460,16 +437,16 @@ TEST_F(RuleTableTest, RunsAndSingleRequestsOnOneStackGoInInTheirOrder) {
   const std::vector<RuleRequest*> run{&first, &second};
   const std::vector<RuleRequest*> one{&alone};
   const std::vector<RuleRequest*> later{&third, &fourth};
-  table_.submit_all(run);
-  table_.submit_all(one);
-  table_.submit_all(later);
+  table_.enter_all(run);
+  table_.enter_all(one);
+  table_.enter_all(later);
   EXPECT_EQ(table_.waiting_count(), 4u) << "counting enters them first";
   EXPECT_FALSE(table_.has_submitted());
   const std::vector<Probe*> order{&first, &second, &alone, &third, &fourth};
   for (std::size_t i = 0; i < order.size(); ++i) {
     for (std::size_t j = 0; j < order.size(); ++j)
       EXPECT_EQ(order[j]->grants, j <= i ? 1 : 0) << "after " << i << " releases, request " << j;
-    table_.release(*order[i]);
+    table_.leave(*order[i]);
   }
   EXPECT_TRUE(table_.is_idle());
 }
@@ -480,13 +457,13 @@ TEST_F(RuleTableTest, ASubmissionOnTopOfAnUndrainedBatchEntersIt) {
   const Rule light = rules::mutex("light");
   Probe batched(light), submitted(rules::path("/elsewhere"));
   std::vector<RuleRequest*> batch{&batched};
-  table_.submit_all(batch);
-  table_.submit(submitted);
+  table_.enter_all(batch);
+  table_.enter(submitted);
   EXPECT_FALSE(table_.has_submitted());
   EXPECT_EQ(batched.grants, 1);
   EXPECT_EQ(submitted.grants, 1);
-  table_.release(batched);
-  table_.release(submitted);
+  table_.leave(batched);
+  table_.leave(submitted);
 }
 
 // While a lock holder enters what it took from the stack, has_submitted() still says so: a parked
@@ -495,9 +472,9 @@ TEST_F(RuleTableTest, RequestsBeingEnteredStillCountAsSubmitted) {
   const auto holding = std::make_shared<LockHoldingRule>(true);
   const auto plain = std::make_shared<LockHoldingRule>(false);
   Probe held(plain), checker(holding), after(rules::path("/after"));
-  ASSERT_TRUE(table_.acquire(held));
+  ASSERT_TRUE(acquire(held));
   std::vector<RuleRequest*> batch{&checker, &after};  // a run: entered from its block
-  table_.submit_all(batch);
+  table_.enter_all(batch);
   std::thread drainer([&] { table_.drain(); });  // stops inside the check of `checker`
   holding->inside.wait();
   EXPECT_TRUE(table_.has_submitted()) << "taken off the stack, but not entered yet";
@@ -506,21 +483,21 @@ TEST_F(RuleTableTest, RequestsBeingEnteredStillCountAsSubmitted) {
   EXPECT_FALSE(table_.has_submitted());
   EXPECT_EQ(checker.grants, 1);
   EXPECT_EQ(after.grants, 1);
-  table_.release(after);
-  table_.release(checker);
-  table_.release(held);
+  table_.leave(after);
+  table_.leave(checker);
+  table_.leave(held);
 }
 
 TEST_F(RuleTableTest, WithdrawingAWaiterLetsThoseBehindItThrough) {
   Probe x(rules::path("/a/x")), all(rules::path("/a")), y(rules::path("/a/y"));
-  EXPECT_TRUE(table_.acquire(x));
-  EXPECT_FALSE(table_.acquire(all));
-  EXPECT_FALSE(table_.acquire(y));
+  EXPECT_TRUE(acquire(x));
+  EXPECT_FALSE(acquire(all));
+  EXPECT_FALSE(acquire(y));
   EXPECT_TRUE(table_.withdraw(all));
   EXPECT_EQ(y.grants, 1);
   EXPECT_FALSE(table_.withdraw(y)) << "already granted";
-  table_.release(x);
-  table_.release(y);
+  table_.leave(x);
+  table_.leave(y);
 }
 
 // A queue finds a withdrawn entry by its ticket (binary search over slots and holes): withdrawals at
@@ -533,12 +510,12 @@ TEST_F(RuleTableTest, WaitersWithdrawnAnywhereInALongQueueLeaveTheRestInOrder) {
     const Rule& holder_rule = waiter_rule == m ? m : dir;
     SCOPED_TRACE(waiter_rule->to_string());
     Probe holder(holder_rule);
-    ASSERT_TRUE(table_.acquire(holder));
+    ASSERT_TRUE(acquire(holder));
     constexpr int count = 600;
     std::vector<std::unique_ptr<Probe>> waiters;
     for (int i = 0; i < count; ++i) {
       waiters.push_back(std::make_unique<Probe>(waiter_rule));
-      ASSERT_FALSE(table_.acquire(*waiters.back()));
+      ASSERT_FALSE(acquire(*waiters.back()));
     }
     std::vector<bool> gone(count, false);
     const auto withdraw = [&](int i) {
@@ -551,7 +528,7 @@ TEST_F(RuleTableTest, WaitersWithdrawnAnywhereInALongQueueLeaveTheRestInOrder) {
       if (!gone[static_cast<std::size_t>(i)]) withdraw(i);
     }
     withdraw(count - 1);
-    table_.release(holder);
+    table_.leave(holder);
     int granted = 0;
     for (int i = 0; i < count; ++i) {
       Probe& probe = *waiters[static_cast<std::size_t>(i)];
@@ -570,7 +547,7 @@ TEST_F(RuleTableTest, WaitersWithdrawnAnywhereInALongQueueLeaveTheRestInOrder) {
           if (!gone[static_cast<std::size_t>(next)]) withdraw(next);
         }
       }
-      table_.release(probe);
+      table_.leave(probe);
       ++granted;
     }
     EXPECT_EQ(granted, static_cast<int>(std::count(gone.begin(), gone.end(), false)));
@@ -581,14 +558,14 @@ TEST_F(RuleTableTest, WaitersWithdrawnAnywhereInALongQueueLeaveTheRestInOrder) {
 TEST_F(RuleTableTest, CancelAllWaitingNotifiesEveryWaiter) {
   const Rule m = rules::mutex();
   Probe held(m), w1(m), w2(rules::combine(m, rules::path("/z")));
-  EXPECT_TRUE(table_.acquire(held));
-  EXPECT_FALSE(table_.acquire(w1));
-  EXPECT_FALSE(table_.acquire(w2));
+  EXPECT_TRUE(acquire(held));
+  EXPECT_FALSE(acquire(w1));
+  EXPECT_FALSE(acquire(w2));
   table_.cancel_all_waiting();
   EXPECT_EQ(w1.cancels, 1);
   EXPECT_EQ(w2.cancels, 1);
   EXPECT_EQ(table_.waiting_count(), 0u);
-  table_.release(held);
+  table_.leave(held);
   EXPECT_EQ(w1.grants + w2.grants, 0);
 }
 
@@ -596,49 +573,51 @@ TEST_F(RuleTableTest, DeepPathsWork) {
   std::string deep;
   for (int i = 0; i < 5000; ++i) deep += "/d" + std::to_string(i % 7);
   Probe a(rules::path(deep)), b(rules::path("/d0")), c(rules::path(deep + "/leaf"));
-  EXPECT_TRUE(table_.acquire(a));
-  EXPECT_FALSE(table_.acquire(b));
-  EXPECT_FALSE(table_.acquire(c));
-  table_.release(a);
+  EXPECT_TRUE(acquire(a));
+  EXPECT_FALSE(acquire(b));
+  EXPECT_FALSE(acquire(c));
+  table_.leave(a);
   EXPECT_EQ(b.grants, 1);
   EXPECT_EQ(c.grants, 0);
-  table_.release(b);
+  table_.leave(b);
   EXPECT_EQ(c.grants, 1);
-  table_.release(c);
+  table_.leave(c);
 }
 
-// A thread's recycled begin_rule request keeps its resolved entries; they must be reused only for
-// the very same rule, and re-resolved for any other (even one made where the last one was).
+// A rule's nodes are noted in the rule object; a recycled request for another rule (even one made
+// where the last one was) must resolve that rule's nodes.
 TEST_F(RuleTableTest, RecycledThreadRequestsReResolveADifferentRule) {
   begin_and_end_once(rules::path("/a"));
   Probe blocker(rules::path("/b"));
-  ASSERT_TRUE(table_.acquire(blocker));
+  ASSERT_TRUE(acquire(blocker));
   for (int round = 0; round < 3; ++round) {
     const Rule other = rules::path("/b/c");
-    ThreadHold* hold = ThreadHold::make(other, table_);
-    EXPECT_FALSE(hold->acquire(table_)) << "round " << round << ": /b/c waits for the holder of /b";
+    ThreadHold* hold = ThreadHold::take(other, false);
+    EXPECT_FALSE(enter_and_hold(*hold)) << "round " << round << ": /b/c waits for the holder of /b";
     EXPECT_TRUE(table_.withdraw(*hold));
     ThreadHold::recycle(hold);
   }
-  table_.release(blocker);
+  table_.leave(blocker);
 }
 
-TEST_F(RuleTableTest, RecycledThreadRequestsReuseTheirEntriesForTheSameRule) {
+// The same rule object again and again through a recycled request: its noted nodes give the same
+// decisions every round.
+TEST_F(RuleTableTest, RecycledThreadRequestsDecideAlikeForTheSameRule) {
   const Rule rule = rules::path("/a/b/c");
   for (int round = 0; round < 3; ++round) {
-    ThreadHold* hold = ThreadHold::make(rule, table_);
-    ASSERT_TRUE(hold->acquire(table_));
+    ThreadHold* hold = ThreadHold::take(rule, false);
+    ASSERT_TRUE(enter_and_hold(*hold));
     Probe inside(rules::path("/a/b/c/d")), sibling(rules::path("/a/b/x")), above(rules::path("/a"));
-    EXPECT_FALSE(table_.acquire(inside)) << "round " << round;
-    EXPECT_TRUE(table_.acquire(sibling)) << "round " << round;
-    EXPECT_FALSE(table_.acquire(above)) << "round " << round;
-    table_.release(*hold);
+    EXPECT_FALSE(acquire(inside)) << "round " << round;
+    EXPECT_TRUE(acquire(sibling)) << "round " << round;
+    EXPECT_FALSE(acquire(above)) << "round " << round;
+    table_.leave(*hold);
     ThreadHold::recycle(hold);
     EXPECT_EQ(inside.grants, 1);
-    table_.release(inside);
-    table_.release(sibling);
+    table_.leave(inside);
+    table_.leave(sibling);
     EXPECT_EQ(above.grants, 1);
-    table_.release(above);
+    table_.leave(above);
   }
 }
 
@@ -652,20 +631,20 @@ TEST_F(RuleTableTest, NotedNodesGiveTheSameDecisions) {
   RuleTable second_table;  // does not own the notes: looks the rules up each time
   for (RuleTable* table : {&table_, &second_table, &table_}) {
     Probe first(file), second(file), parent(dir), sibling(other), lock(mutex), lock_again(mutex);
-    EXPECT_TRUE(table->acquire(first));
-    EXPECT_FALSE(table->acquire(second));
-    EXPECT_FALSE(table->acquire(parent));
-    EXPECT_TRUE(table->acquire(sibling));
-    EXPECT_TRUE(table->acquire(lock));
-    EXPECT_FALSE(table->acquire(lock_again));
-    table->release(first);
+    EXPECT_TRUE(acquire_in(*table, first));
+    EXPECT_FALSE(acquire_in(*table, second));
+    EXPECT_FALSE(acquire_in(*table, parent));
+    EXPECT_TRUE(acquire_in(*table, sibling));
+    EXPECT_TRUE(acquire_in(*table, lock));
+    EXPECT_FALSE(acquire_in(*table, lock_again));
+    table->leave(first);
     EXPECT_EQ(second.grants, 1);
     EXPECT_EQ(parent.grants, 0);
-    table->release(second);
+    table->leave(second);
     EXPECT_EQ(parent.grants, 1);
-    table->release(lock);
+    table->leave(lock);
     EXPECT_EQ(lock_again.grants, 1);
-    for (Probe* probe : {&parent, &sibling, &lock_again}) table->release(*probe);
+    for (Probe* probe : {&parent, &sibling, &lock_again}) table->leave(*probe);
     EXPECT_TRUE(table->is_idle());
   }
 }
@@ -679,16 +658,16 @@ TEST_F(RuleTableTest, NotesStayRightWhenTheTableFreesNodes) {
   const Rule mutex = rules::mutex("kept");
   const auto exclusion_holds = [&](const char* when) {
     Probe a(file), b(dir), c(mutex), d(mutex);
-    EXPECT_TRUE(table_.acquire(a)) << when;
-    EXPECT_FALSE(table_.acquire(b)) << when;
-    EXPECT_TRUE(table_.acquire(c)) << when;
-    EXPECT_FALSE(table_.acquire(d)) << when;
-    table_.release(a);
+    EXPECT_TRUE(acquire(a)) << when;
+    EXPECT_FALSE(acquire(b)) << when;
+    EXPECT_TRUE(acquire(c)) << when;
+    EXPECT_FALSE(acquire(d)) << when;
+    table_.leave(a);
     EXPECT_EQ(b.grants, 1) << when;
-    table_.release(c);
+    table_.leave(c);
     EXPECT_EQ(d.grants, 1) << when;
-    table_.release(b);
-    table_.release(d);
+    table_.leave(b);
+    table_.leave(d);
   };
   exclusion_holds("before");  // notes the rules' nodes
   for (int round = 0; round < 2; ++round) {
@@ -697,15 +676,15 @@ TEST_F(RuleTableTest, NotesStayRightWhenTheTableFreesNodes) {
     std::vector<std::unique_ptr<Probe>> many;
     for (int i = 0; i < 17000; ++i) {
       many.push_back(std::make_unique<Probe>(rules::path("/many/" + std::to_string(i))));
-      EXPECT_TRUE(table_.acquire(*many.back()));
+      EXPECT_TRUE(acquire(*many.back()));
     }
     for (int i = 0; i < 1100; ++i) {
       many.push_back(std::make_unique<Probe>(rules::mutex("many " + std::to_string(i))));
-      EXPECT_TRUE(table_.acquire(*many.back()));
+      EXPECT_TRUE(acquire(*many.back()));
     }
     exclusion_holds("over the limits, with the nodes noted before");
     exclusion_holds("over the limits, after the noted nodes were freed");
-    for (auto& probe : many) table_.release(*probe);
+    for (auto& probe : many) table_.leave(*probe);
   }
   exclusion_holds("after");
 }
@@ -785,7 +764,7 @@ TEST_F(RuleTableTest, MatchesTheReferenceModelOnRandomOperations) {
     const int choice = std::uniform_int_distribution<int>(0, 9)(random);
     if ((choice < 5 && live.size() < max_live) || live.empty()) {
       live.push_back(std::make_unique<Probe>(factory.any()));
-      if (table_.acquire(*live.back())) {
+      if (acquire(*live.back())) {
         ++live.back()->grants;  // count the immediate grant like a notified one
         ++immediate_grants;
       } else {
@@ -796,7 +775,7 @@ TEST_F(RuleTableTest, MatchesTheReferenceModelOnRandomOperations) {
           static_cast<std::size_t>(std::uniform_int_distribution<std::size_t>(0, live.size() - 1)(random));
       Probe& probe = *live[victim];
       if (probe.grants > 0) {
-        table_.release(probe);
+        table_.leave(probe);
         ++releases;
       } else {
         ASSERT_TRUE(table_.withdraw(probe));
@@ -837,7 +816,7 @@ TEST_F(RuleTableTest, MatchesTheReferenceModelOnRandomOperations) {
     released = false;
     for (auto& probe : live) {
       if (probe->is_held()) {
-        table_.release(*probe);
+        table_.leave(*probe);
         released = true;
       }
     }
@@ -846,9 +825,10 @@ TEST_F(RuleTableTest, MatchesTheReferenceModelOnRandomOperations) {
 }
 
 // Parking against a model: a parked request is invisible to the reference (it never makes anyone
-// wait), and whether resume(), park() and orphan() succeed is decided by what came since: a parked
-// request is revoked exactly when a conflicting request (or any with a custom part) entered after
-// it was parked, and an active one is wanted exactly when one entered while it was active.
+// wait), and whether leave() parks, entering again takes a parked request back and discard() gives
+// it up is decided by what came since: a parked request is revoked exactly when a conflicting
+// request (or any with a custom part) entered after it was parked, and an active one is wanted
+// exactly when one entered while it was active.
 TEST_F(RuleTableTest, ParkingMatchesTheReferenceModelOnRandomOperations) {
   const unsigned seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -879,26 +859,26 @@ TEST_F(RuleTableTest, ParkingMatchesTheReferenceModelOnRandomOperations) {
       for (Entry& other : parked) {
         if (has_custom(rule) || conflict(rule, other.probe->rule())) other.marked = true;
       }
-      if (table_.acquire(*entry.probe, nullptr, entry.parkable)) ++entry.probe->grants;
+      entry.probe->may_park = entry.parkable;
+      if (acquire(*entry.probe)) ++entry.probe->grants;
       live.push_back(std::move(entry));
     } else if (choice < 9 && !live.empty()) {
       const std::size_t victim = pick(live.size());
       Entry& entry = live[victim];
       if (entry.probe->grants == 0) {
         ASSERT_TRUE(table_.withdraw(*entry.probe));
-      } else if (entry.parkable && choice % 2 == 0) {
-        const bool parks = RuleTable::park(*entry.probe);
+      } else if (entry.parkable) {
+        const bool parks = table_.leave(*entry.probe);
         ASSERT_EQ(parks, !entry.marked)
-            << "operation " << op << ": park() of " << entry.probe->rule()->to_string();
+            << "operation " << op << ": leave() of " << entry.probe->rule()->to_string();
         if (parks) {
           entry.marked = false;
           parked.push_back(std::move(entry));
         } else {
-          ++wanted;
-          table_.release(*entry.probe);
+          ++wanted;  // released for real
         }
       } else {
-        table_.release(*entry.probe);
+        table_.leave(*entry.probe);
       }
       live.erase(live.begin() + static_cast<std::ptrdiff_t>(victim));
     } else if (!parked.empty()) {
@@ -907,28 +887,40 @@ TEST_F(RuleTableTest, ParkingMatchesTheReferenceModelOnRandomOperations) {
       parked.erase(parked.begin() + static_cast<std::ptrdiff_t>(at));
       const std::string name = entry.probe->rule()->to_string();
       if (choice == 9) {
-        const bool gives_up = RuleTable::orphan(*entry.probe);
-        ASSERT_EQ(gives_up, !entry.marked) << "operation " << op << ": orphan() of " << name;
+        const bool gives_up = RuleTable::discard(*entry.probe);
+        ASSERT_EQ(gives_up, !entry.marked) << "operation " << op << ": discard() of " << name;
         if (gives_up) {
           // Keeps the rule alive (the probe's copy dies with it), then lets the table delete it.
           static_cast<void>(entry.probe.release());
           ++orphaned;
         }
-      } else if (choice == 10) {
-        table_.unpark(*entry.probe);
       } else {
-        const bool back = RuleTable::resume(*entry.probe);
-        ASSERT_EQ(back, !entry.marked) << "operation " << op << ": resume() of " << name;
-        if (back) {
+        // Its owner enters it again: taken back when nobody came for it, else (revoked) entered
+        // anew, as a newcomer.
+        entry.probe->grants = 0;
+        const bool was_revoked = entry.marked;
+        if (was_revoked) {
+          entry.marked = false;
+          const Rule& rule = entry.probe->rule();
+          for (Entry& other : live) {
+            if (other.parkable && conflict(rule, other.probe->rule())) other.marked = true;
+          }
+          for (Entry& other : parked) {
+            if (conflict(rule, other.probe->rule())) other.marked = true;
+          }
+        }
+        if (acquire(*entry.probe)) ++entry.probe->grants;
+        if (was_revoked) {
+          ++revoked;
+        } else {
+          ASSERT_EQ(entry.probe->grants, 1) << "operation " << op << ": not taken back: " << name;
           for (const Entry& other : live) {
             ASSERT_TRUE(other.probe->grants > 0 || !conflict(entry.probe->rule(), other.probe->rule()))
-                << "resumed " << name << " while " << other.probe->rule()->to_string() << " waits";
+                << "took back " << name << " while " << other.probe->rule()->to_string() << " waits";
           }
           ++resumed;
-          live.push_back(std::move(entry));
-        } else {
-          ++revoked;
         }
+        live.push_back(std::move(entry));
       }
     }
     // The reference, as above: parked requests take no part.
@@ -960,12 +952,14 @@ TEST_F(RuleTableTest, ParkingMatchesTheReferenceModelOnRandomOperations) {
   EXPECT_GT(revoked, 100u) << "conflicting newcomers must revoke parked requests";
   EXPECT_GT(wanted, 20u) << "conflicting newcomers must want active parkable requests";
   EXPECT_GT(orphaned, 20u);
-  for (Entry& entry : parked) table_.unpark(*entry.probe);
+  for (Entry& entry : parked) {
+    if (RuleTable::discard(*entry.probe)) static_cast<void>(entry.probe.release());  // the table's now
+  }
   for (bool released = true; released;) {
     released = false;
     for (Entry& entry : live) {
       if (entry.probe->is_held()) {
-        table_.release(*entry.probe);
+        table_.leave(*entry.probe);
         released = true;
       }
     }

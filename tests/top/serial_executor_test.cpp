@@ -331,71 +331,12 @@ TEST_P(SerialExecutorTest, ExecutorsComeAndGoWhileWorkersContendForTheTable) {
   for (int e = 0; e < executors; ++e) {
     SerialExecutor strand(manager_, "short-lived");
     for (int i = 0; i < posts; ++i) strand.post([&ran] { ++ran; });
-    strand.wait();  // the last release may still be handed back when the executor goes
+    strand.wait();
   }
   stop = true;
   busy.join();
   EXPECT_EQ(ran, executors * posts);
   EXPECT_GT(busy_ran.load(), 0);
-}
-
-TEST_P(SerialExecutorTest, AReleaseHandedBackOutlivesItsExecutor) {
-  // The destructor waits for the running task, whose release may find the table's lock held by a
-  // worker and be handed to it: that worker may finish the release only after the task, the
-  // executor and the executor's own reference to the rule are gone, so the handed-back request
-  // must own the rule (a use of the freed rule would also show in the sanitizer lanes). A custom
-  // rule's check keeps a job's worker inside the table's lock meanwhile.
-  if (GetParam() < 2) GTEST_SKIP() << "the job that holds the lock and the task each need a worker";
-  class Stall final : public SchedulingRule {  // conflicts with itself only; can hold the table's lock
-   public:
-    bool contains(const SchedulingRule& other) const override { return &other == this; }
-    bool is_conflicting(const SchedulingRule& other) const override {
-      if (&other == stall_for.load()) {  // asked under the table's lock, about the running task's rule
-        stall_for = nullptr;
-        inside.count_down();
-        go.wait();
-      }
-      return &other == this;
-    }
-    mutable std::atomic<const SchedulingRule*> stall_for{nullptr};
-    mutable std::latch inside{1}, go{1};
-  };
-  struct Gone {  // destroyed with the pending task that the destructor cancels
-    explicit Gone(std::latch& latch) : gone(latch) {}
-    Gone(const Gone&) = delete;
-    Gone& operator=(const Gone&) = delete;
-    ~Gone() { gone.count_down(); }
-    std::latch& gone;
-  };
-  const auto stall = std::make_shared<Stall>();
-  std::latch task_running{1}, task_go{1}, pending_gone{1};
-  auto strand = std::make_unique<SerialExecutor>(manager_, "handed back");
-  const std::weak_ptr<const SchedulingRule> executors = strand->rule();
-  const SchedulingRule* const executors_rule = strand->rule().get();
-  strand->post([&] {
-    task_running.count_down();
-    task_go.wait();
-  });
-  strand->post([guard = std::make_shared<Gone>(pending_gone)] {});
-  task_running.wait();
-  std::thread destroyer([&] { strand.reset(); });  // cancels the pending task, waits for the running one
-  pending_gone.wait();  // the destructor is past its cancellation (and the table's lock)
-  stall->stall_for = executors_rule;
-  const auto locker = make_job(
-      "locker",
-      [&](ProgressMonitor&) {
-        const RuleScope scope(*manager_, stall);  // checked against the running task: stalls in the lock
-        return Status::ok();
-      },
-      manager_);
-  locker->schedule();
-  stall->inside.wait();  // a worker holds the table's lock
-  task_go.count_down();  // the task ends; its release cannot take the lock
-  destroyer.join();      // the executor is gone
-  EXPECT_FALSE(executors.expired()) << "the handed-back request keeps the rule alive";
-  stall->go.count_down();
-  locker->join();
-  EXPECT_TRUE(executors.expired()) << "and lets it go once the release is done";
 }
 
 }  // namespace
