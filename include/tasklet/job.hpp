@@ -156,8 +156,11 @@ class Job : public std::enable_shared_from_this<Job> {
   /// Called once per run when the job is canceled while running.
   virtual void canceling() {}
 
+ public:
+  /// The job's state in the jobs layer (defined inside the library, not for users).
+  struct Core;
+
  private:
-  struct Core;  // the job's state and its run, a tasklet (src/jobs)
   std::string name_;
   std::weak_ptr<JobManager> manager_;
   std::unique_ptr<Core> core_;

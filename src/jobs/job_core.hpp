@@ -54,13 +54,14 @@ constexpr std::uint32_t with_phase(std::uint32_t word, JobState phase) noexcept 
 }
 }  // namespace job_word
 
-/// Job's protected hooks, reached through function pointers that Job's constructor fills in.
+/// Job's protected hooks, reached through function pointers (one table for every job).
 struct JobHooks {
   Status (*run)(Job&, ProgressMonitor&);
   bool (*should_schedule)(Job&);
   bool (*should_run)(Job&);
   void (*canceling)(Job&);
 };
+const JobHooks& job_hooks() noexcept;
 
 /// A registered listener. remove_listener waits until no call of it is in progress, so a removed
 /// listener is never called after remove_listener returns (except by a call it is inside of).
@@ -92,8 +93,7 @@ struct JobExtras {
 
 class JobCore {
  public:
-  JobCore(Job& job, const JobHooks& hooks, std::shared_ptr<Jobs> jobs) noexcept
-      : job_(job), hooks_(hooks), jobs_(std::move(jobs)) {}
+  JobCore(Job& job, std::shared_ptr<Jobs> jobs) noexcept : job_(job), jobs_(std::move(jobs)) {}
   JobCore(const JobCore&) = delete;
   JobCore& operator=(const JobCore&) = delete;
 
@@ -101,7 +101,7 @@ class JobCore {
   std::shared_ptr<Job> owned() const { return job_.shared_from_this(); }
   Jobs& jobs() const noexcept { return *jobs_; }
   const std::shared_ptr<Jobs>& shared_jobs() const noexcept { return jobs_; }
-  const JobHooks& hooks() const noexcept { return hooks_; }
+  static const JobHooks& hooks() noexcept { return job_hooks(); }
 
   std::uint32_t load() const noexcept { return word.load(std::memory_order_acquire); }
   JobState state() const noexcept { return job_word::phase(load()); }
@@ -112,14 +112,16 @@ class JobCore {
   JobExtras& extras();
   JobExtras* made_extras() const noexcept { return extras_.get(); }
 
-  /// The job's lock: guards the changes of `word` and the fields below it.
+  /// The job's lock: guards the changes of `word` and the fields below it (but for those that
+  /// name another lock). The small fields come first: they share the word's line with the lock.
   oneapi::tbb::mutex lock;
-  std::atomic<std::uint32_t> word{0};
-  Priority priority = Priority::long_job;
   bool system = false;
   bool user = false;
   bool seed = false;              // this run counts as a seed of its group (manager's lock)
   bool holds_group_slot = false;  // let in under its group's max_threads (manager's lock)
+  bool listed = false;            // in the registry (its shard's lock; see prev and next)
+  std::atomic<std::uint32_t> word{0};
+  Priority priority = Priority::long_job;
   std::chrono::milliseconds rerun_delay{0};
   std::unique_ptr<Status> result;            // of the last run; null: ok
   std::shared_ptr<ProgressMonitor> monitor;  // while running (cancel() may outlive the run)
@@ -131,19 +133,18 @@ class JobCore {
   Tasklet* run = nullptr;
 
   std::shared_ptr<JobGroup> group;  // fixed while scheduled
-  GroupCore* group_core = nullptr;
+  /// The core of `group`, or null.
+  GroupCore* group_core() const noexcept;
 
   // Jobs' registry of live jobs (waiting, sleeping, running, or finishing a run): an intrusive
   // list per shard, guarded by the shard's lock. A listed job keeps itself alive: the manager owns
   // a scheduled job until it is done.
   JobCore* prev = nullptr;
   JobCore* next = nullptr;
-  bool listed = false;
   std::shared_ptr<Job> keep_alive;
 
  private:
   Job& job_;
-  const JobHooks& hooks_;
   std::shared_ptr<Jobs> jobs_;
   std::unique_ptr<JobExtras> extras_;
 };

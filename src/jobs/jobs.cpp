@@ -238,7 +238,7 @@ void Jobs::release_group_slot(JobCore& job, ToStart& to_start) {
   job.holds_group_slot = false;
   JobCore* next = nullptr;
   {
-    GroupCore& g = *job.group_core;
+    GroupCore& g = *job.group_core();
     std::lock_guard group_lock(g.mutex);
     --g.running;
     if (g.state != JobGroup::State::canceling && !g.throttled.empty() && g.admits()) {
@@ -260,7 +260,7 @@ void Jobs::enter_waiting(JobCore& job, ToStart& to_start) {
     held_.push_back(&job);
     return;
   }
-  if (GroupCore* g = job.group_core) {
+  if (GroupCore* g = job.group_core()) {
     std::lock_guard group_lock(g->mutex);
     if (!g->admits()) {
       g->throttled.push_back(&job);
@@ -389,7 +389,7 @@ bool Jobs::withdraw_waiting(JobCore& job) {
       return true;
     }
   }
-  if (GroupCore* g = job.group_core) {
+  if (GroupCore* g = job.group_core()) {
     std::lock_guard group_lock(g->mutex);
     const auto found = std::find(g->throttled.begin(), g->throttled.end(), &job);
     if (found != g->throttled.end()) {
@@ -453,7 +453,7 @@ RunEnd Jobs::end_word(JobCore& job, Status result) {
 // The group's part of a run's end (under `mutex`): the job leaves the group's counts, and the group
 // is over or lets its next jobs in.
 void Jobs::finish_group(JobCore& job, RunEnd& end, ToStart& to_start) {
-  GroupCore* g = job.group_core;
+  GroupCore* g = job.group_core();
   if (g == nullptr) return;
   std::vector<JobCore*> let_in;
   {
@@ -581,7 +581,7 @@ void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun
     }
     throw;
   }
-  const bool plain = delay.count() == 0 && job.group_core == nullptr && !has_listeners(job);
+  const bool plain = delay.count() == 0 && job.group_core() == nullptr && !has_listeners(job);
   // A plain job's run is made ahead, so that it is handed over under this one taking of the lock.
   std::shared_ptr<JobRun> run = plain ? make_run(job) : nullptr;
   std::shared_ptr<Job> owner = job.owned();
@@ -626,11 +626,11 @@ void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun
       // It found the manager suspended: it waits out the suspension.
       enter_waiting(job, to_start);
     } else {
-      if (GroupCore* g = job.group_core) {
+      if (GroupCore* g = job.group_core()) {
         std::lock_guard group_lock(g->mutex);
         // Jobs scheduled from outside the group's own jobs are its seeds, even when canceled at once.
         const JobCore* parent = running_job();
-        job.seed = !is_rerun && !(parent != nullptr && parent->group_core == g);
+        job.seed = !is_rerun && !(parent != nullptr && parent->group_core() == g);
         if (g->state == JobGroup::State::canceling) {
           canceled_at_once = true;
         } else {
@@ -917,7 +917,7 @@ void Jobs::run(JobCore& job, Tasklet& run) noexcept {
   ToStart to_start;
   RunEnd ended = end_word(job, std::move(result));
   changed();
-  if (job.group_core != nullptr) {
+  if (job.group_core() != nullptr) {
     std::lock_guard lock(mutex);
     finish_group(job, ended, to_start);
   }

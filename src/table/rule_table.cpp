@@ -116,14 +116,14 @@ RuleTable::~RuleTable() {
 
 void RuleTable::place_live(RuleRequest& request, std::size_t at) noexcept {
   live_[at] = &request;
-  request.live_index_ = static_cast<std::uint32_t>(at);
+  request.place_.in_table.live_index = static_cast<std::uint32_t>(at);
 }
 
 void RuleTable::insert_live(RuleRequest& request, bool rootless) {
   live_.push_back(&request);
-  request.live_index_ = static_cast<std::uint32_t>(live_.size() - 1);
+  request.place_.in_table.live_index = static_cast<std::uint32_t>(live_.size() - 1);
   if (rootless) return;
-  if (request.live_index_ != rootless_from_) {
+  if (request.place_.in_table.live_index != rootless_from_) {
     place_live(*live_[rootless_from_], live_.size() - 1);
     place_live(request, rootless_from_);
   }
@@ -131,7 +131,7 @@ void RuleTable::insert_live(RuleRequest& request, bool rootless) {
 }
 
 void RuleTable::erase_live(RuleRequest& request) noexcept {
-  const std::size_t hole = request.live_index_;
+  const std::size_t hole = request.place_.in_table.live_index;
   if (hole < rootless_from_) {
     // The last of the first part fills the hole, and the last request its place.
     const std::size_t last_rooted = --rootless_from_;
@@ -410,6 +410,7 @@ std::uint32_t RuleTable::mark_clear(RuleRequest& request) noexcept {
 bool RuleTable::put_in(RuleRequest& request, Grants& grants, Orphans& orphans) {
   assert(request.rule_ != nullptr && !request.in_table_);
   {
+    request.place_.in_table = {0, 0};  // its link in submitted_ was read: the union changes member
     request.ticket_ = ++next_ticket_;
     request.held_ = false;
     request.clear_entries();
@@ -460,7 +461,7 @@ bool RuleTable::put_in(RuleRequest& request, Grants& grants, Orphans& orphans) {
       ++held_;
       return true;
     } else {
-      request.unclear_ = unclear;
+      request.place_.in_table.unclear = unclear;
       request.custom_blocked_ = custom_blocked;
       for (std::size_t index = 0; index < request.entry_count_; ++index) {
         RuleEntry& entry = request.entries_[index];
@@ -497,7 +498,7 @@ struct RuleTable::SubmittedRun {
 std::uintptr_t& RuleTable::submitted_link(std::uintptr_t entry) noexcept {
   static_assert(alignof(RuleRequest) > run_tag && alignof(SubmittedRun) > run_tag, "the tag's bit is free");
   if ((entry & run_tag) != 0) return reinterpret_cast<SubmittedRun*>(entry & ~run_tag)->next;
-  return reinterpret_cast<RuleRequest*>(entry)->next_submitted_;
+  return reinterpret_cast<RuleRequest*>(entry)->place_.next_submitted;
 }
 
 // Puts `newest` on the submitted stack; `oldest_link`, the link of the oldest entry pushed with it,
@@ -533,7 +534,7 @@ void RuleTable::enter(RuleRequest& request) {
     }
     request.park_.store(Park::none, std::memory_order_relaxed);
   }
-  push_submitted(reinterpret_cast<std::uintptr_t>(&request), request.next_submitted_);
+  push_submitted(reinterpret_cast<std::uintptr_t>(&request), request.place_.next_submitted);
   drain();
 }
 
@@ -550,8 +551,9 @@ void RuleTable::enter_all(std::span<RuleRequest* const> requests) noexcept {
   if (block == nullptr) {
     // Linked newest first, as if pushed one by one; the oldest then links to what was there.
     for (std::size_t i = requests.size() - 1; i > 0; --i)
-      requests[i]->next_submitted_ = reinterpret_cast<std::uintptr_t>(requests[i - 1]);
-    push_submitted(reinterpret_cast<std::uintptr_t>(requests.back()), requests.front()->next_submitted_);
+      requests[i]->place_.next_submitted = reinterpret_cast<std::uintptr_t>(requests[i - 1]);
+    push_submitted(reinterpret_cast<std::uintptr_t>(requests.back()),
+                   requests.front()->place_.next_submitted);
     return;
   }
   auto* run = ::new (block) SubmittedRun{0, requests.size()};
@@ -761,7 +763,7 @@ void RuleTable::walk(RuleNode& node, Grants& grants) {
       node.count(mode);
       ++node.clear_waiting[mode];
       node.refresh_queued(mode);
-      if (--request.unclear_ == 0 && !request.custom_blocked_) grant(request, grants);
+      if (--request.place_.in_table.unclear == 0 && !request.custom_blocked_) grant(request, grants);
     }
   }
 }
@@ -774,7 +776,7 @@ void RuleTable::recheck_custom_blocked(Grants& grants) {
       continue;
     }
     request->custom_blocked_ = false;
-    if (request->unclear_ == 0) grant(*request, grants);
+    if (request->place_.in_table.unclear == 0) grant(*request, grants);
   }
   blocked_.erase(kept, blocked_.end());
 }

@@ -236,11 +236,17 @@ class RuleRequest {
   // Kept small: one of these waits in the table for every queued tasklet with a rule.
   const SchedulingRule* rule_ = nullptr;
   std::uint64_t ticket_ = 0;
-  std::uintptr_t next_submitted_ = 0;  // in RuleTable::submitted_, before it is entered (tagged)
-  RuleEntry* entries_;                 // the subclass's room, or the heap
+  // Before it is entered, its link in RuleTable::submitted_ (tagged); once entered, its standing
+  // in the table (put_in sets both fields before anything reads them).
+  union Place {
+    std::uintptr_t next_submitted;
+    struct {
+      std::uint32_t unclear;     // nodes where the request is not clear yet
+      std::uint32_t live_index;  // position in RuleTable::live_
+    } in_table;
+  } place_{0};
+  RuleEntry* entries_;  // the subclass's room, or the heap
   std::uint32_t entry_count_ = 0;
-  std::uint32_t unclear_ = 0;     // nodes where the request is not clear yet
-  std::uint32_t live_index_ = 0;  // position in RuleTable::live_
   std::atomic<Park> park_{Park::none};
   std::uint8_t entry_room_;          // entries in place
   std::uint8_t entry_heap_log_ = 0;  // log2 of the heap block's capacity; 0: in place
@@ -253,9 +259,9 @@ class RuleRequest {
   std::uint8_t own_bits_ : 3 = 0;    // the subclass's (own_bits())
 };
 
-// A tasklet's hold for a mutex rule (this, one entry and the tasklet, its directive in own_bits())
-// fills an 80-byte block of the scalable allocator; a larger request would take the next size.
-static_assert(sizeof(RuleRequest) <= 56, "RuleRequest grew: memory per queued job (DESIGN section 5)");
+// A tasklet's hold (this, its entries and the tasklet, its directive in own_bits()) fills a block
+// of the scalable allocator: 80 bytes for a mutex rule, 96 for a path rule up to depth 3.
+static_assert(sizeof(RuleRequest) <= 48, "RuleRequest grew: memory per queued job (DESIGN section 5)");
 
 inline std::uint64_t WaitQueue::ticket_of(Slot slot) noexcept {
   return is_hole(slot) ? slot >> 3 : request_of(slot)->ticket_;
@@ -572,7 +578,7 @@ class RuleTable {
   // oneTBB's mutex spins briefly before it sleeps, where a plain futex mutex would turn every
   // collision into a sleep and a wake-up that cost more than the work.
   oneapi::tbb::mutex mutex_;
-  // What was entered and not put in yet, newest first: requests linked through next_submitted_ and
+  // What was entered and not put in yet, newest first: requests linked through next_submitted and
   // requests entered together (tagged: see enter_all), each linked to the next older one. On the
   // lock's cache line: a submission pushes here and then tries the lock (on a line of its own,
   // every SerialExecutor post took 7-14 % longer).
@@ -641,7 +647,7 @@ std::size_t RuleTable::withdraw_waiting(const SchedulingRule& rule, Predicate&& 
         });
       }
       for (RuleRequest* request : blocked_) {
-        if (request->unclear_ == 0) consider(*request);
+        if (request->place_.in_table.unclear == 0) consider(*request);
       }
     } else {
       for (RuleRequest* request : live_) consider(*request);
