@@ -448,7 +448,7 @@ bool RuleTable::put_in(RuleRequest& request, Grants& grants, Orphans& orphans) {
     request.parkable_ = request.parkable() && !request.has_custom_;
     request.park_.store(request.parkable_ ? Park::active : Park::none, std::memory_order_relaxed);
     if (request.parkable_) {
-      drop_orphans(orphans);
+      drop_orphans(grants, orphans);
       parked_.push_back(&request);
     }
 
@@ -516,18 +516,21 @@ void RuleTable::push_submitted(std::uintptr_t newest, std::uintptr_t& oldest_lin
 // is below it may have been pushed by enter_all, which leaves its requests to a drain() that can
 // come much later.
 void RuleTable::enter(RuleRequest& request) {
-  if (request.park_.load(std::memory_order_relaxed) == Park::parked) {
-    // Its owner's idle request, left here by leave(): taken back without the lock, unless requests
-    // submitted before it wait to be entered (they came first) or a newcomer revokes it.
-    if (!has_submitted() && resume(request)) {
-      request.granted();
-      return;
-    }
-    if (request.park_.load(std::memory_order_acquire) != Park::revoked) {
+  const Park state = request.park_.load(std::memory_order_acquire);
+  if (state == Park::parked || state == Park::revoking) {
+    // Its owner's idle request, left here by leave(): taken back without the lock, unless a
+    // newcomer revokes it (resume() then waits until it is out of the table) or requests submitted
+    // before it wait to be entered (they came first: it goes through the lock, which revocations
+    // hold while they take a request out).
+    if (!has_submitted()) {
+      if (resume(request)) {
+        request.granted();
+        return;
+      }
+    } else {
       Grants grants;
       {
         Locked lock(*this, grants);
-        // Only its owner moves it out of parked, and revocations happen under this lock.
         if (request.park_.load(std::memory_order_acquire) == Park::parked) take_out(request, grants);
       }
       notify(grants);
@@ -707,7 +710,7 @@ bool RuleTable::discard(RuleRequest& request) noexcept {
 
 // Under the lock, before another request is parked: the orphans go (so that a thread that holds
 // one rule after another leaves at most one request parked at a time).
-void RuleTable::drop_orphans(Orphans& orphans) noexcept {
+void RuleTable::drop_orphans(Grants& grants, Orphans& orphans) noexcept {
   for (std::size_t at = 0; at < parked_.size();) {
     RuleRequest& other = *parked_[at];
     Park state = Park::orphaned;

@@ -562,7 +562,7 @@ class RuleTable {
   static bool conflicting(const RuleRequest& a, const RuleRequest& b) noexcept;
   bool put_in(RuleRequest& request, Grants& grants, Orphans& orphans);
   bool revoke_parked(const RuleRequest& request, Grants& grants, Orphans& orphans);
-  void drop_orphans(Orphans& orphans) noexcept;
+  void drop_orphans(Grants& grants, Orphans& orphans) noexcept;
   static bool park(RuleRequest& request) noexcept;
   static bool resume(RuleRequest& request) noexcept;
   std::uint32_t mark_clear(RuleRequest& request) noexcept;
