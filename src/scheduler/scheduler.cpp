@@ -483,12 +483,13 @@ void detail::SchedulerImpl::start_holding(TaskletPtr tasklet, Directive directiv
   TaskletAccess::set_hold(raw, hold);
   if (batched) {
     take_reserved(sync_holds_, reserved_holds_);
-    ++holds_started_;
+    ++sync_catch_up_.started;
     entering_.push_back(hold);
     entering_tasklets_.push_back(&hold->tasklet);
     if (entering_.size() >= rule_batch_size) {
       enter_rule_batch();
-      if (sync_holds_.load(std::memory_order_relaxed) - reserved_holds_ > backlog_limit) let_rules_catch_up();
+      const auto waiting = [this] { return sync_holds_.load(std::memory_order_relaxed) - reserved_holds_; };
+      if (waiting() > backlog_limit) let_rules_catch_up(sync_catch_up_, waiting);
     }
     return;
   }
@@ -497,6 +498,14 @@ void detail::SchedulerImpl::start_holding(TaskletPtr tasklet, Directive directiv
   // thread that holds the table's lock now (this one does not wait for it).
   holds_.fetch_add(1, std::memory_order_relaxed);
   domain_.table_.enter(*hold);
+  if (detail::state().worker_of == nullptr) {
+    // A thread of the user's (jobs scheduled from a plain thread): it makes work for the workers
+    // as the synchronous thread does, and is held back alike.
+    thread_local CatchUp plain;
+    ++plain.started;
+    const auto waiting = [this] { return holds_.load(std::memory_order_relaxed); };
+    if (waiting() > backlog_limit) let_rules_catch_up(plain, waiting);
+  }
 }
 
 void detail::SchedulerImpl::release_rule(Tasklet& tasklet) noexcept {
@@ -748,23 +757,24 @@ void detail::SchedulerImpl::enter_rule_batch() {
   spawn(EnterTask{this});
 }
 
-// The synchronous thread can start tasklets with rules several times faster than the workers get
-// through them when they conflict: the rest wait in the rule table, and a table with 10^5 waiting
-// requests costs two to three times as much per request as one with 10^3 (each request it takes up
-// is a cache miss by then). So the synchronous thread, past backlog_limit of its own tasklets
-// waiting for their rules (other threads' tasklets do not hold it back), yields its CPU until the
-// workers have them down to backlog_resume: the backlog, and the cost per job, stay flat (path
+// A thread that makes work (the synchronous thread, or a user's thread scheduling jobs) can start
+// tasklets with rules several times faster than the workers get through them when they conflict:
+// the rest wait in the rule table, and a table with 10^5 waiting requests costs two to three times
+// as much per request as one with 10^3 (each request it takes up is a cache miss by then). So such
+// a thread, past backlog_limit of undelivered holds (`waiting`: its own, for the synchronous
+// thread; for a user's thread, those of every thread but the synchronous one), yields its CPU until
+// the workers have them down to backlog_resume: the backlog, and the cost per job, stay flat (path
 // rules: 0.67x the time per job at 10^6). It never waits for a backlog that does not move: the
 // tasklets may wait for this very thread (its begin_rule, a sync tasklet that holds a rule). After
 // backlog_patience turns without a delivery it goes on, and it does not hold back again until
 // backlog_resume more of its tasklets were delivered: a backlog that is partly stuck would
 // otherwise cost the patience at every batch.
-void detail::SchedulerImpl::let_rules_catch_up() {
-  // Of the tasklets this thread started, how many are undelivered, and how many were delivered.
-  const auto waiting = [this] { return sync_holds_.load(std::memory_order_relaxed) - reserved_holds_; };
+template <class Waiting>
+void detail::SchedulerImpl::let_rules_catch_up(CatchUp& state, Waiting&& waiting) {
   std::size_t backlog = waiting();
-  if (holds_started_ - backlog < rearm_at_ || backlog <= backlog_resume) return;
-  ++catch_up_waits_;
+  const auto delivered = [&](std::size_t left) { return state.started > left ? state.started - left : 0; };
+  if (delivered(backlog) < state.rearm_at || backlog <= backlog_resume) return;
+  ++state.waits;
   for (int idle = 0; backlog > backlog_resume;) {
     std::this_thread::yield();
     const std::size_t now = waiting();
@@ -772,8 +782,8 @@ void detail::SchedulerImpl::let_rules_catch_up() {
       backlog = now;
       idle = 0;
     } else if (++idle == backlog_patience) {
-      rearm_at_ = holds_started_ - now + backlog_resume;
-      ++catch_up_give_ups_;
+      state.rearm_at = delivered(now) + backlog_resume;
+      ++state.give_ups;
       return;
     }
   }

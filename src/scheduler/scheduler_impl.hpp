@@ -153,13 +153,16 @@ class SchedulerImpl final {
   std::vector<RuleRequest*> entering_;
   std::vector<TaskletPtr*> entering_tasklets_;  // their TaskletHold::tasklet (for the destructor)
   std::vector<TaskletPtr> sync_batch_;
-  // Flow control of those requests (let_rules_catch_up): the holds this thread started, and how
-  // many of them must have been delivered before it holds back again after giving up.
-  std::size_t holds_started_ = 0;
-  std::size_t rearm_at_ = 0;
-  // How often it held back and how often it gave up doing so (for tests and diagnostics).
-  std::size_t catch_up_waits_ = 0;
-  std::size_t catch_up_give_ups_ = 0;
+  // Flow control of a thread's requests (let_rules_catch_up): the holds it started, how many of
+  // them must have been delivered before it holds back again after giving up, and how often it held
+  // back and gave up doing so (for tests and diagnostics).
+  struct CatchUp {
+    std::size_t started = 0;
+    std::size_t rearm_at = 0;
+    std::size_t waits = 0;
+    std::size_t give_ups = 0;
+  };
+  CatchUp sync_catch_up_;  // the synchronous thread's
 
   std::atomic<bool> spawned_{false};  // any oneTBB task was ever created (the destructor waits)
 
@@ -203,7 +206,8 @@ class SchedulerImpl final {
   void spawn(Task task);
   void flush_async_batch();
   void enter_rule_batch();
-  void let_rules_catch_up();
+  template <class Waiting>
+  void let_rules_catch_up(CatchUp& state, Waiting&& waiting);
   void park(TaskletPtr tasklet, std::uint64_t expected, std::uint64_t parked_word);
   void finish(TaskletPtr tasklet, std::exception_ptr error) noexcept;
 

@@ -471,7 +471,7 @@ TEST_P(DispatcherTest, OtherThreadsWaitingTaskletsDoNotHoldTheSyncThreadBack) {
   scheduler().run();
   holder.join();
   EXPECT_EQ(ran.load(), waiting + 64);
-  EXPECT_EQ(detail::impl(scheduler()).catch_up_waits_, 0u) << "held back for other threads' tasklets";
+  EXPECT_EQ(detail::impl(scheduler()).sync_catch_up_.waits, 0u) << "held back for other threads' tasklets";
 }
 
 // When part of its backlog cannot move (it waits for the synchronous thread's own rule) and the
@@ -502,8 +502,8 @@ TEST_P(DispatcherTest, APartlyStuckBacklogCostsFewGiveUps) {
   EXPECT_EQ(free_ran.load(), pairs);
   // At most `pairs` holds were delivered while the seed ran (the stuck ones wait for it).
   const auto& impl = detail::impl(scheduler());
-  EXPECT_GE(impl.catch_up_give_ups_, 1u) << "the stuck half alone passes the limit";
-  EXPECT_LE(impl.catch_up_give_ups_, 1u + pairs / 512u);
+  EXPECT_GE(impl.sync_catch_up_.give_ups, 1u) << "the stuck half alone passes the limit";
+  EXPECT_LE(impl.sync_catch_up_.give_ups, 1u + pairs / 512u);
 }
 
 // The synchronous thread's requests are entered by a task on the workers, but a sync tasklet must
