@@ -718,8 +718,7 @@ void RuleTable::drop_orphans(Grants& grants, Orphans& orphans) noexcept {
       ++at;
       continue;
     }
-    Grants none;            // nobody waits for a parked request
-    take_out(other, none);  // takes it out of parked_: `at` now holds the next one
+    take_out(other, grants);  // takes it out of parked_: `at` now holds the next one
     orphans.push_back(&other);
   }
 }

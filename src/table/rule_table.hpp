@@ -160,8 +160,10 @@ class WaitQueue {
   void advance() noexcept;
 
   std::vector<Slot> slots_;
-  std::size_t head_ = 0;  // first live slot, when any
-  std::size_t live_ = 0;
+  // 32 bits each: every node that ever queued keeps five queues (four billion entries would take
+  // 32 GiB of slots).
+  std::uint32_t head_ = 0;  // first live slot, when any
+  std::uint32_t live_ = 0;
   std::uint64_t front_ticket_ = 0;
 };
 
@@ -291,7 +293,7 @@ inline void WaitQueue::advance() noexcept {
   }
   while (is_hole(slots_[head_])) ++head_;
   front_ticket_ = request_of(slots_[head_])->ticket_;
-  if (head_ >= 64 && head_ * 2 >= slots_.size()) {
+  if (head_ >= 64 && std::size_t{head_} * 2 >= slots_.size()) {
     // Drop the consumed prefix.
     slots_.erase(slots_.begin(), slots_.begin() + static_cast<std::ptrdiff_t>(head_));
     head_ = 0;
