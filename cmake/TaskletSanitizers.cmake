@@ -6,11 +6,17 @@ set(_tasklet_san_link "")
 if(TASKLET_SANITIZER STREQUAL "address")
   set(_tasklet_san_compile -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
   set(_tasklet_san_link -fsanitize=address,undefined)
+elseif(TASKLET_SANITIZER STREQUAL "fuzzer")
+  # The fuzz preset (clang): libFuzzer's coverage on all of our code, ASan + UBSan; the fuzz
+  # targets themselves link libFuzzer's main (fuzz/CMakeLists.txt).
+  set(_tasklet_san_compile -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer
+                           -fno-sanitize-recover=undefined)
+  set(_tasklet_san_link -fsanitize=address,undefined)
 elseif(TASKLET_SANITIZER STREQUAL "thread")
   set(_tasklet_san_compile -fsanitize=thread -fno-omit-frame-pointer)
   set(_tasklet_san_link -fsanitize=thread)
 elseif(NOT TASKLET_SANITIZER STREQUAL "")
-  message(FATAL_ERROR "TASKLET_SANITIZER must be '', address or thread (got '${TASKLET_SANITIZER}')")
+  message(FATAL_ERROR "TASKLET_SANITIZER must be '', address, thread or fuzzer (got '${TASKLET_SANITIZER}')")
 endif()
 
 function(tasklet_sanitize target)

@@ -2,7 +2,8 @@
 # Installs the Debian 12 packages tasklet needs, only those missing. Safe to run repeatedly.
 set -euo pipefail
 
-packages=(g++ cmake ninja-build libtbb-dev libboost-dev libgtest-dev libgmock-dev libbenchmark-dev)
+packages=(g++ cmake ninja-build libtbb-dev libboost-dev libgtest-dev libgmock-dev libbenchmark-dev
+          clang libclang-rt-14-dev)  # clang and its libFuzzer runtime: the fuzz lane (scripts/fuzz.sh)
 missing=()
 for package in "${packages[@]}"; do
   status="$(dpkg-query -W -f='${Status}' "$package" 2>/dev/null || true)"
