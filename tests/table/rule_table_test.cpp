@@ -319,7 +319,7 @@ class LockHoldingRule final : public SchedulingRule {
   mutable std::atomic<bool> armed_;
 };
 
-// Requests submitted while another thread holds the table's lock are left for that thread: submit()
+// Requests entered while another thread holds the table's lock are left for that thread: enter()
 // returns at once, and the holder enters them, in the order they were submitted, when it lets go.
 TEST_F(RuleTableTest, RequestsSubmittedWhileTheLockIsHeldAreEnteredInOrderByItsHolder) {
   const auto holding = std::make_shared<LockHoldingRule>(true);
@@ -366,9 +366,10 @@ TEST_F(RuleTableTest, LeaveHandsTheRequestsItLetsThroughToTheCaller) {
   table_.leave(next);
 }
 
-// Whoever takes the lock enters what was submitted before its own operation: an acquire that was
-// waiting for the lock comes after the submitted requests, which can be withdrawn as usual.
-TEST_F(RuleTableTest, AnAcquireWaitingForTheLockComesAfterWhatWasSubmittedMeanwhile) {
+// Whoever takes the lock enters what was submitted before, in order: a request a third thread
+// enters while the lock is held comes after the requests entered before it, which can be
+// withdrawn as usual.
+TEST_F(RuleTableTest, ARequestEnteredWhileTheLockIsHeldComesAfterThoseEnteredBefore) {
   const auto holding = std::make_shared<LockHoldingRule>(true);
   const auto plain = std::make_shared<LockHoldingRule>(false);
   const Rule light = rules::mutex("light");
@@ -386,7 +387,7 @@ TEST_F(RuleTableTest, AnAcquireWaitingForTheLockComesAfterWhatWasSubmittedMeanwh
   EXPECT_EQ(table_.withdraw_waiting(*light, [&](const RuleRequest& r) { return &r == &dropped; }), 1u);
   EXPECT_EQ(dropped.cancels, 1);
   table_.leave(owner);
-  EXPECT_EQ(submitted.grants, 1) << "submitted before the acquire: granted before it";
+  EXPECT_EQ(submitted.grants, 1) << "entered before `later`: granted before it";
   EXPECT_EQ(later.grants, 0);
   table_.leave(submitted);
   EXPECT_EQ(later.grants, 1);
@@ -395,7 +396,7 @@ TEST_F(RuleTableTest, AnAcquireWaitingForTheLockComesAfterWhatWasSubmittedMeanwh
   table_.leave(held);
 }
 
-// submit_all enters nothing on the calling thread: the requests wait for drain() (or whoever takes
+// enter_all enters nothing on the calling thread: the requests wait for drain() (or whoever takes
 // the lock next), which enters them in their order.
 TEST_F(RuleTableTest, RequestsSubmittedTogetherWaitForADrainAndKeepTheirOrder) {
   const Rule light = rules::mutex("light");
@@ -412,7 +413,7 @@ TEST_F(RuleTableTest, RequestsSubmittedTogetherWaitForADrainAndKeepTheirOrder) {
   table_.leave(first);
   EXPECT_EQ(second.grants, 1);
   EXPECT_EQ(third.grants, 0);
-  // A second batch comes after the first, and an acquire after both.
+  // A second batch comes after the first, and an enter() after both.
   Probe fourth(light), fifth(light), last(light);
   std::vector<RuleRequest*> more{&fourth, &fifth};
   table_.enter_all(more);
@@ -451,7 +452,7 @@ TEST_F(RuleTableTest, RunsAndSingleRequestsOnOneStackGoInInTheirOrder) {
   EXPECT_TRUE(table_.is_idle());
 }
 
-// A submission on top of requests that submit_all left for a later drain() enters them all itself
+// An enter() on top of requests that enter_all left for a later drain() enters them all itself
 // when the lock is free: nobody else may come for a long time.
 TEST_F(RuleTableTest, ASubmissionOnTopOfAnUndrainedBatchEntersIt) {
   const Rule light = rules::mutex("light");
