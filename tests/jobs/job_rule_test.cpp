@@ -4,7 +4,9 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -157,6 +159,40 @@ TEST_F(JobTest, YieldRuleOutsideTheJobsRunThrows) {
   } catch (const IllegalState& error) {
     EXPECT_NE(std::string(error.what()).find("'idle'"), std::string::npos) << error.what();
   }
+}
+
+// A user's rule whose check throws when asked about a path rule: jobs holding it and jobs on a path
+// rule never run together (a throwing check counts as a conflict), all of them end ok, and the
+// table is empty afterwards (the fixture checks).
+TEST_F(JobTest, JobsOnACustomRuleWhoseCheckThrowsStillRunAndExcludeEachOther) {
+  class Throwing final : public SchedulingRule {
+   public:
+    bool contains(const SchedulingRule& other) const override { return &other == this; }
+    bool is_conflicting(const SchedulingRule& other) const override {
+      if (other.key().kind == RuleKey::Kind::path) throw std::runtime_error("broken custom rule");
+      return &other == this;
+    }
+  };
+  const Rule broken = std::make_shared<Throwing>();
+  std::atomic<int> inside{0};
+  std::atomic<bool> overlapped{false};
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (int i = 0; i < 200; ++i) {
+    auto j = job("j" + std::to_string(i), [&](ProgressMonitor&) {
+      if (inside.fetch_add(1) != 0) overlapped = true;
+      std::this_thread::yield();
+      inside.fetch_sub(1);
+      return Status::ok();
+    });
+    j->set_rule(i % 2 == 0 ? broken : rules::path("/p"));  // one path: only the throw separates kinds
+    jobs.push_back(j);
+  }
+  for (auto& j : jobs) j->schedule();
+  for (auto& j : jobs) {
+    EXPECT_TRUE(j->join(60s)) << j->name();
+    EXPECT_TRUE(j->result().is_ok()) << j->name();
+  }
+  EXPECT_FALSE(overlapped.load()) << "a job on the broken rule ran beside a job on a path rule";
 }
 
 }  // namespace

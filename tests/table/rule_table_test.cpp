@@ -10,6 +10,7 @@
 #include <memory>
 #include <random>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -297,6 +298,36 @@ TEST_F(RuleTableTest, CustomRulesAreCheckedPairwiseInBothDirections) {
   EXPECT_EQ(later_path.grants, 1);
   table_.leave(later_path);
   table_.leave(free_path);
+}
+
+// A user's rule whose check throws when asked about a path rule: the table counts a throwing check
+// as a conflict (waiting is safe, running together might not be), in either direction, and stays
+// consistent: what waited is granted in order once the holder leaves.
+class ThrowingRule final : public SchedulingRule {
+ public:
+  bool contains(const SchedulingRule& other) const override { return &other == this; }
+  bool is_conflicting(const SchedulingRule& other) const override {
+    if (other.key().kind == RuleKey::Kind::path) throw std::runtime_error("broken custom rule");
+    return &other == this;
+  }
+  std::string to_string() const override { return "throwing rule"; }
+};
+
+TEST_F(RuleTableTest, ACustomRuleWhoseCheckThrowsCountsAsAConflict) {
+  const auto broken = std::make_shared<ThrowingRule>();
+  Probe custom(broken), path(rules::path("/a")), mutex(rules::mutex("m")), later_path(rules::path("/b"));
+  EXPECT_TRUE(acquire(path));
+  EXPECT_FALSE(acquire(custom)) << "its check against the held path threw";
+  EXPECT_TRUE(acquire(mutex)) << "its check against a mutex rule answers";
+  EXPECT_FALSE(acquire(later_path)) << "the check against the waiting custom request threw";
+  table_.leave(path);
+  EXPECT_EQ(custom.grants, 1);
+  EXPECT_EQ(later_path.grants, 0);
+  table_.leave(custom);
+  EXPECT_EQ(later_path.grants, 1);
+  table_.leave(later_path);
+  table_.leave(mutex);
+  EXPECT_TRUE(table_.is_idle());
 }
 
 // A custom rule whose first conflict check (made under the table's lock) waits for `go`: while it
