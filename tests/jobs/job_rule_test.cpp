@@ -4,7 +4,6 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
-#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -13,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "support/job_support.hpp"
+#include "support/test_support.hpp"
 #include "tasklet/tasklet.hpp"
 
 namespace tasklet {
@@ -165,15 +165,7 @@ TEST_F(JobTest, YieldRuleOutsideTheJobsRunThrows) {
 // rule never run together (a throwing check counts as a conflict), all of them end ok, and the
 // table is empty afterwards (the fixture checks).
 TEST_F(JobTest, JobsOnACustomRuleWhoseCheckThrowsStillRunAndExcludeEachOther) {
-  class Throwing final : public SchedulingRule {
-   public:
-    bool contains(const SchedulingRule& other) const override { return &other == this; }
-    bool is_conflicting(const SchedulingRule& other) const override {
-      if (other.key().kind == RuleKey::Kind::path) throw std::runtime_error("broken custom rule");
-      return &other == this;
-    }
-  };
-  const Rule broken = std::make_shared<Throwing>();
+  const Rule broken = std::make_shared<test::ThrowsOnPathRule>();
   std::atomic<int> inside{0};
   std::atomic<bool> overlapped{false};
   std::vector<std::shared_ptr<Job>> jobs;

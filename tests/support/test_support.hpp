@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -42,5 +43,17 @@ inline std::string worker_count_name(const ::testing::TestParamInfo<int>& info) 
 
 #define TASKLET_WORKER_COUNTS(suite) \
   INSTANTIATE_TEST_SUITE_P(Workers, suite, ::testing::Values(1, 2, 4), ::tasklet::test::worker_count_name)
+
+/// A user's rule whose check throws when asked about a path rule (conflicts with itself only
+/// otherwise): the engine must count a throwing check as a conflict.
+class ThrowsOnPathRule final : public SchedulingRule {
+ public:
+  bool contains(const SchedulingRule& other) const override { return &other == this; }
+  bool is_conflicting(const SchedulingRule& other) const override {
+    if (other.key().kind == RuleKey::Kind::path) throw std::runtime_error("broken custom rule");
+    return &other == this;
+  }
+  std::string to_string() const override { return "throwing rule"; }
+};
 
 }  // namespace tasklet::test

@@ -10,7 +10,6 @@
 #include <memory>
 #include <random>
 #include <span>
-#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -303,18 +302,8 @@ TEST_F(RuleTableTest, CustomRulesAreCheckedPairwiseInBothDirections) {
 // A user's rule whose check throws when asked about a path rule: the table counts a throwing check
 // as a conflict (waiting is safe, running together might not be), in either direction, and stays
 // consistent: what waited is granted in order once the holder leaves.
-class ThrowingRule final : public SchedulingRule {
- public:
-  bool contains(const SchedulingRule& other) const override { return &other == this; }
-  bool is_conflicting(const SchedulingRule& other) const override {
-    if (other.key().kind == RuleKey::Kind::path) throw std::runtime_error("broken custom rule");
-    return &other == this;
-  }
-  std::string to_string() const override { return "throwing rule"; }
-};
-
 TEST_F(RuleTableTest, ACustomRuleWhoseCheckThrowsCountsAsAConflict) {
-  const auto broken = std::make_shared<ThrowingRule>();
+  const auto broken = std::make_shared<test::ThrowsOnPathRule>();
   Probe custom(broken), path(rules::path("/a")), mutex(rules::mutex("m")), later_path(rules::path("/b"));
   EXPECT_TRUE(acquire(path));
   EXPECT_FALSE(acquire(custom)) << "its check against the held path threw";
