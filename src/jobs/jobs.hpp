@@ -174,8 +174,9 @@ class Jobs final : public WaitTimer {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> suspended_{false};
   bool detached_ = false;
-  alignas(64) std::atomic<std::uint64_t> next_order_{0};  // written per job: a line of its own
-  std::atomic<int> listeners_count_{0};  // manager listeners, and jobs with listeners of their own
+  // Written per job by the posting thread: a line of its own, away from what every run reads.
+  alignas(64) std::atomic<std::uint64_t> next_order_{0};
+  alignas(64) std::atomic<int> listeners_count_{0};  // manager listeners, and jobs with listeners
 
   // Live jobs, by the address of their core: a shard's lock is taken twice per run.
   struct alignas(64) Shard {
