@@ -2,9 +2,9 @@
 //
 // A job is a tasklet: each run is a JobRun, a tasklet whose only phase is that run, scheduled `async`
 // on the manager's job scheduler with the job's rule (so the rule table orders it with every other
-// holder) each time the job becomes waiting. The run is a tasklet beside the job's state, not the
-// job itself, so that the job can be scheduled again the moment its run has ended, while the
-// scheduler is still letting go of the run: the job's own run serves every time but then.
+// holder) each time the job becomes waiting. A run is a tasklet of its own rather than the job's
+// core reused, so that the job can be scheduled again the moment its run has ended, while the
+// scheduler is still letting go of the run.
 //
 // A job's state is one word (JobCore::word): its JobState and what is pending on it. Every change
 // of the word is made holding the job's own lock (JobCore::lock), except the `joined` bit, which a
@@ -91,34 +91,6 @@ struct JobExtras {
   std::multimap<Clock::time_point, JobCore*>::iterator timer;
 };
 
-/// A tasklet of the job scheduler, with its place in that scheduler's order: a lane (priority) and
-/// when it may start at the latest.
-class JobTasklet : public Tasklet {
- public:
-  void prepare(Priority priority, std::int64_t deadline) noexcept {
-    priority_ = priority;
-    deadline_ = deadline;
-  }
-  static SchedulerImpl::Order order_of(const Tasklet& tasklet) noexcept {
-    const auto& self = static_cast<const JobTasklet&>(tasklet);
-    return {static_cast<std::size_t>(self.priority_), self.deadline_};
-  }
-
- private:
-  Priority priority_ = Priority::interactive;
-  std::int64_t deadline_ = 0;
-};
-
-/// One run of a job: a tasklet whose only phase runs the job (Jobs::run).
-class JobRun final : public JobTasklet {
- public:
-  explicit JobRun(JobCore& core) noexcept : core_(core) {}
-  Directive task() override;
-
- private:
-  JobCore& core_;  // alive while the job is listed, which it is until this run has ended it
-};
-
 class JobCore {
  public:
   JobCore(Job& job, std::shared_ptr<Jobs> jobs) noexcept : job_(job), jobs_(std::move(jobs)) {}
@@ -159,10 +131,6 @@ class JobCore {
   Rule rule;
   // The run handed to the job scheduler and not started yet (it may still be taken back), or null.
   Tasklet* run = nullptr;
-  // The job's own run, handed over again each time the job waits, so that a plain schedule()
-  // allocates nothing; a job scheduled again while the scheduler still ends its last run gets
-  // one of its own (Jobs::take_run).
-  JobRun own_run{*this};
 
   std::shared_ptr<JobGroup> group;  // fixed while scheduled
   /// The core of `group`, or null.
@@ -179,6 +147,34 @@ class JobCore {
   Job& job_;
   std::shared_ptr<Jobs> jobs_;
   std::unique_ptr<JobExtras> extras_;
+};
+
+/// A tasklet of the job scheduler, with its place in that scheduler's order: a lane (priority) and
+/// when it may start at the latest.
+class JobTasklet : public Tasklet {
+ public:
+  void prepare(Priority priority, std::int64_t deadline) noexcept {
+    priority_ = priority;
+    deadline_ = deadline;
+  }
+  static SchedulerImpl::Order order_of(const Tasklet& tasklet) noexcept {
+    const auto& self = static_cast<const JobTasklet&>(tasklet);
+    return {static_cast<std::size_t>(self.priority_), self.deadline_};
+  }
+
+ private:
+  Priority priority_ = Priority::interactive;
+  std::int64_t deadline_ = 0;
+};
+
+/// One run of a job: a tasklet whose only phase runs the job (Jobs::run).
+class JobRun final : public JobTasklet {
+ public:
+  explicit JobRun(JobCore& core) noexcept : core_(core) {}
+  Directive task() override;
+
+ private:
+  JobCore& core_;  // alive while the job is listed, which it is until this run has ended it
 };
 
 static_assert(static_cast<std::size_t>(Priority::decorate) < SchedulerImpl::lane_count);

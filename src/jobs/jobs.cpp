@@ -287,30 +287,22 @@ void Jobs::start(ToStart& to_start) {
 // the job has ended. Such an end is completed on this thread, or, on the timer thread, by the job
 // scheduler: listeners and group hooks never run on the timer thread (one of them may drop the
 // manager, whose shutdown joins that thread).
-std::shared_ptr<JobRun> Jobs::spare_run(JobCore& job) {
-  if (!job.own_run.is_active()) return nullptr;
+std::shared_ptr<JobRun> Jobs::make_run(JobCore& job) {
   return std::allocate_shared<JobRun>(Allocator<JobRun>{}, job);
 }
 
-// Under the job's lock: the job's own run if the scheduler has let go of it (it cannot become
-// active meanwhile: only a hand-over of this job, made under this lock, activates it), else
-// `spare`. It takes the job's rule and priority, and is the job's run now. Null: neither is free.
-std::shared_ptr<JobRun> Jobs::attach_run(JobCore& job, const std::shared_ptr<Job>& owner,
-                                         std::shared_ptr<JobRun>& spare) noexcept {
-  std::shared_ptr<JobRun> run =
-      job.own_run.is_active() ? std::move(spare) : std::shared_ptr<JobRun>(owner, &job.own_run);
-  if (!run) return nullptr;
-  run->prepare(job.priority, deadline_for(job.priority));
-  if (job.rule) TaskletAccess::set_trusted_rule(*run, job.rule);  // validated by set_rule
-  job.run = run.get();
-  return run;
+// Under the job's lock: the run takes the job's rule and priority, and is the job's run now.
+void Jobs::attach_run(JobCore& job, JobRun& run) noexcept {
+  run.prepare(job.priority, deadline_for(job.priority));
+  if (job.rule) TaskletAccess::set_trusted_rule(run, job.rule);  // validated by set_rule
+  job.run = &run;
 }
 
 void Jobs::hand_over(JobCore& job) {
   std::shared_ptr<Job> owner = job.owned();
-  std::shared_ptr<JobRun> spare;
+  std::shared_ptr<JobRun> run;
   try {
-    spare = spare_run(job);
+    run = make_run(job);
   } catch (...) {
     // Out of memory: the job ends with the error instead of waiting forever.
     ToStart let_in;
@@ -324,10 +316,9 @@ void Jobs::hand_over(JobCore& job) {
     complete(std::move(end));
     return;
   }
-  std::shared_ptr<JobRun> run;
   {
     std::lock_guard job_lock(job.lock);
-    run = attach_run(job, owner, spare);  // the own run, if it was busy, can only have become free
+    attach_run(job, *run);
   }
   submit_run(job, std::move(run));
 }
@@ -591,11 +582,10 @@ void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun
     throw;
   }
   const bool plain = delay.count() == 0 && job.group_core() == nullptr && !has_listeners(job);
-  // A plain job is handed over under this one taking of the lock: a run of its own, if it needs
-  // one, is made ahead.
-  std::shared_ptr<JobRun> spare = plain ? spare_run(job) : nullptr;
-  std::shared_ptr<JobRun> run;
+  // A plain job's run is made ahead, so that it is handed over under this one taking of the lock.
+  std::shared_ptr<JobRun> run = plain ? make_run(job) : nullptr;
   std::shared_ptr<Job> owner = job.owned();
+  bool handing = false;
   {
     std::lock_guard job_lock(job.lock);
     const std::uint32_t word = job.load();
@@ -613,13 +603,17 @@ void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun
     if (phase != JobState::none) return;  // already waiting or sleeping (even for a re-run)
     if (stopping_.load(std::memory_order_acquire)) schedule_refused(job.job());
     job.order.store(next_order_.fetch_add(1, std::memory_order_relaxed), std::memory_order_relaxed);
-    // A plain job goes straight to the job scheduler, unless the manager is suspended (or its
-    // own run came free only now: it is handed over below, as any other job).
-    if (plain && !suspended_.load(std::memory_order_acquire)) run = attach_run(job, owner, spare);
-    job.change(JobState::waiting, run ? jw::taken : 0);
+    // A plain job goes straight to the job scheduler, unless the manager is suspended.
+    handing = plain && !suspended_.load(std::memory_order_acquire);
+    if (handing) {
+      job.change(JobState::waiting, jw::taken);
+      attach_run(job, *run);
+    } else {
+      job.change(JobState::waiting);
+    }
   }
   list(job, std::move(owner));
-  if (run) {
+  if (handing) {
     submit_run(job, std::move(run));
     return;
   }
@@ -629,7 +623,7 @@ void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun
   {
     std::lock_guard lock(mutex);
     if (plain) {
-      // It found the manager suspended (it waits out the suspension), or its own run busy.
+      // It found the manager suspended: it waits out the suspension.
       enter_waiting(job, to_start);
     } else {
       if (GroupCore* g = job.group_core()) {

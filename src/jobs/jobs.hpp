@@ -136,9 +136,8 @@ class Jobs final : public WaitTimer {
   void enter_waiting(JobCore& job, ToStart& to_start);
   void start(ToStart& to_start);
   void hand_over(JobCore& job);
-  std::shared_ptr<JobRun> spare_run(JobCore& job);
-  static std::shared_ptr<JobRun> attach_run(JobCore& job, const std::shared_ptr<Job>& owner,
-                                            std::shared_ptr<JobRun>& spare) noexcept;
+  std::shared_ptr<JobRun> make_run(JobCore& job);
+  static void attach_run(JobCore& job, JobRun& run) noexcept;
   void submit_run(JobCore& job, std::shared_ptr<JobRun> run);
   bool withdraw_waiting(JobCore& job);
   void release_group_slot(JobCore& job, ToStart& to_start);

@@ -199,19 +199,17 @@ struct detail::SchedulerImpl::PickTask {
   SchedulerImpl* impl;
   void operator()() const {
     WorkerTaskScope scope(impl->workers_, *impl);
-    // No longer pending, and a phase claimed if there is one: one change of the word.
-    std::uint64_t ready = impl->ready_.load();
-    std::uint64_t left = 0;
-    do {
-      left = ready - one_pick - ((ready & ready_mask) != 0 ? 1 : 0);
-    } while (!impl->ready_.compare_exchange_weak(ready, left));
-    if ((ready & ready_mask) == 0) return;
     TaskletPtr next;
+    bool more = false;
     {
       std::lock_guard lock(impl->ready_mutex_);
+      --impl->pending_picks_;
+      if (impl->ready_count_ == 0) return;
       next = impl->take_earliest_ready();
+      more = impl->ready_count_ != 0 && impl->pending_picks_ < impl->workers_.concurrency();
+      if (more) ++impl->pending_picks_;
     }
-    impl->start_pick_if_needed(left);
+    if (more) impl->spawn(PickTask{impl});
     impl->run_async_phase(std::move(next));
   }
 };
@@ -525,25 +523,19 @@ bool detail::SchedulerImpl::withdraw(Tasklet& tasklet) {
       }) != 0) {
     return true;
   }
-  // Granted but still queued for a worker: take it out and end it, which frees its rule now. The
-  // phase claimed for that leaves no pick without one; when every queued phase is claimed by a pick
-  // already, it is too late.
+  // Granted but still queued for a worker: take it out and end it, which frees its rule now.
   TaskletPtr queued;
-  if (order_ != nullptr && claim_ready()) {
-    {
-      std::lock_guard lock(ready_mutex_);
-      take_intake();
-      for (auto& lane : lanes_) {
-        const auto entry = std::find_if(lane.begin(), lane.end(), [&](const ReadyPhase& ready) {
-          return ready.tasklet.get() == &tasklet;
-        });
-        if (entry == lane.end()) continue;
-        queued = std::move(entry->tasklet);
-        lane.erase(entry);
-        break;
-      }
+  if (order_ != nullptr) {
+    std::lock_guard lock(ready_mutex_);
+    for (auto& lane : ready_) {
+      const auto entry = std::find_if(
+          lane.begin(), lane.end(), [&](const ReadyPhase& ready) { return ready.tasklet.get() == &tasklet; });
+      if (entry == lane.end()) continue;
+      queued = std::move(entry->tasklet);
+      lane.erase(entry);
+      --ready_count_;
+      break;
     }
-    if (!queued) start_pick_if_needed(ready_.fetch_add(1) + 1);  // not queued: the claim goes back
   }
   if (!queued) return false;
   finish(std::move(queued), nullptr);
@@ -683,9 +675,16 @@ void detail::SchedulerImpl::spawn(Task task) {
 
 void detail::SchedulerImpl::enqueue_async(TaskletPtr tasklet) {
   if (order_ != nullptr) {
-    const Order order = order_(*tasklet);
-    intake_[order.lane].push(ReadyPhase{order.deadline, std::move(tasklet)});
-    start_pick_if_needed(ready_.fetch_add(1) + 1);
+    bool start_pick = false;
+    {
+      std::lock_guard lock(ready_mutex_);
+      const Order order = order_(*tasklet);
+      ready_[order.lane].push_back(ReadyPhase{order.deadline, std::move(tasklet)});
+      ++ready_count_;
+      start_pick = pending_picks_ < workers_.concurrency();
+      if (start_pick) ++pending_picks_;
+    }
+    if (start_pick) spawn(PickTask{this});
     return;
   }
   detail::TaskState& here = detail::state();
@@ -706,43 +705,15 @@ void detail::SchedulerImpl::enqueue_async(TaskletPtr tasklet) {
 
 void detail::SchedulerImpl::order_async_phases_by(OrderOf order) { order_ = order; }
 
-// One more pick, unless as many as the workers can run are pending already (or nothing waits).
-// `ready` is a recent value of the word.
-void detail::SchedulerImpl::start_pick_if_needed(std::uint64_t ready) {
-  const auto workers = static_cast<std::uint64_t>(workers_.concurrency());
-  do {
-    if ((ready & ready_mask) == 0 || ready / one_pick >= workers) return;
-  } while (!ready_.compare_exchange_weak(ready, ready + one_pick));
-  spawn(PickTask{this});
-}
-
-// Takes one queued phase for the caller (a pick, or withdraw): false when none is left unclaimed.
-bool detail::SchedulerImpl::claim_ready() noexcept {
-  std::uint64_t ready = ready_.load();
-  do {
-    if ((ready & ready_mask) == 0) return false;
-  } while (!ready_.compare_exchange_weak(ready, ready - 1));
-  return true;
-}
-
-// Moves what the posting threads pushed into the lanes (under ready_mutex_).
-void detail::SchedulerImpl::take_intake() {
-  for (std::size_t lane = 0; lane < lane_count; ++lane) {
-    ReadyPhase phase;
-    while (intake_[lane].try_pop(phase)) lanes_[lane].push_back(std::move(phase));
-  }
-}
-
-detail::SchedulerImpl::TaskletPtr detail::SchedulerImpl::take_earliest_ready() {
-  take_intake();
+detail::SchedulerImpl::TaskletPtr detail::SchedulerImpl::take_earliest_ready() noexcept {
   Lane* earliest = nullptr;
-  for (auto& lane : lanes_) {
+  for (auto& lane : ready_) {
     if (!lane.empty() && (earliest == nullptr || lane.front().deadline < earliest->front().deadline))
       earliest = &lane;
   }
-  if (earliest == nullptr) return nullptr;
   TaskletPtr next = std::move(earliest->front().tasklet);
   earliest->pop_front();
+  --ready_count_;
   return next;
 }
 

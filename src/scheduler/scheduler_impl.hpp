@@ -27,7 +27,6 @@
 #include <utility>
 #include <vector>
 
-#include <oneapi/tbb/concurrent_queue.h>
 #include <oneapi/tbb/mutex.h>
 #include <oneapi/tbb/scalable_allocator.h>
 #include <oneapi/tbb/task_group.h>
@@ -94,8 +93,8 @@ class SchedulerImpl final {
   static constexpr std::size_t lane_count = 5;
   using OrderOf = Order (*)(const Tasklet&);
   void order_async_phases_by(OrderOf order);
-  /// The front of the lane whose front is earliest, or null (under ready_mutex_).
-  TaskletPtr take_earliest_ready();
+  /// The front of the lane whose front is earliest (under ready_mutex_, with a phase ready).
+  TaskletPtr take_earliest_ready() noexcept;
   /// The tasklet whose phase runs here lets a waiting conflicting request go first and then takes
   /// its rule again (waiting as begin_rule does). False, at once, when nobody conflicting waits.
   bool yield_rule(Tasklet& tasklet);
@@ -167,26 +166,20 @@ class SchedulerImpl final {
 
   std::atomic<bool> spawned_{false};  // any oneTBB task was ever created (the destructor waits)
 
-  // Deadline-ordered async phases (order_async_phases_by). A posting thread only pushes to its
-  // lane's intake and counts: it never waits for the pickers. The pickers move the intakes into
-  // the lanes under ready_mutex_ and take the earliest front. One word counts the phases queued and
-  // not yet claimed (low half) and the picks started and not yet running (high half, at most the
-  // workers' concurrency): a poster's count and a pick's claim are changes of the same word, so
-  // one of them sees the other and no phase is left without a pick.
+  // Deadline-ordered async phases (order_async_phases_by): a FIFO per lane, and the picks started
+  // and not yet running (at most the workers' concurrency).
   struct ReadyPhase {
     std::int64_t deadline;
     TaskletPtr tasklet;
   };
   OrderOf order_ = nullptr;
-  std::array<oneapi::tbb::concurrent_queue<ReadyPhase>, lane_count> intake_;
-  oneapi::tbb::mutex ready_mutex_;  // the pickers' (and withdraw's): held for a queue step
-  // Blocks pushed by one thread are freed by another: glibc's allocator would make them contend
-  // for its arena lock, the scalable allocator frees into the owner thread's pool.
+  oneapi::tbb::mutex ready_mutex_;  // held for a queue step: spins briefly, then waits
+  // Blocks pushed by the posting thread are freed by the workers: glibc's allocator would make them
+  // contend for its arena lock, the scalable allocator frees into the owner thread's pool.
   using Lane = std::deque<ReadyPhase, oneapi::tbb::scalable_allocator<ReadyPhase>>;
-  std::array<Lane, lane_count> lanes_;
-  static constexpr std::uint64_t one_pick = std::uint64_t{1} << 32;
-  static constexpr std::uint64_t ready_mask = one_pick - 1;
-  alignas(64) std::atomic<std::uint64_t> ready_{0};
+  std::array<Lane, lane_count> ready_;
+  std::size_t ready_count_ = 0;
+  int pending_picks_ = 0;
 
  private:
   struct PhaseTask;
@@ -209,9 +202,6 @@ class SchedulerImpl final {
   void dispatch(TaskletPtr tasklet, Directive directive) noexcept;
   void enqueue_sync(TaskletPtr tasklet);
   void enqueue_async(TaskletPtr tasklet);
-  bool claim_ready() noexcept;
-  void take_intake();
-  void start_pick_if_needed(std::uint64_t ready);
   template <class Task>
   void spawn(Task task);
   void flush_async_batch();
