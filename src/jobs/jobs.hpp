@@ -53,6 +53,21 @@ std::shared_ptr<Jobs> shared_jobs_of(const JobManager& manager);
 /// queue yet (cancel() returns false and the hand-over ends the job), which no timing reproduces.
 inline std::atomic<void (*)(Job&)> before_hand_over{nullptr};
 
+/// When a wait of `timeout` that starts now ends (max: never).
+Clock::time_point deadline_after(std::chrono::milliseconds timeout);
+
+/// Holds a count up while somebody waits for changes of the registry (ends notify only then).
+class Watching {
+ public:
+  explicit Watching(std::atomic<int>& watchers) noexcept : watchers_(watchers) { watchers_.fetch_add(1); }
+  ~Watching() { watchers_.fetch_sub(1); }
+  Watching(const Watching&) = delete;
+  Watching& operator=(const Watching&) = delete;
+
+ private:
+  std::atomic<int>& watchers_;
+};
+
 /// What is left to do once a run is over, outside the locks.
 struct RunEnd {
   JobCore* job = nullptr;
@@ -217,5 +232,16 @@ class Jobs final : public WaitTimer {
   std::shared_ptr<Domain> dying_;
   std::atomic<const JobCore*> dying_after_{nullptr};  // read by every run without the lock
 };
+
+template <class Visit>
+void Jobs::for_each_listed(Visit&& visit) const {
+  for (const Shard& shard : shards_) {
+    std::lock_guard lock(shard.mutex);
+    for (JobCore* job = shard.head; job != nullptr; job = job->next) visit(*job);
+  }
+}
+
+/// The Jobs whose timer thread this is (Jobs::timer_loop sets it): no user code runs there.
+inline thread_local const Jobs* timer_thread_of = nullptr;
 
 }  // namespace tasklet::detail

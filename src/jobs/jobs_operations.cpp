@@ -1,0 +1,381 @@
+// The jobs' side of Job's operations (schedule, cancel, join, sleep, wake_up, yield_rule) and of a
+// job's run, on the manager's job scheduler.
+#include "jobs.hpp"
+
+#include <string>
+#include <utility>
+
+#include "scheduler_impl.hpp"
+#include "tasklet/error.hpp"
+#include "tasklet_state.hpp"
+
+namespace tasklet::detail {
+
+namespace jw = job_word;
+
+void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun) {
+  if (delay.count() < 0) throw IllegalState("schedule(" + job.job().name() + "): the delay is negative");
+  if (stopping_.load(std::memory_order_acquire) && !is_rerun) schedule_refused(job.job());
+  bool wanted = false;
+  try {
+    wanted = job.hooks().should_schedule(job.job());
+  } catch (...) {
+    if (is_rerun) {
+      std::lock_guard job_lock(job.lock);
+      job.word.fetch_and(~jw::rerun_pending, std::memory_order_acq_rel);
+    }
+    throw;
+  }
+  const bool plain = delay.count() == 0 && job.group_core() == nullptr && !has_listeners(job);
+  // A plain job's run is made ahead, so that it is handed over under this one taking of the lock.
+  std::shared_ptr<JobRun> run = plain ? make_run(job) : nullptr;
+  std::shared_ptr<Job> owner = job.owned();
+  bool handing = false;
+  {
+    std::lock_guard job_lock(job.lock);
+    const std::uint32_t word = job.load();
+    if (is_rerun) job.word.fetch_and(~jw::rerun_pending, std::memory_order_acq_rel);
+    if (!wanted) return;
+    // Running, or about to (its run has begun, or a cancel that could not take the run back lets
+    // the run end it, unrun): once more after it ends.
+    const JobState phase = jw::phase(word);
+    if (phase == JobState::running ||
+        (phase == JobState::waiting && (word & (jw::started | jw::canceled)) != 0)) {
+      job.change(phase, jw::rerun);
+      job.rerun_delay = delay;
+      return;
+    }
+    if (phase != JobState::none) return;  // already waiting or sleeping (even for a re-run)
+    if (stopping_.load(std::memory_order_acquire)) schedule_refused(job.job());
+    job.order.store(next_order_.fetch_add(1, std::memory_order_relaxed), std::memory_order_relaxed);
+    // A plain job goes straight to the job scheduler, unless the manager is suspended.
+    handing = plain && !suspended_.load(std::memory_order_acquire);
+    if (handing) {
+      job.change(JobState::waiting, jw::taken);
+      attach_run(job, *run);
+    } else {
+      job.change(JobState::waiting);
+    }
+  }
+  list(job, std::move(owner));
+  if (handing) {
+    submit_run(job, std::move(run));
+    return;
+  }
+  ToStart to_start;
+  bool canceled_at_once = false;
+  RunEnd ended;
+  {
+    std::lock_guard lock(mutex);
+    if (plain) {
+      // It found the manager suspended: it waits out the suspension.
+      enter_waiting(job, to_start);
+    } else {
+      if (GroupCore* g = job.group_core()) {
+        std::lock_guard group_lock(g->mutex);
+        // Jobs scheduled from outside the group's own jobs are its seeds, even when canceled at once.
+        const JobCore* parent = running_job();
+        job.seed = !is_rerun && !(parent != nullptr && parent->group_core() == g);
+        if (g->state == JobGroup::State::canceling) {
+          canceled_at_once = true;
+        } else {
+          g->state = JobGroup::State::active;
+          g->active.push_back(&job);
+        }
+      }
+      if (has_listeners(job)) {
+        post(job, PendingEvent::Kind::scheduled, JobEvent{job.owned(), {}, delay, nullptr});
+      }
+      if (canceled_at_once) {
+        ended = finish_run(job, Status::cancel("the job's group is canceling"), to_start);
+      } else if (delay.count() > 0) {
+        {
+          std::lock_guard job_lock(job.lock);
+          job.change(JobState::sleeping);
+        }
+        arm_timer(job, Clock::now() + delay);
+      } else {
+        enter_waiting(job, to_start);
+      }
+    }
+  }
+  start(to_start);
+  deliver(job);
+  if (ended.job != nullptr) complete(std::move(ended));
+}
+
+bool Jobs::cancel(JobCore& job) {
+  const std::shared_ptr<Job> owner = job.owned();
+  std::shared_ptr<ProgressMonitor> monitor;
+  bool call_canceling = false;
+  RunEnd ended;
+  ToStart to_start;
+  {
+    std::lock_guard lock(mutex);
+    switch (job.state()) {
+      case JobState::none:
+        return true;
+      case JobState::sleeping:
+        ended = finish_run(job, Status::cancel(), to_start);
+        break;
+      case JobState::waiting:
+        if (withdraw_waiting(job)) {
+          ended = finish_run(job, Status::cancel(), to_start);
+          break;
+        }
+        {
+          // Its run has started, or is still being handed over: the run ends it, unrun and
+          // canceled, and join() waits for that (the rule it may hold is free by then). A re-run
+          // asked for earlier is dropped: the cancel is the last word.
+          std::lock_guard job_lock(job.lock);
+          if (job.state() == JobState::waiting) {
+            job.change(JobState::waiting, jw::canceled, jw::rerun);
+            return false;
+          }
+        }
+        [[fallthrough]];  // it started running meanwhile
+      case JobState::running: {
+        std::lock_guard job_lock(job.lock);
+        if (job.state() != JobState::running) return job.state() == JobState::none;
+        const std::uint32_t old = job.change(JobState::running, jw::canceling_called, jw::rerun);
+        monitor = job.monitor;
+        call_canceling = (old & jw::canceling_called) == 0;
+        break;
+      }
+    }
+  }
+  if (monitor != nullptr) {
+    monitor->set_canceled(true);
+    if (call_canceling) {
+      try {
+        job.hooks().canceling(job.job());
+      } catch (...) {
+      }
+    }
+    return false;
+  }
+  start(to_start);
+  if (ended.job != nullptr) complete(std::move(ended));
+  return true;
+}
+
+// On a worker (a job joining another job) the wait suspends the task, so the job joined can run
+// even when every worker is taken by joiners.
+bool Jobs::join(JobCore& job, std::chrono::milliseconds timeout) {
+  if (running_job() == &job) {
+    throw IllegalState("join: job '" + job.job().name() + "' cannot join itself");
+  }
+  const std::uint32_t seen = job.load();
+  if (jw::phase(seen) == JobState::none) return true;
+  std::unique_lock lock(join_mutex_);
+  const std::uint32_t now = job.word.fetch_or(jw::joined, std::memory_order_acq_rel);
+  const std::uint32_t ends = seen / jw::one_end;
+  if (now / jw::one_end != ends) return true;
+  return joined_.wait_until(
+      lock, deadline_after(timeout), [&] { return job.load() / jw::one_end != ends; }, this);
+}
+
+bool Jobs::sleep(JobCore& job) {
+  ToStart to_start;
+  {
+    std::lock_guard lock(mutex);
+    switch (job.state()) {
+      case JobState::none:
+        return true;
+      case JobState::running:
+        return false;
+      case JobState::sleeping:
+        disarm_timer(job);
+        return true;
+      case JobState::waiting:
+        // Started, or canceled and left to its run to end: nothing to put to sleep.
+        if ((job.load() & jw::canceled) != 0 || !withdraw_waiting(job)) return false;
+        release_group_slot(job, to_start);
+        {
+          std::lock_guard job_lock(job.lock);
+          job.change(JobState::sleeping);
+        }
+        if (has_listeners(job))
+          post(job, PendingEvent::Kind::sleeping, JobEvent{job.owned(), {}, {}, nullptr});
+        break;
+    }
+  }
+  start(to_start);
+  deliver(job);
+  return true;
+}
+
+void Jobs::wake_up(JobCore& job, std::chrono::milliseconds delay) {
+  ToStart to_start;
+  {
+    std::lock_guard lock(mutex);
+    if (job.state() != JobState::sleeping) return;
+    disarm_timer(job);
+    if (delay.count() > 0) {
+      arm_timer(job, Clock::now() + delay);
+      return;
+    }
+    if (has_listeners(job)) post(job, PendingEvent::Kind::awake, JobEvent{job.owned(), {}, {}, nullptr});
+    enter_waiting(job, to_start);
+  }
+  start(to_start);
+  deliver(job);
+}
+
+bool Jobs::yield_rule(JobCore& job) {
+  const TaskState& here = state();
+  if (here.job != &job || here.tasklet == nullptr || here.phase_of == nullptr) {
+    throw IllegalState("yield_rule: call it from the run() of job '" + job.job().name() + "'");
+  }
+  return here.phase_of->yield_rule(*here.tasklet);
+}
+
+// ---------------------------------------------------------------------------------------------
+// One run
+
+void Jobs::run(JobCore& job, Tasklet& run) noexcept {
+  const std::shared_ptr<Job> owner = job.owned();
+  bool canceled = false;  // before the run started
+  {
+    std::unique_lock job_lock(job.lock);
+    const std::uint32_t word = job.load();
+    if (job.run != &run || jw::phase(word) != JobState::waiting) return;  // taken back meanwhile
+    job.run = nullptr;
+    canceled = (word & jw::canceled) != 0;
+    const bool suspended = suspended_.load(std::memory_order_acquire);
+    if (!suspended || canceled) job.change(JobState::waiting, jw::started);
+    if (suspended && !canceled) {
+      // Waits again, from the start, holding nothing; resume() lets it in first.
+      job_lock.unlock();
+      ToStart let_in;
+      {
+        std::lock_guard lock(mutex);
+        {
+          std::lock_guard relock(job.lock);
+          if ((job.load() & jw::canceled) != 0) {
+            canceled = true;
+            job.change(JobState::waiting, jw::started);
+          } else {
+            job.change(JobState::waiting, 0, jw::taken);
+          }
+        }
+        if (!canceled) {
+          held_entered_.push_back(&job);
+          release_group_slot(job, let_in);
+        }
+      }
+      start(let_in);
+      if (!canceled) return;
+    }
+  }
+
+  bool go = false;
+  try {
+    go = !canceled && job.hooks().should_run(job.job());
+  } catch (...) {
+  }
+  const bool told = has_listeners(job);
+  std::shared_ptr<ProgressMonitor> monitor;
+  if (go) {
+    if (told) {
+      {
+        std::lock_guard lock(mutex);
+        post(job, PendingEvent::Kind::about_to_run, JobEvent{owner, {}, {}, nullptr});
+      }
+      deliver_before_run(job);
+    }
+    JobManager::ProgressProvider provider;
+    if (has_provider_) {
+      std::lock_guard lock(mutex);
+      provider = provider_;
+    }
+    try {
+      if (provider) monitor = provider(job.job());
+      if (!monitor) monitor = std::allocate_shared<ProgressMonitor>(Allocator<ProgressMonitor>{});
+    } catch (...) {
+      go = false;  // no monitor: the run cannot start
+    }
+  }
+  const auto release_rule = [] {
+    // The run is over before the job says so: its rule is free by the time join() returns.
+    const TaskState& here = state();
+    if (here.phase_of != nullptr && here.tasklet != nullptr) here.phase_of->release_rule(*here.tasklet);
+  };
+  if (go) {
+    std::lock_guard job_lock(job.lock);
+    if ((job.load() & jw::canceled) != 0) {
+      canceled = true;
+      go = false;
+    } else {
+      job.change(JobState::running, 0, jw::taken | jw::started);
+      job.monitor = monitor;
+    }
+  }
+  if (!go) {
+    release_rule();
+    ToStart to_start;
+    RunEnd ended;
+    {
+      std::lock_guard lock(mutex);
+      ended = finish_run(job, Status::cancel(canceled ? "canceled before it ran" : "should_run() said no"),
+                         to_start);
+    }
+    start(to_start);
+    complete(std::move(ended));
+    return;
+  }
+  if (told) {
+    {
+      std::lock_guard lock(mutex);
+      post(job, PendingEvent::Kind::running, JobEvent{owner, {}, {}, nullptr});
+    }
+    deliver_before_run(job);  // about_to_run and running are told before the run starts
+  }
+
+  TaskState& here = state();
+  void* outer = here.job;
+  here.job = &job;
+  Status result;
+  try {
+    result = job.hooks().run(job.job(), *monitor);
+  } catch (const std::exception& error) {
+    result = Status::error(error.what(), std::current_exception());
+  } catch (...) {
+    result = Status::error("unknown exception", std::current_exception());
+  }
+  try {
+    monitor->done();
+  } catch (...) {
+  }
+  TaskState& after = state();  // the run may have moved to another thread (begin_rule, yield_rule)
+  after.job = outer;
+  // Rules begun in run() and left open are released now, before join() can return, and fail the run.
+  if (const std::string open = end_frames_above(after, after.phase_base);
+      !open.empty() && !result.is_error()) {
+    const std::string message = "job '" + job.job().name() + "' began " + open +
+                                " in run() and did not end it; rules begun in a run must be ended in it "
+                                "(they have been released)";
+    result = Status::error(message, std::make_exception_ptr(RuleMismatch(message)));
+  }
+  release_rule();
+
+  ToStart to_start;
+  RunEnd ended = end_word(job, std::move(result));
+  changed();
+  if (job.group_core() != nullptr) {
+    std::lock_guard lock(mutex);
+    finish_group(job, ended, to_start);
+  }
+  start(to_start);
+  complete(std::move(ended));
+
+  std::shared_ptr<Domain> dying;
+  if (dying_after_.load(std::memory_order_acquire) == &job) {
+    std::lock_guard lock(mutex);
+    dying = std::move(dying_);
+    dying_after_.store(nullptr, std::memory_order_relaxed);
+  }
+  if (dying) dying->shut_down();  // the manager dropped inside this run: finish it now that it is over
+}
+
+}  // namespace tasklet::detail
