@@ -34,16 +34,6 @@ namespace {
 // one arena submission per batch, then the worker spawns them locally (far cheaper than one
 // enqueue each).
 constexpr std::size_t async_batch_size = 256;
-// Tasklets with rules from the synchronous thread submitted to the rule table together: few, so
-// that a chain of holders starts while the synchronous thread is still adding to it.
-constexpr std::size_t rule_batch_size = 16;
-// How many of the tasklets with rules that the synchronous thread started may wait for their
-// rules before it lets the workers catch up (see let_rules_catch_up); the backlog it lets them get
-// down to, which is also how many must be delivered after it gave up before it holds back again;
-// and how many turns without a delivery it gives them before it goes on anyway.
-constexpr std::size_t backlog_limit = 1024;
-constexpr std::size_t backlog_resume = backlog_limit / 2;
-constexpr int backlog_patience = 64;
 
 // The thread's context while one phase runs on it: its scheduler is current, its tasklet's rule is
 // the outermost rule in force, and begin_rule frames from here on belong to the phase.
@@ -108,25 +98,6 @@ class SyncThreadScope {
   detail::TaskState& ctx_;
   detail::SchedulerImpl* current_;
   detail::SchedulerImpl* sync_of_;
-};
-
-// A fresh state for one of a scheduler's oneTBB tasks, installed on the thread while it runs there.
-class WorkerTaskScope {
- public:
-  WorkerTaskScope(detail::WorkersImpl& workers, detail::SchedulerImpl& impl) noexcept {
-    auto& ctx = context();
-    mine_.outer = ctx.state;
-    mine_.worker_of = &workers;
-    mine_.task_of = &impl;
-    ctx.state = &mine_;
-  }
-  // The task may have moved to another thread while suspended: go back to that thread's state.
-  ~WorkerTaskScope() { context().state = mine_.outer; }
-  WorkerTaskScope(const WorkerTaskScope&) = delete;
-  WorkerTaskScope& operator=(const WorkerTaskScope&) = delete;
-
- private:
-  detail::TaskState mine_;
 };
 
 struct PhaseResult {
@@ -214,15 +185,6 @@ struct detail::SchedulerImpl::PickTask {
   }
 };
 
-// Enters what was submitted to the rule table (see enter_rule_batch).
-struct detail::SchedulerImpl::EnterTask {
-  SchedulerImpl* impl;
-  void operator()() const {
-    WorkerTaskScope scope(impl->workers_, *impl);
-    impl->domain_.table_.drain();
-  }
-};
-
 struct detail::SchedulerImpl::BatchTask {
   SchedulerImpl* impl;
   mutable std::vector<TaskletPtr> tasklets;
@@ -234,66 +196,6 @@ struct detail::SchedulerImpl::BatchTask {
     std::vector<TaskletPtr>().swap(tasklets);
     impl->run_async_phase(std::move(last));
   }
-};
-
-// A tasklet's request for its rule. While it waits it owns the tasklet; once granted it continues
-// the tasklet with the directive it was started with. Its entries are in place for rules of up to
-// N entries (start() picks N), so one block holds the whole request. It is counted in the
-// scheduler's holds_ or sync_holds_ until it is done with the scheduler, which the destructor waits for.
-//
-// Delivering a grant or a cancellation can run user code (a tasklet ended by it is destroyed), and
-// that code may drop the last reference to this very scheduler. Its destructor, on this thread,
-// must not wait for the delivery it is nested in: each delivery in progress is on a thread-local
-// list, which the destructor counts out itself instead (and the delivery then leaves it alone).
-struct detail::SchedulerImpl::Delivery {
-  Delivery(SchedulerImpl& scheduler, std::atomic<std::size_t>& counted_in) noexcept
-      : impl(&scheduler), count(&counted_in), outer(innermost) {
-    innermost = this;
-  }
-  Delivery(const Delivery&) = delete;
-  Delivery& operator=(const Delivery&) = delete;
-  ~Delivery() {
-    innermost = outer;
-    if (impl != nullptr) count->fetch_sub(1, std::memory_order_release);  // it may go now
-  }
-  SchedulerImpl* impl;              // null once its destructor has counted this delivery out
-  std::atomic<std::size_t>* count;  // holds_ or sync_holds_
-  Delivery* outer;
-  static thread_local Delivery* innermost;
-};
-
-thread_local detail::SchedulerImpl::Delivery* detail::SchedulerImpl::Delivery::innermost = nullptr;
-
-template <std::size_t N>
-struct detail::SchedulerImpl::TaskletHold final : detail::InlineRuleRequest<N>, detail::PooledObject {
-  // `by_sync_thread`: counted in sync_holds_ (started by the synchronous thread), else in holds_.
-  TaskletHold(TaskletPtr waiting, Directive first, bool by_sync_thread) : tasklet(std::move(waiting)) {
-    this->set_rule(tasklet->rule().get());  // the tasklet's rule cannot change while it is active
-    static_assert(static_cast<int>(Directive::done) < 4, "the first directive is kept in 2 bits");
-    this->set_own_bits(static_cast<std::uint8_t>(static_cast<unsigned>(first) | (by_sync_thread ? 4u : 0u)));
-  }
-  // The directive it was started with, for its first phase.
-  Directive pending() const noexcept { return static_cast<Directive>(this->own_bits() & 3u); }
-  std::atomic<std::size_t>& count_in(SchedulerImpl& impl) const noexcept {
-    return (this->own_bits() & 4u) != 0 ? impl.sync_holds_ : impl.holds_;
-  }
-  const void* owner() const noexcept override { return tasklet.get(); }
-  SchedulerImpl& scheduler() const noexcept { return detail::impl(*TaskletAccess::scheduler(*tasklet)); }
-  void granted() noexcept override {
-    SchedulerImpl& impl = scheduler();
-    const Delivery delivery(impl, count_in(impl));
-    impl.dispatch(std::move(tasklet), pending());
-  }
-  void cancelled() noexcept override {
-    SchedulerImpl& impl = scheduler();
-    const Delivery delivery(impl, count_in(impl));
-    TaskletPtr ended = std::move(tasklet);
-    TaskletAccess::set_hold(*ended, nullptr);  // it never held the rule: nothing to release
-    delete this;
-    impl.finish(std::move(ended), nullptr);
-  }
-
-  TaskletPtr tasklet;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -327,13 +229,7 @@ detail::SchedulerImpl::~SchedulerImpl() {
       return tasklet != nullptr && TaskletAccess::scheduler(*tasklet) == &self_;
     });
   }
-  // Deliveries on this thread that led here are not waited for.
-  for (Delivery* delivery = Delivery::innermost; delivery != nullptr; delivery = delivery->outer) {
-    if (delivery->impl == this) {
-      delivery->impl = nullptr;
-      delivery->count->fetch_sub(1, std::memory_order_relaxed);
-    }
-  }
+  forget_deliveries_here();  // those on this thread that led here are not waited for
   while (holds_.load(std::memory_order_acquire) != 0 || sync_holds_.load(std::memory_order_acquire) != 0) {
     std::this_thread::yield();
   }
@@ -446,74 +342,6 @@ void detail::SchedulerImpl::schedule(TaskletPtr tasklet, Directive directive) {
   }
   start(std::move(tasklet), directive);
   if (directive == Directive::sync) drain_inline();
-}
-
-// A tasklet with a rule takes it before its first phase: at once when it is free, else it waits in
-// the rule table (holding no thread) and the grant continues it.
-void detail::SchedulerImpl::start(TaskletPtr tasklet, Directive directive) {
-  if (!tasklet->rule()) {
-    dispatch(std::move(tasklet), directive);
-    return;
-  }
-  const std::size_t entries = detail::entry_count_hint(*tasklet->rule());
-  // A mutex rule takes 1 entry, a path rule of depth d up to d + 1 (with the root's intent); larger
-  // rules (deep paths, multi rules) get 8 in place and the rest on the heap.
-  switch (entries) {
-    case 0:
-    case 1:
-      return start_holding<1>(std::move(tasklet), directive);
-    case 2:
-      return start_holding<2>(std::move(tasklet), directive);
-    case 3:
-      return start_holding<3>(std::move(tasklet), directive);
-    case 4:
-      return start_holding<4>(std::move(tasklet), directive);
-    case 5:
-      return start_holding<5>(std::move(tasklet), directive);
-    default:
-      return start_holding<8>(std::move(tasklet), directive);
-  }
-}
-
-template <std::size_t N>
-void detail::SchedulerImpl::start_holding(TaskletPtr tasklet, Directive directive) {
-  Tasklet& raw = *tasklet;
-  const bool batched = detail::state().sync_of == this && running_.load(std::memory_order_relaxed);
-  auto* hold = new TaskletHold<N>(std::move(tasklet), directive, batched);
-  TaskletAccess::set_hold(raw, hold);
-  if (batched) {
-    take_reserved(sync_holds_, reserved_holds_);
-    ++sync_catch_up_.started;
-    entering_.push_back(hold);
-    entering_tasklets_.push_back(&hold->tasklet);
-    if (entering_.size() >= rule_batch_size) {
-      enter_rule_batch();
-      const auto waiting = [this] { return sync_holds_.load(std::memory_order_relaxed) - reserved_holds_; };
-      if (waiting() > backlog_limit) let_rules_catch_up(sync_catch_up_, waiting);
-    }
-    return;
-  }
-  enter_pending_rules();
-  // Counted as a delivery to wait for: granted() continues it, at once or later, perhaps on the
-  // thread that holds the table's lock now (this one does not wait for it).
-  holds_.fetch_add(1, std::memory_order_relaxed);
-  domain_.table_.enter(*hold);
-  if (detail::state().worker_of == nullptr) {
-    // A thread of the user's (jobs scheduled from a plain thread): it makes work for the workers
-    // as the synchronous thread does, and is held back alike.
-    thread_local CatchUp plain;
-    ++plain.started;
-    const auto waiting = [this] { return holds_.load(std::memory_order_relaxed); };
-    if (waiting() > backlog_limit) let_rules_catch_up(plain, waiting);
-  }
-}
-
-void detail::SchedulerImpl::release_rule(Tasklet& tasklet) noexcept {
-  detail::RuleRequest* hold = TaskletAccess::hold(tasklet);
-  if (hold == nullptr) return;
-  TaskletAccess::set_hold(tasklet, nullptr);
-  domain_.table_.leave(*hold);
-  delete hold;
 }
 
 bool detail::SchedulerImpl::withdraw(Tasklet& tasklet) {
@@ -663,16 +491,6 @@ void detail::SchedulerImpl::enqueue_sync(TaskletPtr tasklet) {
   if (wake) wake_.notify_all();
 }
 
-template <class Task>
-void detail::SchedulerImpl::spawn(Task task) {
-  spawned_.store(true, std::memory_order_relaxed);
-  if (detail::state().worker_of == &workers_) {
-    group_.run(std::move(task));  // stays on this worker's deque unless stolen
-  } else {
-    workers_.arena().enqueue(group_.defer(std::move(task)));
-  }
-}
-
 void detail::SchedulerImpl::enqueue_async(TaskletPtr tasklet) {
   if (order_ != nullptr) {
     bool start_pick = false;
@@ -717,24 +535,6 @@ detail::SchedulerImpl::TaskletPtr detail::SchedulerImpl::take_earliest_ready() n
   return next;
 }
 
-bool detail::SchedulerImpl::yield_rule(Tasklet& tasklet) {
-  detail::RuleRequest* hold = TaskletAccess::hold(tasklet);
-  if (hold == nullptr || !domain_.table_.has_conflicting_waiter(*hold)) return false;
-  // Release, then queue again behind whoever waits: the same FIFO as everyone else.
-  enter_pending_rules();
-  detail::ThreadHold* again = detail::ThreadHold::take(tasklet.rule(), false);
-  domain_.table_.leave(*hold);
-  delete hold;
-  TaskletAccess::set_hold(tasklet, again);
-  if (!again->enter(domain_.table_)) {
-    TaskletAccess::set_hold(tasklet, nullptr);
-    detail::ThreadHold::recycle(again);
-    throw IllegalState("yield_rule: the job manager shut down while " + tasklet.name() +
-                       " waited to take its rule back");
-  }
-  return true;
-}
-
 void detail::SchedulerImpl::take_reserved(std::atomic<std::size_t>& counter, std::size_t& reserved) noexcept {
   constexpr std::size_t block = 64;
   if (reserved == 0) {
@@ -742,51 +542,6 @@ void detail::SchedulerImpl::take_reserved(std::atomic<std::size_t>& counter, std
     reserved = block;
   }
   --reserved;
-}
-
-// The synchronous thread's tasklets with rules are submitted to the table together (in order, in
-// one atomic step) and entered by a task on the workers, unless a thread that takes the table's
-// lock first enters them. The synchronous thread, which makes the work for everyone, spends no
-// time in the table, nor waits for its lock. The grants continue the tasklets (granted()) and give
-// back the counts taken ahead for them.
-void detail::SchedulerImpl::enter_rule_batch() {
-  if (entering_.empty()) return;
-  domain_.table_.enter_all(entering_);
-  entering_.clear();
-  entering_tasklets_.clear();
-  spawn(EnterTask{this});
-}
-
-// A thread that makes work (the synchronous thread, or a user's thread scheduling jobs) can start
-// tasklets with rules several times faster than the workers get through them when they conflict:
-// the rest wait in the rule table, and a table with 10^5 waiting requests costs two to three times
-// as much per request as one with 10^3 (each request it takes up is a cache miss by then). So such
-// a thread, past backlog_limit of undelivered holds (`waiting`: its own, for the synchronous
-// thread; for a user's thread, those of every thread but the synchronous one), yields its CPU until
-// the workers have them down to backlog_resume: the backlog, and the cost per job, stay flat (path
-// rules: 0.67x the time per job at 10^6). It never waits for a backlog that does not move: the
-// tasklets may wait for this very thread (its begin_rule, a sync tasklet that holds a rule). After
-// backlog_patience turns without a delivery it goes on, and it does not hold back again until
-// backlog_resume more of its tasklets were delivered: a backlog that is partly stuck would
-// otherwise cost the patience at every batch.
-template <class Waiting>
-void detail::SchedulerImpl::let_rules_catch_up(CatchUp& state, Waiting&& waiting) {
-  std::size_t backlog = waiting();
-  const auto delivered = [&](std::size_t left) { return state.started > left ? state.started - left : 0; };
-  if (delivered(backlog) < state.rearm_at || backlog <= backlog_resume) return;
-  ++state.waits;
-  for (int idle = 0; backlog > backlog_resume;) {
-    std::this_thread::yield();
-    const std::size_t now = waiting();
-    if (now < backlog) {
-      backlog = now;
-      idle = 0;
-    } else if (++idle == backlog_patience) {
-      state.rearm_at = delivered(now) + backlog_resume;
-      ++state.give_ups;
-      return;
-    }
-  }
 }
 
 void detail::SchedulerImpl::flush_async_batch() {
@@ -937,94 +692,6 @@ void detail::SchedulerImpl::with(const TaskletPtr& tasklet) {
   }
   continue_after_phase(tasklet, result.directive, nullptr);
   drain_inline();
-}
-
-// ---------------------------------------------------------------------------------------------
-// Suspension
-
-std::uint32_t detail::SchedulerImpl::suspend(Tasklet& tasklet) {
-  TaskletPtr owned = tasklet.weak_from_this().lock();
-  if (!owned) throw IllegalState("suspend: " + tasklet.name() + " is not owned by a std::shared_ptr");
-  auto& state = TaskletAccess::state(tasklet);
-  std::uint64_t word = state.load(std::memory_order_acquire);
-  for (;;) {
-    if (word & st::armed) {
-      throw AlreadyScheduled("suspend: " + tasklet.name() +
-                             " is already suspended; resume its outstanding Rescheduler");
-    }
-    const std::uint32_t generation = st::generation(word) + 1;
-    switch (st::phase(word)) {
-      case st::idle: {
-        std::lock_guard lock(parked_mutex_);
-        if (!state.compare_exchange_strong(word, st::with_generation(st::parked | st::armed, generation),
-                                           std::memory_order_acq_rel)) {
-          continue;
-        }
-        TaskletAccess::set_scheduler(tasklet, &self_);
-        if (!background_) active_.fetch_add(1, std::memory_order_relaxed);
-        parked_.emplace(&tasklet, std::move(owned));
-        return generation;
-      }
-      case st::active:
-        if (detail::state().tasklet != &tasklet || TaskletAccess::scheduler(tasklet) != &self_) {
-          throw AlreadyScheduled("suspend: " + tasklet.name() +
-                                 " is queued or running elsewhere; only its own phase may suspend it");
-        }
-        break;
-      case st::parked:
-        if (TaskletAccess::scheduler(tasklet) != &self_) {
-          throw AlreadyScheduled("suspend: " + tasklet.name() + " is parked in another scheduler");
-        }
-        break;
-      default:
-        assert(false && "corrupt tasklet state");
-    }
-    if (state.compare_exchange_weak(word, st::with_generation(word | st::armed, generation),
-                                    std::memory_order_acq_rel)) {
-      return generation;
-    }
-  }
-}
-
-void detail::SchedulerImpl::resume(const TaskletPtr& tasklet, std::uint32_t generation, Directive directive) {
-  auto& state = TaskletAccess::state(*tasklet);
-  std::uint64_t word = state.load(std::memory_order_acquire);
-  for (;;) {
-    if (!(word & st::armed) || st::generation(word) != generation ||
-        TaskletAccess::scheduler(*tasklet) != &self_) {
-      throw AlreadyResumed("resume(" + std::string(to_string(directive)) + "): the suspension of " +
-                           tasklet->name() + " was already resumed or has ended");
-    }
-    if (word & st::resumed) {
-      throw AlreadyResumed("resume(" + std::string(to_string(directive)) + "): " + tasklet->name() +
-                           " was already resumed with " + std::string(to_string(st::resume_directive(word))));
-    }
-    // The tasklet counts in active_, so run() cannot stop between this check and the dispatch.
-    if (directive == Directive::async && !running_.load(std::memory_order_acquire)) {
-      throw SchedulerNotRunning("resume(async) of " + tasklet->name() +
-                                ": the scheduler's run() is not active; the tasklet stays parked");
-    }
-    if (st::phase(word) == st::parked) {
-      TaskletPtr owned;
-      {
-        std::lock_guard lock(parked_mutex_);
-        if (!state.compare_exchange_strong(word, st::with_generation(st::active, generation),
-                                           std::memory_order_acq_rel)) {
-          continue;
-        }
-        auto entry = parked_.find(tasklet.get());
-        assert(entry != parked_.end());
-        owned = std::move(entry->second);
-        parked_.erase(entry);
-      }
-      dispatch(std::move(owned), directive);
-      if (directive == Directive::sync) drain_inline();
-      return;
-    }
-    // Its phase has not returned yet: leave the directive for continue_after_phase (sticky resume).
-    if (state.compare_exchange_weak(word, word | st::resumed_with(directive), std::memory_order_acq_rel))
-      return;
-  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -209,6 +209,7 @@ class SchedulerImpl final {
   template <class Waiting>
   void let_rules_catch_up(CatchUp& state, Waiting&& waiting);
   void park(TaskletPtr tasklet, std::uint64_t expected, std::uint64_t parked_word);
+  void forget_deliveries_here() noexcept;
   void finish(TaskletPtr tasklet, std::exception_ptr error) noexcept;
 
   void record_failure(const Tasklet& tasklet, std::exception_ptr error) noexcept;
@@ -218,6 +219,35 @@ class SchedulerImpl final {
   void drain_inline();
   void drop_pending() noexcept;
 };
+
+// A fresh state for one of a scheduler's oneTBB tasks, installed on the thread while it runs there.
+class WorkerTaskScope {
+ public:
+  WorkerTaskScope(WorkersImpl& workers, SchedulerImpl& impl) noexcept {
+    auto& ctx = context();
+    mine_.outer = ctx.state;
+    mine_.worker_of = &workers;
+    mine_.task_of = &impl;
+    ctx.state = &mine_;
+  }
+  // The task may have moved to another thread while suspended: go back to that thread's state.
+  ~WorkerTaskScope() { context().state = mine_.outer; }
+  WorkerTaskScope(const WorkerTaskScope&) = delete;
+  WorkerTaskScope& operator=(const WorkerTaskScope&) = delete;
+
+ private:
+  TaskState mine_;
+};
+
+template <class Task>
+inline void SchedulerImpl::spawn(Task task) {
+  spawned_.store(true, std::memory_order_relaxed);
+  if (state().worker_of == &workers_) {
+    group_.run(std::move(task));  // stays on this worker's deque unless stolen
+  } else {
+    workers_.arena().enqueue(group_.defer(std::move(task)));
+  }
+}
 
 /// What api::configure and the implicit scheduler keep per thread.
 struct ThreadOptions {
