@@ -236,12 +236,15 @@ bool Jobs::yield_rule(JobCore& job) {
 void Jobs::run(JobCore& job, Tasklet& run) noexcept {
   const std::shared_ptr<Job> owner = job.owned();
   bool canceled = false;  // before the run started
+  // Nothing starts once the manager shuts down: a run the shutdown's cancels have not reached yet
+  // (a runner freed by canceling a running job takes the next one) ends unrun too.
+  const bool stopping = stopping_.load(std::memory_order_acquire);
   {
     std::unique_lock job_lock(job.lock);
     const std::uint32_t word = job.load();
     if (job.run != &run || jw::phase(word) != JobState::waiting) return;  // taken back meanwhile
     job.run = nullptr;
-    canceled = (word & jw::canceled) != 0;
+    canceled = (word & jw::canceled) != 0 || stopping;
     const bool suspended = suspended_.load(std::memory_order_acquire);
     if (!suspended || canceled) job.change(JobState::waiting, jw::started);
     if (suspended && !canceled) {
@@ -317,7 +320,10 @@ void Jobs::run(JobCore& job, Tasklet& run) noexcept {
     RunEnd ended;
     {
       std::lock_guard lock(mutex);
-      ended = finish_run(job, Status::cancel(canceled ? "canceled before it ran" : "should_run() said no"),
+      ended = finish_run(job,
+                         Status::cancel(!canceled  ? "should_run() said no"
+                                        : stopping ? "the job manager shut down before it ran"
+                                                   : "canceled before it ran"),
                          to_start);
     }
     start(to_start);

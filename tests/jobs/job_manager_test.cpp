@@ -128,6 +128,61 @@ TEST(JobManagerLifetime, DroppingAManagerCancelsWhatWaitsAndWaitsForWhatRuns) {
   }
 }
 
+// The shutdown cancels jobs in the order they were scheduled: canceling a running job frees its
+// runner before the jobs queued behind it are canceled. The runner must not start one of them.
+// Found by the shutdown storm (tests/stress/shutdown_storm_test.cpp).
+TEST(JobManagerLifetime, ARunnerFreedDuringTheShutdownStartsNothing) {
+  auto manager = JobManager::create(JobManager::Options{1, nullptr});
+  auto recorder = std::make_shared<Recorder>();
+  manager->add_listener(recorder);
+  Gate started, stop;
+  // The running job's monitor, when the shutdown cancels it, lets the job end and holds the
+  // shutdown until the queued job has ended one way or the other.
+  class StopsAndWaits final : public ProgressMonitor {
+   public:
+    StopsAndWaits(Gate& stop, Recorder& recorder) : stop_(stop), recorder_(recorder) {}
+
+   protected:
+    void on_canceled(bool canceled) override {
+      if (!canceled) return;
+      stop_.open();
+      recorder_.dones.wait_for(2);  // the running job's end, then the queued one's
+    }
+
+   private:
+    Gate& stop_;
+    Recorder& recorder_;
+  };
+  manager->set_progress_provider([&](Job& job) -> std::unique_ptr<ProgressMonitor> {
+    if (job.name() == "running") return std::make_unique<StopsAndWaits>(stop, *recorder);
+    return nullptr;
+  });
+  auto running = make_job(
+      "running",
+      [&](ProgressMonitor&) {
+        started.open();
+        stop.wait();
+        return Status::cancel("told to stop");
+      },
+      manager);
+  running->schedule();
+  ASSERT_TRUE(started.wait());
+  std::atomic<int> ran{0};
+  auto queued = make_job(
+      "queued",
+      [&](ProgressMonitor&) {
+        ran.fetch_add(1);
+        return Status::ok();
+      },
+      manager);
+  queued->schedule();
+
+  manager.reset();
+  EXPECT_EQ(ran.load(), 0) << "a job started while its manager shut down";
+  EXPECT_TRUE(queued->result().is_canceled()) << queued->result().message;
+  EXPECT_EQ(recorder->dones.get(), 2);
+}
+
 TEST(JobManagerLifetime, AJobDoesNotKeepItsManagerAlive) {
   auto manager = JobManager::create(JobManager::Options{1, nullptr});
   const std::weak_ptr<JobManager> watch = manager;
