@@ -1,3 +1,4 @@
+#include <new>
 #include <string>
 #include <utility>
 
@@ -148,9 +149,29 @@ Scheduler& Domain::background() {
 
 void Domain::begin_rule(const Rule& rule) {
   auto& ctx = detail::state();
-  ctx.rule_stack.push_back(detail::RuleFrame{rule, this, nullptr});
+  ctx.rule_stack.push_back(detail::RuleFrame{rule, this, nullptr});  // out of memory: nothing pushed
   if (!rule) return;
+  detail::ThreadHold* hold = nullptr;
+  try {
+    hold = hold_for(ctx, rule);
+  } catch (const std::bad_alloc&) {
+    // Nothing stays pushed when memory runs out, so that the caller, who cannot tell where it ran
+    // out, has nothing to end (the other errors leave the frame for end_rule).
+    ctx.rule_stack.pop_back();
+    throw;
+  }
+  if (hold == nullptr) return;  // nested in the rule this thread holds
+  ctx.rule_stack.back().hold = hold;
+  if (!hold->enter(table_)) {
+    ctx.rule_stack.back().hold = nullptr;
+    detail::ThreadHold::recycle(hold);
+    throw IllegalState("begin_rule(" + describe(rule) + "): the job manager shut down while waiting");
+  }
+}
 
+// begin_rule's checks once its frame is pushed: null when `rule` nests in the rule this thread
+// holds, else the request that takes it (not entered yet).
+detail::ThreadHold* Domain::hold_for(detail::TaskState& ctx, const Rule& rule) {
   // The outermost rule in force: the running phase's tasklet rule, else the first non-null frame.
   const Rule* outer = nullptr;
   Domain* outer_manager = nullptr;
@@ -176,7 +197,7 @@ void Domain::begin_rule(const Rule& rule) {
                              describe(*outer) +
                              " held by this thread: a nested rule must be contained by it");
     }
-    return;
+    return nullptr;
   }
   SchedulerImpl::enter_pending_rules(ctx);  // what this thread started before comes first
   detail::ThreadHold* hold = detail::ThreadHold::parked(rule, table_);  // validated before
@@ -184,12 +205,7 @@ void Domain::begin_rule(const Rule& rule) {
     validate_rule(rule);
     hold = detail::ThreadHold::take(rule, true);
   }
-  ctx.rule_stack.back().hold = hold;
-  if (!hold->enter(table_)) {
-    ctx.rule_stack.back().hold = nullptr;
-    detail::ThreadHold::recycle(hold);
-    throw IllegalState("begin_rule(" + describe(rule) + "): the job manager shut down while waiting");
-  }
+  return hold;
 }
 
 void Domain::end_rule(const Rule& rule) {
@@ -274,6 +290,8 @@ const std::shared_ptr<Workers>& JobManager::workers() const noexcept {
 RuleScope::RuleScope(JobManager& manager, Rule rule) : manager_(manager), rule_(std::move(rule)) {
   try {
     manager_.begin_rule(rule_);
+  } catch (const std::bad_alloc&) {
+    throw;  // nothing was pushed
   } catch (...) {
     manager_.end_rule(rule_);
     throw;

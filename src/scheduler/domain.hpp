@@ -89,6 +89,7 @@ class Domain : public std::enable_shared_from_this<Domain> {
   void shut_down() noexcept;
 
   void begin_rule(const Rule& rule);
+  detail::ThreadHold* hold_for(detail::TaskState& ctx, const Rule& rule);
   void end_rule(const Rule& rule);
   Rule current_rule() const;
 
