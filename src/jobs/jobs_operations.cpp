@@ -2,6 +2,7 @@
 // job's run, on the manager's job scheduler.
 #include "jobs.hpp"
 
+#include <exception>
 #include <string>
 #include <utility>
 
@@ -273,6 +274,7 @@ void Jobs::run(JobCore& job, Tasklet& run) noexcept {
   }
 
   bool go = false;
+  std::exception_ptr no_monitor;  // out of memory for the plain monitor
   try {
     go = !canceled && job.hooks().should_run(job.job());
   } catch (...) {
@@ -292,11 +294,18 @@ void Jobs::run(JobCore& job, Tasklet& run) noexcept {
       std::lock_guard lock(mutex);
       provider = provider_;
     }
+    if (provider) {
+      try {
+        monitor = provider(job.job());
+      } catch (...) {
+        // As a null answer: the plain monitor below.
+      }
+    }
     try {
-      if (provider) monitor = provider(job.job());
       if (!monitor) monitor = std::allocate_shared<ProgressMonitor>(Allocator<ProgressMonitor>{});
     } catch (...) {
       go = false;  // no monitor: the run cannot start
+      no_monitor = std::current_exception();
     }
   }
   const auto release_rule = [] {
@@ -320,11 +329,12 @@ void Jobs::run(JobCore& job, Tasklet& run) noexcept {
     RunEnd ended;
     {
       std::lock_guard lock(mutex);
-      ended = finish_run(job,
-                         Status::cancel(!canceled  ? "should_run() said no"
-                                        : stopping ? "the job manager shut down before it ran"
-                                                   : "canceled before it ran"),
-                         to_start);
+      const Status unrun = no_monitor
+                               ? Status::error("out of memory for the job's progress monitor", no_monitor)
+                           : !canceled ? Status::cancel("should_run() said no")
+                           : stopping  ? Status::cancel("the job manager shut down before it ran")
+                                       : Status::cancel("canceled before it ran");
+      ended = finish_run(job, unrun, to_start);
     }
     start(to_start);
     complete(std::move(ended));
