@@ -46,7 +46,8 @@ inline constexpr std::uint32_t canceling_called = 1u << 5;  // canceling() was c
 inline constexpr std::uint32_t joined = 1u << 6;            // a join() waits for the end of this run
 inline constexpr std::uint32_t rerun_pending = 1u << 7;     // none, and its re-run is not queued yet
 inline constexpr std::uint32_t started = 1u << 8;           // waiting: its run has begun (should_run, events)
-inline constexpr std::uint32_t one_end = 1u << 9;           // bits 9-31 count the ends, for join()
+inline constexpr std::uint32_t ending = 1u << 9;            // none, its done event not told yet
+inline constexpr std::uint32_t one_end = 1u << 10;          // bits 10-31 count the ends, for join()
 
 constexpr JobState phase(std::uint32_t word) noexcept { return static_cast<JobState>(word & phase_mask); }
 constexpr std::uint32_t with_phase(std::uint32_t word, JobState phase) noexcept {

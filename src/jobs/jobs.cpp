@@ -394,6 +394,8 @@ RunEnd Jobs::end_word(JobCore& job, Status result) {
   RunEnd end;
   end.job = &job;
   end.owner = job.owned();
+  // A job whose listeners have yet to hear this end stays `ending` until they have (complete()).
+  const bool told = has_listeners(job);
   std::uint32_t old = 0;
   {
     std::lock_guard job_lock(job.lock);
@@ -409,6 +411,7 @@ RunEnd Jobs::end_word(JobCore& job, Status result) {
       next = jw::with_phase(old, JobState::none) + jw::one_end;
       next &= ~(jw::taken | jw::started | jw::canceled | jw::rerun | jw::canceling_called | jw::joined);
       if (end.rerun) next |= jw::rerun_pending;
+      if (told) next |= jw::ending;
     } while (
         !job.word.compare_exchange_weak(old, next, std::memory_order_acq_rel, std::memory_order_acquire));
   }
@@ -477,6 +480,19 @@ void Jobs::complete(RunEnd end) {
   state().completing_run = &frame;
   complete_run(end);
   state().completing_run = frame.outer;  // the listeners may have moved it to another thread
+  {
+    // The end is told: a schedule() made while it was being told runs the job again now.
+    std::lock_guard job_lock(end.job->lock);
+    const std::uint32_t word = end.job->load();
+    if ((word & jw::ending) != 0) {
+      const bool late = (word & jw::rerun) != 0 && !end.rerun && !stopping_.load(std::memory_order_relaxed);
+      if (late) {
+        end.rerun = true;
+        end.rerun_delay = end.job->rerun_delay;
+      }
+      end.job->change(JobState::none, late ? jw::rerun_pending : 0, jw::ending | jw::rerun);
+    }
+  }
   if (end.rerun) {
     try {
       schedule(*end.job, end.rerun_delay, true);

@@ -68,6 +68,11 @@ class Watching {
   std::atomic<int>& watchers_;
 };
 
+/// Test seam: when set, a run that found the manager suspended calls it with the job before it
+/// holds the job back, outside every lock: a resume() made from it lands in the window between
+/// the run's look at the suspension and the hold.
+inline std::atomic<void (*)(Job&)> before_holding_back{nullptr};
+
 /// What is left to do once a run is over, outside the locks.
 struct RunEnd {
   JobCore* job = nullptr;

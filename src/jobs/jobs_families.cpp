@@ -107,7 +107,9 @@ bool Jobs::is_idle() const {
   for_each_listed([&](JobCore& job) {
     const std::uint32_t word = job.load();
     const JobState now = jw::phase(word);
-    if (now == JobState::waiting || now == JobState::running || (word & jw::rerun_pending) != 0) idle = false;
+    if (now == JobState::waiting || now == JobState::running ||
+        (word & (jw::rerun_pending | jw::ending)) != 0)
+      idle = false;
   });
   return idle;
 }

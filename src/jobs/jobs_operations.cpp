@@ -47,6 +47,13 @@ void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun
       return;
     }
     if (phase != JobState::none) return;  // already waiting or sleeping (even for a re-run)
+    if ((word & jw::ending) != 0) {
+      // Its last end is still being told to its listeners: it runs again once they have heard it,
+      // so that they hear this end before the next schedule.
+      job.change(phase, jw::rerun);
+      job.rerun_delay = delay;
+      return;
+    }
     if (stopping_.load(std::memory_order_acquire)) schedule_refused(job.job());
     job.order.store(next_order_.fetch_add(1, std::memory_order_relaxed), std::memory_order_relaxed);
     // A plain job goes straight to the job scheduler, unless the manager is suspended.
@@ -114,8 +121,12 @@ bool Jobs::cancel(JobCore& job) {
   {
     std::lock_guard lock(mutex);
     switch (job.state()) {
-      case JobState::none:
+      case JobState::none: {
+        // A schedule() made while its last end is being told is dropped: the cancel is the last word.
+        std::lock_guard job_lock(job.lock);
+        if ((job.load() & jw::ending) != 0) job.word.fetch_and(~jw::rerun, std::memory_order_acq_rel);
         return true;
+      }
       case JobState::sleeping:
         ended = finish_run(job, Status::cancel(), to_start);
         break;
@@ -167,7 +178,8 @@ bool Jobs::join(JobCore& job, std::chrono::milliseconds timeout) {
     throw IllegalState("join: job '" + job.job().name() + "' cannot join itself");
   }
   const std::uint32_t seen = job.load();
-  if (jw::phase(seen) == JobState::none) return true;
+  // Ended, unless a schedule() made while the end was being told runs it again (jw::ending).
+  if (jw::phase(seen) == JobState::none && (seen & jw::rerun) == 0) return true;
   std::unique_lock lock(join_mutex_);
   const std::uint32_t now = job.word.fetch_or(jw::joined, std::memory_order_acq_rel);
   const std::uint32_t ends = seen / jw::one_end;
@@ -251,6 +263,7 @@ void Jobs::run(JobCore& job, Tasklet& run) noexcept {
     if (suspended && !canceled) {
       // Waits again, from the start, holding nothing; resume() lets it in first.
       job_lock.unlock();
+      if (auto* seam = before_holding_back.load(std::memory_order_acquire)) seam(job.job());
       ToStart let_in;
       {
         std::lock_guard lock(mutex);
@@ -264,8 +277,14 @@ void Jobs::run(JobCore& job, Tasklet& run) noexcept {
           }
         }
         if (!canceled) {
-          held_entered_.push_back(&job);
           release_group_slot(job, let_in);
+          // A resume() since the look above has let the held jobs in already: this one waits
+          // again at once instead of until the next resume().
+          if (suspended_.load(std::memory_order_relaxed)) {
+            held_entered_.push_back(&job);
+          } else {
+            enter_waiting(job, let_in);
+          }
         }
       }
       start(let_in);

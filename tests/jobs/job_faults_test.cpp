@@ -158,14 +158,19 @@ class BrokenGroup final : public JobGroup {
 
 TEST_F(JobTest, AGroupWhoseShouldCancelThrowsIsCanceled) {
   auto group = std::make_shared<BrokenGroup>(true, false);
+  Gate all_scheduled;  // the first job fails only once the others wait behind it
   std::vector<std::shared_ptr<Job>> jobs;
   for (int i = 0; i < 6; ++i) {
-    auto j = job("member" + std::to_string(i),
-                 [i](ProgressMonitor&) { return i == 0 ? Status::error("first fails") : Status::ok(); });
+    auto j = job("member" + std::to_string(i), [i, &all_scheduled](ProgressMonitor&) {
+      if (i != 0) return Status::ok();
+      all_scheduled.wait();
+      return Status::error("first fails");
+    });
     j->set_group(group);
     jobs.push_back(j);
   }
   for (auto& j : jobs) j->schedule();
+  all_scheduled.open();
   ASSERT_TRUE(group->join(patience));
   EXPECT_TRUE(jobs[0]->result().is_error());
   // max_threads 1: the others were throttled when the first failed, and a throwing should_cancel

@@ -158,5 +158,40 @@ TEST_F(JobTest, ProgressProviderChoosesTheMonitor) {
   EXPECT_EQ(begun.load(), 1);
 }
 
+// A schedule() made after a run has ended but before its listeners were told (here: from the
+// group's compute_group_result, which runs in between) runs the job again after the done event,
+// so that listeners hear this end before the next schedule. Found by the jobs fuzzer.
+TEST_F(JobTest, AScheduleWhileAnEndIsBeingToldComesAfterItsDoneEvent) {
+  class Rescheduling final : public JobGroup {
+   public:
+    Rescheduling() : JobGroup("rescheduling", 0, 0) {}
+    std::shared_ptr<Job> again;  // scheduled once more from the first end
+
+   protected:
+    Status compute_group_result(const std::vector<Status>& results) override {
+      if (auto job = std::exchange(again, nullptr)) job->schedule();
+      return JobGroup::compute_group_result(results);
+    }
+  };
+  auto group = std::make_shared<Rescheduling>();
+  auto recorder = std::make_shared<Recorder>();
+  std::atomic<int> runs{0};
+  auto j = job("again", [&](ProgressMonitor&) {
+    runs.fetch_add(1);
+    return Status::ok();
+  });
+  j->add_listener(recorder);
+  j->set_group(group);
+  group->again = j;
+  j->schedule();
+  ASSERT_TRUE(recorder->dones.wait_for(2));
+  EXPECT_TRUE(j->join(patience));
+  EXPECT_EQ(runs.load(), 2);
+  const std::vector<std::string> life{"scheduled", "about_to_run", "running", "done"};
+  std::vector<std::string> twice = life;
+  twice.insert(twice.end(), life.begin(), life.end());
+  EXPECT_EQ(recorder->of("again"), twice);
+}
+
 }  // namespace
 }  // namespace tasklet

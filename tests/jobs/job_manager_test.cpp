@@ -128,6 +128,43 @@ TEST(JobManagerLifetime, DroppingAManagerCancelsWhatWaitsAndWaitsForWhatRuns) {
   }
 }
 
+// A run taken by a worker while the manager is suspended holds its job back until resume(). A
+// resume() between the run's look at the suspension and the hold must still let the job in
+// (without it the job waited for the next resume; found by the jobs fuzzer, fuzz/jobs_fuzz.cpp).
+TEST(JobManagerSuspension, AResumeJustBeforeARunHoldsItsJobBackStillLetsItIn) {
+  auto manager = JobManager::create(JobManager::Options{1, nullptr});
+  struct Seam {
+    Seam() {
+      detail::before_holding_back = [](Job& job) { job.manager()->resume(); };
+    }
+    ~Seam() { detail::before_holding_back = nullptr; }
+  } seam;
+  Gate in_run, release;
+  auto blocker = make_job(
+      "blocker",
+      [&](ProgressMonitor&) {
+        in_run.open();
+        release.wait();
+        return Status::ok();
+      },
+      manager);
+  blocker->schedule();
+  ASSERT_TRUE(in_run.wait());
+  std::atomic<bool> ran{false};
+  auto held = make_job(
+      "held",
+      [&](ProgressMonitor&) {
+        ran = true;
+        return Status::ok();
+      },
+      manager);
+  held->schedule();  // handed to the job scheduler while its only worker is busy
+  manager->suspend();
+  release.open();  // the worker takes held's run, finds the manager suspended; the seam resumes it
+  EXPECT_TRUE(held->join(patience)) << "the job waits for a resume() that came already";
+  EXPECT_TRUE(ran.load());
+}
+
 // The shutdown cancels jobs in the order they were scheduled: canceling a running job frees its
 // runner before the jobs queued behind it are canceled. The runner must not start one of them.
 // Found by the shutdown storm (tests/stress/shutdown_storm_test.cpp).
