@@ -32,9 +32,16 @@ void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun
   std::shared_ptr<JobRun> run = plain ? make_run(job) : nullptr;
   std::shared_ptr<Job> owner = job.owned();
   bool handing = false;
+  // Any other job takes the manager's lock before it becomes waiting and keeps it until it waits
+  // somewhere (or sleeps, or ended at once): a cancel() in between would find it waiting in no
+  // queue, end it, and then see it queued all the same.
+  std::unique_lock manager_lock(mutex, std::defer_lock);
+  if (!plain) manager_lock.lock();
+  std::uint32_t ends = 0;  // of this job before this waiting
   {
     std::lock_guard job_lock(job.lock);
     const std::uint32_t word = job.load();
+    ends = word / jw::one_end;
     if (is_rerun) job.word.fetch_and(~jw::rerun_pending, std::memory_order_acq_rel);
     if (!wanted) return;
     // Running, or about to (its run has begun, or a cancel that could not take the run back lets
@@ -74,10 +81,14 @@ void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun
   bool canceled_at_once = false;
   RunEnd ended;
   {
-    std::lock_guard lock(mutex);
+    if (!manager_lock.owns_lock()) manager_lock.lock();
     if (plain) {
-      // It found the manager suspended: it waits out the suspension.
-      enter_waiting(job, to_start);
+      // It found the manager suspended: it waits out the suspension, unless a cancel() since it
+      // became waiting has ended this waiting already.
+      const std::uint32_t now = job.load();
+      if (jw::phase(now) == JobState::waiting && now / jw::one_end == ends && (now & jw::taken) == 0) {
+        enter_waiting(job, to_start);
+      }
     } else {
       if (GroupCore* g = job.group_core()) {
         std::lock_guard group_lock(g->mutex);
@@ -106,6 +117,7 @@ void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun
         enter_waiting(job, to_start);
       }
     }
+    manager_lock.unlock();
   }
   start(to_start);
   deliver(job);

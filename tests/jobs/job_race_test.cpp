@@ -81,6 +81,52 @@ TEST_F(JobTest, ARuleIsFreeWhenJoinReturnsAfterACancelFromAnotherThreadRacingSch
   RecordProperty("canceled_rounds", canceled);
 }
 
+// A job with a listener is scheduled here while another thread cancels it over and over: each
+// schedule is told before its end (a cancel that came between the job becoming waiting and its
+// queueing ended it, and then it was queued as well: done came before scheduled, and the job ran
+// after its end; found by the jobs fuzzer).
+TEST_F(JobTest, ACancelRacingTheScheduleOfAJobWithListenersComesAfterItsScheduledEvent) {
+  class Alternation final : public JobListener {
+   public:
+    void scheduled(const JobEvent&) override {
+      if (open_.exchange(true)) broken_ = true;
+      scheduleds.fetch_add(1);
+    }
+    void done(const JobEvent&) override {
+      if (!open_.exchange(false)) broken_ = true;
+      dones.fetch_add(1);
+    }
+    bool broken() const { return broken_.load(); }
+    std::atomic<int> scheduleds{0}, dones{0};
+
+   private:
+    std::atomic<bool> open_{false};
+    std::atomic<bool> broken_{false};
+  };
+  auto listener = std::make_shared<Alternation>();
+  auto j = job("told", [](ProgressMonitor&) { return Status::ok(); });
+  j->add_listener(listener);
+  std::atomic<bool> stop{false};
+  std::latch canceling{1};
+  std::thread canceler([&] {
+    canceling.count_down();
+    while (!stop.load()) j->cancel();
+  });
+  canceling.wait();
+  bool ok = true;
+  for (int i = 0; i < 2'000 && ok; ++i) {
+    j->schedule();  // may be dropped by a cancel while the last end is told: no events then
+    ok = j->join(patience) && test::eventually([&] { return listener->dones == listener->scheduleds; });
+    EXPECT_TRUE(ok) << "round " << i << ": a schedule that never ended";
+    if (listener->broken()) {
+      ADD_FAILURE() << "round " << i << ": a done without its scheduled, or the reverse";
+      ok = false;
+    }
+  }
+  stop.store(true);
+  canceler.join();
+}
+
 // Another thread cancels, puts to sleep and wakes the job over and over while this one schedules
 // it: whatever each call hit (waiting in the table, granted, taken by a runner, still being handed
 // over), every run ends, join() returns with the rule free, and the result tells whether it ran.
