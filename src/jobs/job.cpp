@@ -122,6 +122,9 @@ bool Job::is_user() const {
 }
 
 void Job::set_group(std::shared_ptr<JobGroup> group) {
+  // Under the manager's job lock too: a run's end leaves its group under that lock after the job
+  // is in state none, and must find the group it was in.
+  std::lock_guard manager_lock(core_->jobs().mutex);
   std::lock_guard lock(core_->lock);
   require_none(*this, *core_, "the group");
   core_->group = std::move(group);

@@ -407,12 +407,17 @@ void Jobs::run(JobCore& job, Tasklet& run) noexcept {
   release_rule();
 
   ToStart to_start;
-  RunEnd ended = end_word(job, std::move(result));
-  changed();
+  RunEnd ended;
   if (job.group_core() != nullptr) {
+    // The job leaves its group as it ends, under one taking of the lock: once it is in state none
+    // set_group() may change its group, and the slot and place it had must go back first.
     std::lock_guard lock(mutex);
+    ended = end_word(job, std::move(result));
     finish_group(job, ended, to_start);
+  } else {
+    ended = end_word(job, std::move(result));
   }
+  changed();
   start(to_start);
   complete(std::move(ended));
 

@@ -127,6 +127,40 @@ TEST_F(JobTest, ACancelRacingTheScheduleOfAJobWithListenersComesAfterItsSchedule
   canceler.join();
 }
 
+// Another thread moves a job in and out of a group (max_threads 1) over and over while this one
+// schedules and joins it: whenever a set_group() succeeds between the end of a run and its leaving
+// the group, the group must still get its slot back, or it would let no job in again (found by
+// the jobs fuzzer).
+TEST_F(JobTest, SetGroupRacingTheEndOfARunLeavesTheGroupsSlotsRight) {
+  auto group = std::make_shared<JobGroup>("one at a time", 1, 0);
+  auto j = job("moved", [](ProgressMonitor&) { return Status::ok(); });
+  std::atomic<bool> stop{false};
+  std::latch moving{1};
+  std::thread mover([&] {
+    moving.count_down();
+    for (bool in = true; !stop.load(); in = !in) {
+      try {
+        j->set_group(in ? group : nullptr);
+      } catch (const TaskletActive&) {
+      }
+    }
+  });
+  moving.wait();
+  bool ok = true;
+  for (int i = 0; i < 2'000 && ok; ++i) {
+    j->schedule();
+    ok = j->join(patience);
+    EXPECT_TRUE(ok) << "round " << i;
+  }
+  stop.store(true);
+  mover.join();
+  // The group lets a job in: no slot was lost.
+  auto probe = job("probe", [](ProgressMonitor&) { return Status::ok(); });
+  probe->set_group(group);
+  probe->schedule();
+  EXPECT_TRUE(probe->join(patience)) << "the group lost a slot";
+}
+
 // Another thread cancels, puts to sleep and wakes the job over and over while this one schedules
 // it: whatever each call hit (waiting in the table, granted, taken by a runner, still being handed
 // over), every run ends, join() returns with the rule free, and the result tells whether it ran.
