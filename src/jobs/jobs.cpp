@@ -191,6 +191,21 @@ void Jobs::unlist_if_over(JobCore& job) {
   changed();
 }
 
+void Jobs::wake_joiners() {
+  std::lock_guard lock(join_mutex_);
+  joined_.notify_all();
+}
+
+// A re-run that will not happen after all (refused, or not wanted): joiners waiting for it go on.
+void Jobs::drop_rerun(JobCore& job) {
+  std::uint32_t old = 0;
+  {
+    std::lock_guard job_lock(job.lock);
+    old = job.word.fetch_and(~jw::rerun_pending, std::memory_order_acq_rel);
+  }
+  if ((old & jw::joined) != 0) wake_joiners();
+}
+
 void Jobs::changed() noexcept {
   if (watchers_.load() == 0) return;
   std::lock_guard lock(mutex);
@@ -416,10 +431,7 @@ RunEnd Jobs::end_word(JobCore& job, Status result) {
         !job.word.compare_exchange_weak(old, next, std::memory_order_acq_rel, std::memory_order_acquire));
   }
   end.done = JobEvent{end.owner, std::move(result), std::chrono::milliseconds{0}, nullptr};
-  if ((old & jw::joined) != 0) {
-    std::lock_guard lock(join_mutex_);
-    joined_.notify_all();
-  }
+  if ((old & jw::joined) != 0) wake_joiners();
   return end;
 }
 
@@ -490,15 +502,17 @@ void Jobs::complete(RunEnd end) {
         end.rerun = true;
         end.rerun_delay = end.job->rerun_delay;
       }
-      end.job->change(JobState::none, late ? jw::rerun_pending : 0, jw::ending | jw::rerun);
+      const std::uint32_t old =
+          end.job->change(JobState::none, late ? jw::rerun_pending : 0, jw::ending | jw::rerun);
+      // A joiner waiting for a schedule() that a cancel() or the shutdown dropped meanwhile.
+      if (!late && (old & jw::joined) != 0) wake_joiners();
     }
   }
   if (end.rerun) {
     try {
       schedule(*end.job, end.rerun_delay, true);
     } catch (...) {
-      std::lock_guard job_lock(end.job->lock);
-      end.job->word.fetch_and(~jw::rerun_pending, std::memory_order_acq_rel);
+      drop_rerun(*end.job);
     }
   }
   unlist_if_over(*end.job);

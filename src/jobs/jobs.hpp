@@ -182,6 +182,8 @@ class Jobs final : public WaitTimer {
   template <class Visit>
   void for_each_listed(Visit&& visit) const;
   void changed() noexcept;
+  void wake_joiners();
+  void drop_rerun(JobCore& job);
 
   // Timer: delayed schedules and wake-ups, on one thread, sleeping until the earliest is due.
   void arm_timer(JobCore& job, Clock::time_point when);

@@ -21,10 +21,7 @@ void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun
   try {
     wanted = job.hooks().should_schedule(job.job());
   } catch (...) {
-    if (is_rerun) {
-      std::lock_guard job_lock(job.lock);
-      job.word.fetch_and(~jw::rerun_pending, std::memory_order_acq_rel);
-    }
+    if (is_rerun) drop_rerun(job);
     throw;
   }
   const bool plain = delay.count() == 0 && job.group_core() == nullptr && !has_listeners(job);
@@ -38,12 +35,23 @@ void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun
   std::unique_lock manager_lock(mutex, std::defer_lock);
   if (!plain) manager_lock.lock();
   std::uint32_t ends = 0;  // of this job before this waiting
+  bool joiners_to_wake = false;
+  struct WakeOnReturn {
+    Jobs& jobs;
+    bool& wake;
+    ~WakeOnReturn() {
+      if (wake) jobs.wake_joiners();
+    }
+  } wake_on_return{*this, joiners_to_wake};
   {
     std::lock_guard job_lock(job.lock);
     const std::uint32_t word = job.load();
     ends = word / jw::one_end;
     if (is_rerun) job.word.fetch_and(~jw::rerun_pending, std::memory_order_acq_rel);
-    if (!wanted) return;
+    if (!wanted) {
+      if (is_rerun && (word & jw::joined) != 0) joiners_to_wake = true;
+      return;
+    }
     // Running, or about to (its run has begun, or a cancel that could not take the run back lets
     // the run end it, unrun): once more after it ends.
     const JobState phase = jw::phase(word);
@@ -192,12 +200,16 @@ bool Jobs::join(JobCore& job, std::chrono::milliseconds timeout) {
   const std::uint32_t seen = job.load();
   // Ended, unless a schedule() made while the end was being told runs it again (jw::ending).
   if (jw::phase(seen) == JobState::none && (seen & jw::rerun) == 0) return true;
-  std::unique_lock lock(join_mutex_);
-  const std::uint32_t now = job.word.fetch_or(jw::joined, std::memory_order_acq_rel);
   const std::uint32_t ends = seen / jw::one_end;
-  if (now / jw::one_end != ends) return true;
+  // Over when an end is counted, or when that schedule() was dropped (a cancel, the shutdown).
+  const auto over = [ends](std::uint32_t word) {
+    return word / jw::one_end != ends ||
+           (jw::phase(word) == JobState::none && (word & (jw::rerun | jw::rerun_pending | jw::ending)) == 0);
+  };
+  std::unique_lock lock(join_mutex_);
+  if (over(job.word.fetch_or(jw::joined, std::memory_order_acq_rel))) return true;
   return joined_.wait_until(
-      lock, deadline_after(timeout), [&] { return job.load() / jw::one_end != ends; }, this);
+      lock, deadline_after(timeout), [&] { return over(job.load()); }, this);
 }
 
 bool Jobs::sleep(JobCore& job) {

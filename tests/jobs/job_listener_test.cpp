@@ -6,6 +6,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -158,21 +159,34 @@ TEST_F(JobTest, ProgressProviderChoosesTheMonitor) {
   EXPECT_EQ(begun.load(), 1);
 }
 
+// A group whose compute_group_result (run while a job's end is being told, before its done event)
+// schedules that job once more.
+class Rescheduling final : public JobGroup {
+ public:
+  Rescheduling() : JobGroup("rescheduling", 0, 0) {}
+  std::shared_ptr<Job> again;  // scheduled once more from the first end (set before it runs)
+  std::atomic<bool> rescheduled{false};
+  bool then_cancel = false;  // and that schedule canceled at once
+  test::Gate joining;        // the test joins the job before the end goes on
+
+ protected:
+  Status compute_group_result(const std::vector<Status>& results) override {
+    if (auto job = std::exchange(again, nullptr)) {
+      job->schedule();
+      rescheduled = true;
+      if (then_cancel) {
+        joining.wait();
+        job->cancel();
+      }
+    }
+    return JobGroup::compute_group_result(results);
+  }
+};
+
 // A schedule() made after a run has ended but before its listeners were told (here: from the
 // group's compute_group_result, which runs in between) runs the job again after the done event,
 // so that listeners hear this end before the next schedule. Found by the jobs fuzzer.
 TEST_F(JobTest, AScheduleWhileAnEndIsBeingToldComesAfterItsDoneEvent) {
-  class Rescheduling final : public JobGroup {
-   public:
-    Rescheduling() : JobGroup("rescheduling", 0, 0) {}
-    std::shared_ptr<Job> again;  // scheduled once more from the first end
-
-   protected:
-    Status compute_group_result(const std::vector<Status>& results) override {
-      if (auto job = std::exchange(again, nullptr)) job->schedule();
-      return JobGroup::compute_group_result(results);
-    }
-  };
   auto group = std::make_shared<Rescheduling>();
   auto recorder = std::make_shared<Recorder>();
   std::atomic<int> runs{0};
@@ -191,6 +205,32 @@ TEST_F(JobTest, AScheduleWhileAnEndIsBeingToldComesAfterItsDoneEvent) {
   std::vector<std::string> twice = life;
   twice.insert(twice.end(), life.begin(), life.end());
   EXPECT_EQ(recorder->of("again"), twice);
+}
+
+// The same schedule() canceled before it runs: a join() that waits for it returns (the cancel is
+// the last word), and the listeners hear one life.
+TEST_F(JobTest, AJoinWaitingForAScheduleThatACancelDroppedReturns) {
+  auto group = std::make_shared<Rescheduling>();
+  group->then_cancel = true;
+  auto recorder = std::make_shared<Recorder>();
+  std::atomic<int> runs{0};
+  auto j = job("dropped", [&](ProgressMonitor&) {
+    runs.fetch_add(1);
+    return Status::ok();
+  });
+  j->add_listener(recorder);
+  j->set_group(group);
+  group->again = j;
+  j->schedule();
+  // Once the end is being told (the group's hook runs), join: it waits for the schedule made
+  // there until the cancel drops it.
+  ASSERT_TRUE(test::eventually([&] { return group->rescheduled.load(); }));
+  group->joining.open();  // mostly, join() below waits before the cancel comes
+  EXPECT_TRUE(j->join(patience));
+  ASSERT_TRUE(recorder->dones.wait_for(1));
+  EXPECT_EQ(runs.load(), 1);
+  EXPECT_EQ(recorder->of("dropped"),
+            (std::vector<std::string>{"scheduled", "about_to_run", "running", "done"}));
 }
 
 }  // namespace
