@@ -183,54 +183,57 @@ class Rescheduling final : public JobGroup {
   }
 };
 
+// A job in a Rescheduling group, heard by a Recorder, counting its runs.
+struct RescheduledJob {
+  RescheduledJob(const std::shared_ptr<JobManager>& manager, const std::string& name, bool then_cancel)
+      : job(make_job(
+            name,
+            [this](ProgressMonitor&) {
+              runs.fetch_add(1);
+              return Status::ok();
+            },
+            manager)) {
+    group->then_cancel = then_cancel;
+    job->add_listener(recorder);
+    job->set_group(group);
+    group->again = job;
+  }
+
+  std::shared_ptr<Rescheduling> group = std::make_shared<Rescheduling>();
+  std::shared_ptr<Recorder> recorder = std::make_shared<Recorder>();
+  std::atomic<int> runs{0};
+  std::shared_ptr<Job> job;
+};
+
+const std::vector<std::string> one_life{"scheduled", "about_to_run", "running", "done"};
+
 // A schedule() made after a run has ended but before its listeners were told (here: from the
 // group's compute_group_result, which runs in between) runs the job again after the done event,
 // so that listeners hear this end before the next schedule. Found by the jobs fuzzer.
 TEST_F(JobTest, AScheduleWhileAnEndIsBeingToldComesAfterItsDoneEvent) {
-  auto group = std::make_shared<Rescheduling>();
-  auto recorder = std::make_shared<Recorder>();
-  std::atomic<int> runs{0};
-  auto j = job("again", [&](ProgressMonitor&) {
-    runs.fetch_add(1);
-    return Status::ok();
-  });
-  j->add_listener(recorder);
-  j->set_group(group);
-  group->again = j;
-  j->schedule();
-  ASSERT_TRUE(recorder->dones.wait_for(2));
-  EXPECT_TRUE(j->join(patience));
-  EXPECT_EQ(runs.load(), 2);
-  const std::vector<std::string> life{"scheduled", "about_to_run", "running", "done"};
-  std::vector<std::string> twice = life;
-  twice.insert(twice.end(), life.begin(), life.end());
-  EXPECT_EQ(recorder->of("again"), twice);
+  RescheduledJob again(manager_, "again", false);
+  again.job->schedule();
+  ASSERT_TRUE(again.recorder->dones.wait_for(2));
+  EXPECT_TRUE(again.job->join(patience));
+  EXPECT_EQ(again.runs.load(), 2);
+  std::vector<std::string> twice = one_life;
+  twice.insert(twice.end(), one_life.begin(), one_life.end());
+  EXPECT_EQ(again.recorder->of("again"), twice);
 }
 
 // The same schedule() canceled before it runs: a join() that waits for it returns (the cancel is
 // the last word), and the listeners hear one life.
 TEST_F(JobTest, AJoinWaitingForAScheduleThatACancelDroppedReturns) {
-  auto group = std::make_shared<Rescheduling>();
-  group->then_cancel = true;
-  auto recorder = std::make_shared<Recorder>();
-  std::atomic<int> runs{0};
-  auto j = job("dropped", [&](ProgressMonitor&) {
-    runs.fetch_add(1);
-    return Status::ok();
-  });
-  j->add_listener(recorder);
-  j->set_group(group);
-  group->again = j;
-  j->schedule();
+  RescheduledJob dropped(manager_, "dropped", true);
+  dropped.job->schedule();
   // Once the end is being told (the group's hook runs), join: it waits for the schedule made
   // there until the cancel drops it.
-  ASSERT_TRUE(test::eventually([&] { return group->rescheduled.load(); }));
-  group->joining.open();  // mostly, join() below waits before the cancel comes
-  EXPECT_TRUE(j->join(patience));
-  ASSERT_TRUE(recorder->dones.wait_for(1));
-  EXPECT_EQ(runs.load(), 1);
-  EXPECT_EQ(recorder->of("dropped"),
-            (std::vector<std::string>{"scheduled", "about_to_run", "running", "done"}));
+  ASSERT_TRUE(test::eventually([&] { return dropped.group->rescheduled.load(); }));
+  dropped.group->joining.open();  // mostly, join() below waits before the cancel comes
+  EXPECT_TRUE(dropped.job->join(patience));
+  ASSERT_TRUE(dropped.recorder->dones.wait_for(1));
+  EXPECT_EQ(dropped.runs.load(), 1);
+  EXPECT_EQ(dropped.recorder->of("dropped"), one_life);
 }
 
 }  // namespace
