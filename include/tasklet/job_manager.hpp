@@ -120,7 +120,8 @@ class JobManager {
 };
 
 /// Begins a rule on construction and ends it on destruction (also when begin_rule threw, which is
-/// then rethrown from the constructor; but for std::bad_alloc, which leaves nothing to end). Not copyable or movable: it belongs to its thread's scope.
+/// then rethrown from the constructor; but for std::bad_alloc, which leaves nothing to end). Not
+/// copyable or movable: it belongs to its thread's scope.
 class RuleScope {
  public:
   RuleScope(JobManager& manager, Rule rule);
