@@ -166,8 +166,9 @@ void storm(int round_number, int jobs_per_round) {
     ASSERT_NE(job.state(), JobState::none) << job.name() << " ended before the manager was dropped";
     ASSERT_EQ(round.dones(i), 0) << job.name();
   }
-  if (!suspended)
+  if (!suspended) {
     EXPECT_GE(manager->rule_stats().waiting, static_cast<std::size_t>(jobs_per_round / kind_count / 2));
+  }
 
   manager.reset();  // returns once the blockers, told to stop, have ended
   EXPECT_TRUE(watch.expired());
