@@ -35,8 +35,6 @@ namespace detail {
 
 const JobHooks& job_hooks() noexcept { return Job::Core::hooks_table; }
 
-GroupCore* JobCore::group_core() const noexcept { return group ? &JobGroup::Core::of(*group) : nullptr; }
-
 }  // namespace detail
 
 // ---------------------------------------------------------------------------------------------
@@ -127,6 +125,7 @@ void Job::set_group(std::shared_ptr<JobGroup> group) {
   std::lock_guard manager_lock(core_->jobs().mutex);
   std::lock_guard lock(core_->lock);
   require_none(*this, *core_, "the group");
+  core_->group_core_.store(group ? &JobGroup::Core::of(*group) : nullptr, std::memory_order_release);
   core_->group = std::move(group);
 }
 

@@ -133,9 +133,13 @@ class JobCore {
   // The run handed to the job scheduler and not started yet (it may still be taken back), or null.
   Tasklet* run = nullptr;
 
-  std::shared_ptr<JobGroup> group;  // fixed while scheduled
-  /// The core of `group`, or null.
-  GroupCore* group_core() const noexcept;
+  std::shared_ptr<JobGroup> group;  // fixed while scheduled; read and written under `lock`
+  /// The core of `group`, or null: readable without a lock (schedule() decides with it first).
+  GroupCore* group_core() const noexcept { return group_core_.load(std::memory_order_acquire); }
+  std::atomic<GroupCore*> group_core_{nullptr};  // set with `group`
+  // Registered with its group for this scheduling (manager's lock): schedule() saw the group. A
+  // job that set_group() put in a group after schedule() decided it had none is not counted.
+  bool grouped = false;
 
   // Jobs' registry of live jobs (waiting, sleeping, running, or finishing a run): an intrusive
   // list per shard, guarded by the shard's lock. A listed job keeps itself alive: the manager owns

@@ -245,7 +245,7 @@ void Jobs::enter_waiting(JobCore& job, ToStart& to_start) {
     held_.push_back(&job);
     return;
   }
-  if (GroupCore* g = job.group_core()) {
+  if (GroupCore* g = job.grouped ? job.group_core() : nullptr) {
     std::lock_guard group_lock(g->mutex);
     if (!g->admits()) {
       g->throttled.push_back(&job);
@@ -374,7 +374,7 @@ bool Jobs::withdraw_waiting(JobCore& job) {
       return true;
     }
   }
-  if (GroupCore* g = job.group_core()) {
+  if (GroupCore* g = job.grouped ? job.group_core() : nullptr) {
     std::lock_guard group_lock(g->mutex);
     const auto found = std::find(g->throttled.begin(), g->throttled.end(), &job);
     if (found != g->throttled.end()) {
@@ -439,7 +439,8 @@ RunEnd Jobs::end_word(JobCore& job, Status result) {
 // is over or lets its next jobs in.
 void Jobs::finish_group(JobCore& job, RunEnd& end, ToStart& to_start) {
   GroupCore* g = job.group_core();
-  if (g == nullptr) return;
+  if (g == nullptr || !job.grouped) return;
+  job.grouped = false;
   std::vector<JobCore*> let_in;
   {
     std::lock_guard group_lock(g->mutex);

@@ -103,6 +103,7 @@ void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun
         // Jobs scheduled from outside the group's own jobs are its seeds, even when canceled at once.
         const JobCore* parent = running_job();
         job.seed = !is_rerun && !(parent != nullptr && parent->group_core() == g);
+        job.grouped = true;
         if (g->state == JobGroup::State::canceling) {
           canceled_at_once = true;
         } else {
