@@ -107,7 +107,10 @@ class Tracker final : public tasklet::JobListener {
   // time, follows a job from the first scheduled event it hears.
   Tracker(std::string who, bool from_start) : who_(std::move(who)) { following_.fill(from_start); }
   void scheduled(const JobEvent& e) override { step(e, {Stage::idle}, Stage::scheduled, "scheduled"); }
-  void sleeping(const JobEvent& e) override { step(e, {Stage::scheduled}, Stage::sleeping, "sleeping"); }
+  // From sleeping too: a delayed wake_up lets the job wait again without an event (docs/jobs.md §6).
+  void sleeping(const JobEvent& e) override {
+    step(e, {Stage::scheduled, Stage::sleeping}, Stage::sleeping, "sleeping");
+  }
   // From scheduled too: a job scheduled with a delay sleeps without a sleeping event.
   void awake(const JobEvent& e) override {
     step(e, {Stage::sleeping, Stage::scheduled}, Stage::scheduled, "awake");
