@@ -1,10 +1,12 @@
 // tasklet/detail/allocator.hpp: where the engine's small per-job objects come from.
 //
 // Tasklets made by make_tasklet, rule requests and serial-executor tasks are allocated on the thread
-// that schedules them and freed on the worker that ends them. The library routes them to oneTBB's
-// scalable allocator, whose per-thread pools take a block freed on another thread back without a
-// process-wide lock and never coalesce it with cold neighbours (glibc's malloc does both). A build
-// of the library with a sanitizer uses operator new instead, so that the sanitizer sees every block.
+// that schedules them and freed on the worker that ends them. The library routes them to a oneTBB
+// memory pool, whose per-thread caches take a block freed on another thread back without a
+// process-wide lock and never coalesce it with cold neighbours (glibc's malloc does both). The pool
+// keeps the memory it took from the system: the peak of queued work stays reserved for reuse rather
+// than being given back and faulted in again with every burst. A build of the library with a
+// sanitizer uses operator new instead, so that the sanitizer sees every block.
 // Not part of the public API: the names may change.
 #pragma once
 
