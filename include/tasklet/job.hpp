@@ -161,6 +161,11 @@ class Job : public std::enable_shared_from_this<Job> {
   struct Core;
 
  private:
+  class Function;  // make_job's jobs
+  friend std::shared_ptr<Job> make_job(std::string, std::function<Status(ProgressMonitor&)>,
+                                       std::shared_ptr<JobManager>);
+  Job(std::string name, const std::shared_ptr<JobManager>& manager, Core& placed) noexcept;
+
   std::string name_;
   std::weak_ptr<JobManager> manager_;
   std::unique_ptr<Core> core_;

@@ -2,9 +2,9 @@
 //
 // A job is a tasklet: each run is a JobRun, a tasklet whose only phase is that run, scheduled `async`
 // on the manager's job scheduler with the job's rule (so the rule table orders it with every other
-// holder) each time the job becomes waiting. A run is a tasklet of its own rather than the job's
-// core reused, so that the job can be scheduled again the moment its run has ended, while the
-// scheduler is still letting go of the run.
+// holder) each time the job becomes waiting. The run is the one the job's core holds, handed over
+// under the job's ownership; a job scheduled again the moment its run has ended, while the
+// scheduler is still letting go of that run, gets a run of its own for once.
 //
 // A job's state is one word (JobCore::word): its JobState and what is pending on it. Every change
 // of the word is made holding the job's own lock (JobCore::lock), except the `joined` bit, which a
@@ -84,12 +84,41 @@ struct PendingEvent {
 /// What a job needs only when it uses listeners, properties or delays: made on first use, so that
 /// a plain queued job stays small. Guarded by the manager's lock (Jobs::mutex).
 struct JobExtras {
+  std::shared_ptr<JobGroup> group;  // fixed while scheduled
   std::map<std::string, std::any> properties;
   Listeners listeners;
   std::deque<PendingEvent> events;
   bool delivering = false;
   bool has_timer = false;
   std::multimap<Clock::time_point, JobCore*>::iterator timer;
+};
+
+/// A tasklet of the job scheduler, with its place in that scheduler's order: a lane (priority) and
+/// when it may start at the latest.
+class JobTasklet : public Tasklet {
+ public:
+  void prepare(Priority priority, std::int64_t deadline) noexcept {
+    priority_ = priority;
+    deadline_ = deadline;
+  }
+  static SchedulerImpl::Order order_of(const Tasklet& tasklet) noexcept {
+    const auto& self = static_cast<const JobTasklet&>(tasklet);
+    return {static_cast<std::size_t>(self.priority_), self.deadline_};
+  }
+
+ private:
+  Priority priority_ = Priority::interactive;
+  std::int64_t deadline_ = 0;
+};
+
+/// One run of a job: a tasklet whose only phase runs the job (Jobs::run).
+class JobRun final : public JobTasklet {
+ public:
+  explicit JobRun(JobCore& core) noexcept : core_(core) {}
+  Directive task() override;
+
+ private:
+  JobCore& core_;  // alive while the job is listed, which it is until this run has ended it
 };
 
 class JobCore {
@@ -133,10 +162,10 @@ class JobCore {
   // The run handed to the job scheduler and not started yet (it may still be taken back), or null.
   Tasklet* run = nullptr;
 
-  std::shared_ptr<JobGroup> group;  // fixed while scheduled; read and written under `lock`
-  /// The core of `group`, or null: readable without a lock (schedule() decides with it first).
+  /// The core of the job's group (JobExtras::group), or null: readable without a lock
+  /// (schedule() decides with it first); set with the group.
   GroupCore* group_core() const noexcept { return group_core_.load(std::memory_order_acquire); }
-  std::atomic<GroupCore*> group_core_{nullptr};  // set with `group`
+  std::atomic<GroupCore*> group_core_{nullptr};
   // Registered with its group for this scheduling (manager's lock): schedule() saw the group. A
   // job that set_group() put in a group after schedule() decided it had none is not counted.
   bool grouped = false;
@@ -148,38 +177,14 @@ class JobCore {
   JobCore* next = nullptr;
   std::shared_ptr<Job> keep_alive;
 
+  // The job's own run, handed to the job scheduler whenever the scheduler has let go of it (it
+  // is idle): only a job scheduled again while its last run is still being let go of makes one.
+  JobRun own_run{*this};
+
  private:
   Job& job_;
   std::shared_ptr<Jobs> jobs_;
   std::unique_ptr<JobExtras> extras_;
-};
-
-/// A tasklet of the job scheduler, with its place in that scheduler's order: a lane (priority) and
-/// when it may start at the latest.
-class JobTasklet : public Tasklet {
- public:
-  void prepare(Priority priority, std::int64_t deadline) noexcept {
-    priority_ = priority;
-    deadline_ = deadline;
-  }
-  static SchedulerImpl::Order order_of(const Tasklet& tasklet) noexcept {
-    const auto& self = static_cast<const JobTasklet&>(tasklet);
-    return {static_cast<std::size_t>(self.priority_), self.deadline_};
-  }
-
- private:
-  Priority priority_ = Priority::interactive;
-  std::int64_t deadline_ = 0;
-};
-
-/// One run of a job: a tasklet whose only phase runs the job (Jobs::run).
-class JobRun final : public JobTasklet {
- public:
-  explicit JobRun(JobCore& core) noexcept : core_(core) {}
-  Directive task() override;
-
- private:
-  JobCore& core_;  // alive while the job is listed, which it is until this run has ended it
 };
 
 static_assert(static_cast<std::size_t>(Priority::decorate) < SchedulerImpl::lane_count);

@@ -272,7 +272,10 @@ void Jobs::start(ToStart& to_start) {
 // the job has ended. Such an end is completed on this thread, or, on the timer thread, by the job
 // scheduler: listeners and group hooks never run on the timer thread (one of them may drop the
 // manager, whose shutdown joins that thread).
-std::shared_ptr<JobRun> Jobs::make_run(JobCore& job) {
+// Under the job's lock, for a job about to be handed over: its own run, or a new one while the
+// scheduler is still letting go of the own one. Throws std::bad_alloc before anything changed.
+std::shared_ptr<JobRun> Jobs::take_run(JobCore& job, const std::shared_ptr<Job>& owner) {
+  if (job.run != &job.own_run && !job.own_run.is_active()) return {owner, &job.own_run};
   return std::allocate_shared<JobRun>(Allocator<JobRun>{}, job);
 }
 
@@ -287,7 +290,9 @@ void Jobs::hand_over(JobCore& job) {
   std::shared_ptr<Job> owner = job.owned();
   std::shared_ptr<JobRun> run;
   try {
-    run = make_run(job);
+    std::lock_guard job_lock(job.lock);
+    run = take_run(job, owner);
+    attach_run(job, *run);
   } catch (...) {
     // Out of memory: the job ends with the error instead of waiting forever.
     ToStart let_in;
@@ -300,10 +305,6 @@ void Jobs::hand_over(JobCore& job) {
     start(let_in);
     complete(std::move(end));
     return;
-  }
-  {
-    std::lock_guard job_lock(job.lock);
-    attach_run(job, *run);
   }
   submit_run(job, std::move(run));
 }

@@ -156,7 +156,7 @@ class Jobs final : public WaitTimer {
   void enter_waiting(JobCore& job, ToStart& to_start);
   void start(ToStart& to_start);
   void hand_over(JobCore& job);
-  std::shared_ptr<JobRun> make_run(JobCore& job);
+  static std::shared_ptr<JobRun> take_run(JobCore& job, const std::shared_ptr<Job>& owner);
   static void attach_run(JobCore& job, JobRun& run) noexcept;
   void submit_run(JobCore& job, std::shared_ptr<JobRun> run);
   bool withdraw_waiting(JobCore& job);

@@ -25,8 +25,7 @@ void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun
     throw;
   }
   const bool plain = delay.count() == 0 && job.group_core() == nullptr && !has_listeners(job);
-  // A plain job's run is made ahead, so that it is handed over under this one taking of the lock.
-  std::shared_ptr<JobRun> run = plain ? make_run(job) : nullptr;
+  std::shared_ptr<JobRun> run;  // a plain job's, handed over under this one taking of the lock
   std::shared_ptr<Job> owner = job.owned();
   bool handing = false;
   // Any other job takes the manager's lock before it becomes waiting and keeps it until it waits
@@ -70,9 +69,10 @@ void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun
       return;
     }
     if (stopping_.load(std::memory_order_acquire)) schedule_refused(job.job());
-    job.order.store(next_order_.fetch_add(1, std::memory_order_relaxed), std::memory_order_relaxed);
     // A plain job goes straight to the job scheduler, unless the manager is suspended.
     handing = plain && !suspended_.load(std::memory_order_acquire);
+    if (handing) run = take_run(job, owner);
+    job.order.store(next_order_.fetch_add(1, std::memory_order_relaxed), std::memory_order_relaxed);
     if (handing) {
       job.change(JobState::waiting, jw::taken);
       attach_run(job, *run);
