@@ -409,16 +409,18 @@ std::vector<JobCore*> Jobs::take_admissible(GroupCore& group) {
 RunEnd Jobs::end_word(JobCore& job, Status result) {
   RunEnd end;
   end.job = &job;
-  end.owner = job.owned();
   // A job whose listeners have yet to hear this end stays `ending` until they have (complete()).
   const bool told = has_listeners(job);
+  // The event is for the listeners and the group; a plain job's registry entry keeps it alive.
+  const bool eventful = told || job.group_core() != nullptr;
+  if (eventful) end.owner = job.owned();
   std::uint32_t old = 0;
   {
     std::lock_guard job_lock(job.lock);
     old = job.load();
     end.rerun = (old & jw::rerun) != 0 && !stopping_.load(std::memory_order_relaxed);
     end.rerun_delay = job.rerun_delay;
-    job.monitor = nullptr;
+    end.monitor = std::move(job.monitor);  // a provider's monitor may run user code as it goes
     job.run = nullptr;
     job.result = result.is_ok() ? nullptr : std::make_unique<Status>(result);
     // A joiner may set `joined` meanwhile (without the lock): the swap must see it.
@@ -431,7 +433,7 @@ RunEnd Jobs::end_word(JobCore& job, Status result) {
     } while (
         !job.word.compare_exchange_weak(old, next, std::memory_order_acq_rel, std::memory_order_acquire));
   }
-  end.done = JobEvent{end.owner, std::move(result), std::chrono::milliseconds{0}, nullptr};
+  if (eventful) end.done = JobEvent{end.owner, std::move(result), std::chrono::milliseconds{0}, nullptr};
   if ((old & jw::joined) != 0) wake_joiners();
   return end;
 }
@@ -494,7 +496,7 @@ void Jobs::complete(RunEnd end) {
   state().completing_run = &frame;
   complete_run(end);
   state().completing_run = frame.outer;  // the listeners may have moved it to another thread
-  {
+  if ((end.job->load() & jw::ending) != 0) {  // only end_word() sets it, for this end
     // The end is told: a schedule() made while it was being told runs the job again now.
     std::lock_guard job_lock(end.job->lock);
     const std::uint32_t word = end.job->load();

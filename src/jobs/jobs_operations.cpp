@@ -271,8 +271,8 @@ bool Jobs::yield_rule(JobCore& job) {
 // ---------------------------------------------------------------------------------------------
 // One run
 
+// The registry keeps the job alive until its end is complete (complete() unlists it last).
 void Jobs::run(JobCore& job, Tasklet& run) noexcept {
-  const std::shared_ptr<Job> owner = job.owned();
   bool canceled = false;  // before the run started
   // Nothing starts once the manager shuts down: a run the shutdown's cancels have not reached yet
   // (a runner freed by canceling a running job takes the next one) ends unrun too.
@@ -329,7 +329,7 @@ void Jobs::run(JobCore& job, Tasklet& run) noexcept {
     if (told) {
       {
         std::lock_guard lock(mutex);
-        post(job, PendingEvent::Kind::about_to_run, JobEvent{owner, {}, {}, nullptr});
+        post(job, PendingEvent::Kind::about_to_run, JobEvent{job.owned(), {}, {}, nullptr});
       }
       deliver_before_run(job);
     }
@@ -357,6 +357,8 @@ void Jobs::run(JobCore& job, Tasklet& run) noexcept {
     const TaskState& here = state();
     if (here.phase_of != nullptr && here.tasklet != nullptr) here.phase_of->release_rule(*here.tasklet);
   };
+  // The job holds its monitor while it runs (cancel() reaches it there); end_word() takes it back.
+  ProgressMonitor* const running_monitor = monitor.get();
   if (go) {
     std::lock_guard job_lock(job.lock);
     if ((job.load() & jw::canceled) != 0) {
@@ -364,7 +366,7 @@ void Jobs::run(JobCore& job, Tasklet& run) noexcept {
       go = false;
     } else {
       job.change(JobState::running, 0, jw::taken | jw::started);
-      job.monitor = monitor;
+      job.monitor = std::move(monitor);
     }
   }
   if (!go) {
@@ -387,7 +389,7 @@ void Jobs::run(JobCore& job, Tasklet& run) noexcept {
   if (told) {
     {
       std::lock_guard lock(mutex);
-      post(job, PendingEvent::Kind::running, JobEvent{owner, {}, {}, nullptr});
+      post(job, PendingEvent::Kind::running, JobEvent{job.owned(), {}, {}, nullptr});
     }
     deliver_before_run(job);  // about_to_run and running are told before the run starts
   }
@@ -397,14 +399,14 @@ void Jobs::run(JobCore& job, Tasklet& run) noexcept {
   here.job = &job;
   Status result;
   try {
-    result = job.hooks().run(job.job(), *monitor);
+    result = job.hooks().run(job.job(), *running_monitor);
   } catch (const std::exception& error) {
     result = Status::error(error.what(), std::current_exception());
   } catch (...) {
     result = Status::error("unknown exception", std::current_exception());
   }
   try {
-    monitor->done();
+    running_monitor->done();
   } catch (...) {
   }
   TaskState& after = state();  // the run may have moved to another thread (begin_rule, yield_rule)
