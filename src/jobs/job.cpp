@@ -59,7 +59,9 @@ class Job::Function final : public Job {
  public:
   Function(std::string name, std::function<Status(ProgressMonitor&)> fn,
            const std::shared_ptr<JobManager>& manager, std::shared_ptr<detail::Jobs> jobs) noexcept
-      : Job(std::move(name), manager, placed_core_), placed_core_(*this, std::move(jobs)), fn_(std::move(fn)) {}
+      : Job(std::move(name), manager, placed_core_),
+        placed_core_(*this, std::move(jobs)),
+        fn_(std::move(fn)) {}
   ~Function() override { static_cast<void>(core_.release()); }  // a member: destroyed after this
 
  protected:
@@ -194,8 +196,8 @@ std::shared_ptr<Job> make_job(std::string name, std::function<Status(ProgressMon
   static_assert(sizeof(Job::Function) <= 384 - 16, "make_job's block outgrew its size class");
   if (!manager) manager = JobManager::global();
   std::shared_ptr<detail::Jobs> jobs = detail::shared_jobs_of(*manager);
-  return std::allocate_shared<Job::Function>(detail::Allocator<Job::Function>{}, std::move(name), std::move(fn),
-                                             manager, std::move(jobs));
+  return std::allocate_shared<Job::Function>(detail::Allocator<Job::Function>{}, std::move(name),
+                                             std::move(fn), manager, std::move(jobs));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -495,7 +495,7 @@ void Jobs::complete(RunEnd end) {
   CallFrame frame{this, state().completing_run};
   state().completing_run = &frame;
   complete_run(end);
-  state().completing_run = frame.outer;  // the listeners may have moved it to another thread
+  state().completing_run = frame.outer;       // the listeners may have moved it to another thread
   if ((end.job->load() & jw::ending) != 0) {  // only end_word() sets it, for this end
     // The end is told: a schedule() made while it was being told runs the job again now.
     std::lock_guard job_lock(end.job->lock);

@@ -219,7 +219,7 @@ detail::SchedulerImpl::~SchedulerImpl() {
   }
   entering_.clear();
   entering_tasklets_.clear();
-  sync_holds_.fetch_sub(std::exchange(reserved_holds_, 0), std::memory_order_relaxed);
+  count_out(sync_holds_, std::exchange(reserved_holds_, 0));
   // Tasklets still waiting for their rules end unrun; one whose grant is being delivered right now
   // (by a releasing thread, outside the table's lock) is let through first. The search is over
   // every live request of the manager, so it is skipped when none of ours can be among them.
@@ -230,8 +230,12 @@ detail::SchedulerImpl::~SchedulerImpl() {
     });
   }
   forget_deliveries_here();  // those on this thread that led here are not waited for
-  while (holds_.load(std::memory_order_acquire) != 0 || sync_holds_.load(std::memory_order_acquire) != 0) {
-    std::this_thread::yield();
+  // count_out wakes this when a count reaches zero.
+  for (auto* count : {&holds_, &sync_holds_}) {
+    for (std::size_t left = count->load(std::memory_order_acquire); left != 0;
+         left = count->load(std::memory_order_acquire)) {
+      count->wait(left, std::memory_order_acquire);
+    }
   }
   drop_pending();
   if (spawned_.load(std::memory_order_acquire)) {
@@ -547,7 +551,7 @@ void detail::SchedulerImpl::take_reserved(std::atomic<std::size_t>& counter, std
 void detail::SchedulerImpl::flush_async_batch() {
   enter_rule_batch();
   if (reserved_holds_ != 0) {
-    sync_holds_.fetch_sub(std::exchange(reserved_holds_, 0), std::memory_order_release);
+    count_out(sync_holds_, std::exchange(reserved_holds_, 0));
   }
   if (reserved_active_ != 0) {
     // Perhaps the last count: nobody is woken, as the synchronous thread looks at it next.

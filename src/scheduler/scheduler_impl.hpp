@@ -208,6 +208,8 @@ class SchedulerImpl final {
   void enter_rule_batch();
   template <class Waiting>
   void let_rules_catch_up(CatchUp& state, Waiting&& waiting);
+  // Takes `holds` out of holds_ or sync_holds_, waking whoever waits for that count.
+  static void count_out(std::atomic<std::size_t>& count, std::size_t holds) noexcept;
   void park(TaskletPtr tasklet, std::uint64_t expected, std::uint64_t parked_word);
   void forget_deliveries_here() noexcept;
   void finish(TaskletPtr tasklet, std::exception_ptr error) noexcept;

@@ -1,8 +1,10 @@
 // How a scheduler's tasklets hold their rules: a tasklet with a rule enters the rule table before
 // its first phase (the synchronous thread's in batches, held back while the workers catch up),
 // the grant continues it, and it leaves the table when it is done or yields its rule.
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
-#include <thread>
+#include <mutex>
 #include <utility>
 
 #include "context.hpp"
@@ -23,12 +25,37 @@ constexpr std::size_t rule_batch_size = 16;
 // How many of the tasklets with rules that the synchronous thread started may wait for their
 // rules before it lets the workers catch up (see let_rules_catch_up); the backlog it lets them get
 // down to, which is also how many must be delivered after it gave up before it holds back again;
-// and how many turns without a delivery it gives them before it goes on anyway.
+// and how long a backlog may deliver nothing before it is taken as stuck.
 constexpr std::size_t backlog_limit = 1024;
 constexpr std::size_t backlog_resume = backlog_limit / 2;
-constexpr int backlog_patience = 64;
+constexpr std::chrono::milliseconds backlog_patience{1};
+
+// Where threads held back by let_rules_catch_up wait, for any scheduler: a hold's delivery may be
+// the last thing that touches its scheduler (see Delivery), so what wakes them must outlive it.
+std::mutex& held_back_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+std::condition_variable& held_back() {
+  static std::condition_variable condition;
+  return condition;
+}
 
 }  // namespace
+
+// Once `count` is down, the scheduler may be gone (its destructor waits for the holds to reach
+// zero), so nothing here touches it: waking its destructor goes by the count's address, waking a
+// held-back thread by the process-wide condition, only when the count comes down to the backlog
+// it waits for.
+void detail::SchedulerImpl::count_out(std::atomic<std::size_t>& count, std::size_t holds) noexcept {
+  if (holds == 0) return;
+  const std::size_t before = count.fetch_sub(holds, std::memory_order_acq_rel);
+  if (before == holds) count.notify_all();
+  if (before > backlog_resume && before - holds <= backlog_resume) {
+    { std::lock_guard lock(held_back_mutex()); }
+    held_back().notify_all();
+  }
+}
 
 // Enters what was submitted to the rule table (see enter_rule_batch).
 struct detail::SchedulerImpl::EnterTask {
@@ -57,7 +84,7 @@ struct detail::SchedulerImpl::Delivery {
   Delivery& operator=(const Delivery&) = delete;
   ~Delivery() {
     innermost = outer;
-    if (impl != nullptr) count->fetch_sub(1, std::memory_order_release);  // it may go now
+    if (impl != nullptr) count_out(*count, 1);  // it may go now
   }
   SchedulerImpl* impl;              // null once its destructor has counted this delivery out
   std::atomic<std::size_t>* count;  // holds_ or sync_holds_
@@ -103,7 +130,7 @@ void detail::SchedulerImpl::forget_deliveries_here() noexcept {
   for (Delivery* delivery = Delivery::innermost; delivery != nullptr; delivery = delivery->outer) {
     if (delivery->impl == this) {
       delivery->impl = nullptr;
-      delivery->count->fetch_sub(1, std::memory_order_relaxed);
+      count_out(*delivery->count, 1);
     }
   }
 }
@@ -148,8 +175,12 @@ void detail::SchedulerImpl::start_holding(TaskletPtr tasklet, Directive directiv
     entering_tasklets_.push_back(&hold->tasklet);
     if (entering_.size() >= rule_batch_size) {
       enter_rule_batch();
-      const auto waiting = [this] { return sync_holds_.load(std::memory_order_relaxed) - reserved_holds_; };
-      if (waiting() > backlog_limit) let_rules_catch_up(sync_catch_up_, waiting);
+      const auto waiting = [this] { return sync_holds_.load(std::memory_order_acquire) - reserved_holds_; };
+      if (waiting() > backlog_limit) {
+        // Counts taken ahead go back first: the count then comes down to the backlog waited for.
+        count_out(sync_holds_, std::exchange(reserved_holds_, 0));
+        let_rules_catch_up(sync_catch_up_, waiting);
+      }
     }
     return;
   }
@@ -163,7 +194,7 @@ void detail::SchedulerImpl::start_holding(TaskletPtr tasklet, Directive directiv
     // as the synchronous thread does, and is held back alike.
     thread_local CatchUp plain;
     ++plain.started;
-    const auto waiting = [this] { return holds_.load(std::memory_order_relaxed); };
+    const auto waiting = [this] { return holds_.load(std::memory_order_acquire); };
     if (waiting() > backlog_limit) let_rules_catch_up(plain, waiting);
   }
 }
@@ -194,30 +225,29 @@ void detail::SchedulerImpl::enter_rule_batch() {
 // the rest wait in the rule table, and a table with 10^5 waiting requests costs two to three times
 // as much per request as one with 10^3 (each request it takes up is a cache miss by then). So such
 // a thread, past backlog_limit of undelivered holds (`waiting`: its own, for the synchronous
-// thread; for a user's thread, those of every thread but the synchronous one), yields its CPU until
-// the workers have them down to backlog_resume: the backlog, and the cost per job, stay flat (path
-// rules: 0.67x the time per job at 10^6). It never waits for a backlog that does not move: the
-// tasklets may wait for this very thread (its begin_rule, a sync tasklet that holds a rule). After
-// backlog_patience turns without a delivery it goes on, and it does not hold back again until
-// backlog_resume more of its tasklets were delivered: a backlog that is partly stuck would
-// otherwise cost the patience at every batch.
+// thread; for a user's thread, those of every thread but the synchronous one), waits until the
+// workers have them down to backlog_resume (count_out wakes it): the backlog, and the cost per job,
+// stay flat (path rules: 0.67x the time per job at 10^6). It never waits for a backlog that does
+// not move: the tasklets may wait for this very thread (its begin_rule, a sync tasklet that holds a
+// rule). When backlog_patience passes without a delivery it goes on, and it does not hold back
+// again until backlog_resume more of its tasklets were delivered: a backlog that is partly stuck
+// would otherwise cost the patience at every batch.
 template <class Waiting>
 void detail::SchedulerImpl::let_rules_catch_up(CatchUp& state, Waiting&& waiting) {
   std::size_t backlog = waiting();
   const auto delivered = [&](std::size_t left) { return state.started > left ? state.started - left : 0; };
   if (delivered(backlog) < state.rearm_at || backlog <= backlog_resume) return;
   ++state.waits;
-  for (int idle = 0; backlog > backlog_resume;) {
-    std::this_thread::yield();
+  std::unique_lock lock(held_back_mutex());
+  while (backlog > backlog_resume) {
+    const bool woken = held_back().wait_for(lock, backlog_patience) == std::cv_status::no_timeout;
     const std::size_t now = waiting();
-    if (now < backlog) {
-      backlog = now;
-      idle = 0;
-    } else if (++idle == backlog_patience) {
+    if (!woken && now >= backlog) {
       state.rearm_at = delivered(now) + backlog_resume;
       ++state.give_ups;
       return;
     }
+    backlog = now;
   }
 }
 
