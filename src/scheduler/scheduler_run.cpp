@@ -1,0 +1,239 @@
+// Running phases: a phase's and the synchronous thread's scopes on the thread's context, the async
+// phase runner with its hand-offs, and the synchronous thread's run loop, inline drains and with().
+#include <exception>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "context.hpp"
+#include "domain.hpp"
+#include "scheduler_impl.hpp"
+#include "tasklet/error.hpp"
+#include "tasklet_state.hpp"
+
+namespace tasklet {
+
+using detail::TaskletAccess;
+
+namespace {
+
+// The thread's context while one phase runs on it: its scheduler is current, its tasklet's rule is
+// the outermost rule in force, and begin_rule frames from here on belong to the phase.
+class PhaseScope {
+ public:
+  PhaseScope(detail::SchedulerImpl& impl, Tasklet& tasklet) noexcept
+      : ctx_(detail::state()),
+        current_(ctx_.current),
+        phase_of_(ctx_.phase_of),
+        tasklet_(ctx_.tasklet),
+        phase_rule_(ctx_.phase_rule),
+        phase_domain_(ctx_.phase_domain),
+        phase_base_(ctx_.phase_base) {
+    ctx_.current = &impl;
+    ctx_.phase_of = &impl;
+    ctx_.tasklet = &tasklet;
+    const Rule& rule = tasklet.rule();  // current_rule() may hand it out
+    ctx_.phase_rule = rule ? &rule : nullptr;
+    ctx_.phase_domain = &impl.domain_;
+    ctx_.phase_base = ctx_.rule_stack.size();
+  }
+  ~PhaseScope() {
+    ctx_.current = current_;
+    ctx_.phase_of = phase_of_;
+    ctx_.tasklet = tasklet_;
+    ctx_.phase_rule = phase_rule_;
+    ctx_.phase_domain = phase_domain_;
+    ctx_.phase_base = phase_base_;
+  }
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+
+  /// Ends the rules the phase began and left open; their names, or empty when there were none.
+  std::string end_open_rules() noexcept { return detail::end_frames_above(ctx_, ctx_.phase_base); }
+
+ private:
+  detail::TaskState& ctx_;
+  detail::SchedulerImpl* current_;
+  detail::SchedulerImpl* phase_of_;
+  Tasklet* tasklet_;
+  const Rule* phase_rule_;
+  detail::Domain* phase_domain_;
+  std::size_t phase_base_;
+};
+
+// The thread's context while it is the synchronous thread of a scheduler.
+class SyncThreadScope {
+ public:
+  explicit SyncThreadScope(detail::SchedulerImpl& impl) noexcept
+      : ctx_(detail::state()), current_(ctx_.current), sync_of_(ctx_.sync_of) {
+    ctx_.current = &impl;
+    ctx_.sync_of = &impl;
+  }
+  ~SyncThreadScope() {
+    ctx_.current = current_;
+    ctx_.sync_of = sync_of_;
+  }
+  SyncThreadScope(const SyncThreadScope&) = delete;
+  SyncThreadScope& operator=(const SyncThreadScope&) = delete;
+
+ private:
+  detail::TaskState& ctx_;
+  detail::SchedulerImpl* current_;
+  detail::SchedulerImpl* sync_of_;
+};
+
+struct PhaseResult {
+  Directive directive;
+  std::exception_ptr error;
+};
+
+PhaseResult run_phase(detail::SchedulerImpl& impl, Tasklet& tasklet) noexcept {
+  PhaseScope scope(impl, tasklet);
+  PhaseResult result{Directive::done, nullptr};
+  try {
+    result.directive = tasklet.task();
+  } catch (...) {
+    result.error = std::current_exception();
+  }
+  const std::string open_rules = scope.end_open_rules();
+  if (!open_rules.empty() && !result.error) {
+    result.directive = Directive::done;
+    result.error =
+        std::make_exception_ptr(RuleMismatch("a phase of " + tasklet.name() + " began " + open_rules +
+                                             " and did not end it; rules begun in a phase "
+                                             "must be ended in that phase (they have been released)"));
+  }
+  return result;
+}
+
+}  // namespace
+
+// Runs an async phase, then up to `handoff_limit` phases handed to this worker by what the phase's
+// end let through (its own next async phase, or a tasklet its rule release granted); beyond that
+// they are spawned so that one chain cannot keep a worker from the rest of the arena forever.
+void detail::SchedulerImpl::run_async_phase(TaskletPtr tasklet) noexcept {
+  constexpr int handoff_limit = 64;
+  for (int handoffs = 0;; ++handoffs) {
+    const PhaseResult result = run_phase(*this, *tasklet);
+    detail::TaskState& here = detail::state();  // the phase may have moved to another thread
+    if (handoffs < handoff_limit) here.handoff_of = this;
+    continue_after_phase(std::move(tasklet), result.directive, result.error);
+    here.handoff_of = nullptr;
+    if (!here.handoff) return;
+    tasklet = std::move(here.handoff);
+  }
+}
+
+void detail::SchedulerImpl::run_sync_phase(TaskletPtr tasklet) noexcept {
+  const PhaseResult result = run_phase(*this, *tasklet);
+  continue_after_phase(std::move(tasklet), result.directive, result.error);
+}
+
+// One turn of the run loop: submit the async phases the last turn started, then take every queued
+// sync tasklet (sleeping while there is none) and run them. False once nothing is left.
+bool detail::SchedulerImpl::drain_sync_queue_once() {
+  flush_async_batch();
+  // What this thread submitted and no worker has entered yet (they may all be busy for long) goes in
+  // now, before it looks for work or sleeps: a sync tasklet may be waiting for its rule. The grants
+  // it delivers may end tasklets whose destructors schedule more here: that goes out too.
+  if (domain_.table_.has_submitted()) {
+    domain_.table_.drain();
+    flush_async_batch();
+  }
+  {
+    std::unique_lock lock(mutex_);
+    while (sync_queue_.empty()) {
+      if (active_.load(std::memory_order_acquire) == 0) {
+        running_.store(false, std::memory_order_release);
+        return false;
+      }
+      sleeping_ = true;
+      wake_.wait(lock);
+      sleeping_ = false;
+    }
+    sync_batch_.swap(sync_queue_);
+  }
+  for (TaskletPtr& tasklet : sync_batch_) run_sync_phase(std::move(tasklet));
+  sync_batch_.clear();
+  return true;
+}
+
+void detail::SchedulerImpl::run() {
+  const auto& ctx = detail::state();
+  if (ctx.phase_of == this || ctx.sync_of == this) {
+    throw IllegalState("run() called from inside one of its own scheduler's phases would wait for itself");
+  }
+  if (background_) throw IllegalState("run() on a background scheduler: it has no synchronous thread");
+  std::unique_lock run_lock(run_mutex_);
+  SyncThreadScope scope(*this);
+  {
+    std::lock_guard lock(mutex_);
+    failures_.clear();
+    running_.store(true, std::memory_order_release);
+  }
+  while (drain_sync_queue_once()) {
+  }
+  std::exception_ptr first;
+  {
+    std::lock_guard lock(mutex_);
+    if (!failures_.empty()) first = failures_.front().error;
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+// The implicit scheduler's inline behaviour: on its own thread, while run() is not active,
+// schedule() runs the sync tasklets it queued before returning.
+void detail::SchedulerImpl::drain_inline() {
+  const auto& ctx = detail::state();
+  if (implicit_owner_ != std::this_thread::get_id() || ctx.sync_of == this) return;
+  std::unique_lock run_lock(run_mutex_, std::try_to_lock);
+  if (!run_lock) return;  // run() is active on another thread; it takes the queue
+  SyncThreadScope scope(*this);
+  {
+    std::lock_guard lock(mutex_);
+    failures_.clear();
+  }
+  for (;;) {
+    {
+      std::lock_guard lock(mutex_);
+      if (sync_queue_.empty()) break;
+      sync_batch_.swap(sync_queue_);
+    }
+    for (TaskletPtr& tasklet : sync_batch_) run_sync_phase(std::move(tasklet));
+    sync_batch_.clear();
+  }
+  std::exception_ptr first;
+  {
+    std::lock_guard lock(mutex_);
+    if (!failures_.empty()) first = failures_.front().error;
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+void detail::SchedulerImpl::with(const TaskletPtr& tasklet) {
+  if (!tasklet) throw std::invalid_argument("with: null tasklet");
+  claim(*tasklet, "with");
+  if (!background_) active_.fetch_add(1, std::memory_order_relaxed);
+  if (const Rule& rule = tasklet->rule()) {
+    // The phase runs here and now, so the caller waits for the rule like a thread in begin_rule.
+    enter_pending_rules();
+    detail::ThreadHold* hold = detail::ThreadHold::take(rule, false);
+    if (!hold->enter(domain_.table_)) {
+      detail::ThreadHold::recycle(hold);
+      finish(tasklet, nullptr);
+      throw IllegalState("with(" + tasklet->name() + "): the job manager shut down while it waited for " +
+                         describe(rule));
+    }
+    TaskletAccess::set_hold(*tasklet, hold);
+  }
+  const PhaseResult result = run_phase(*this, *tasklet);
+  if (result.error) {
+    finish(tasklet, nullptr);
+    std::rethrow_exception(result.error);
+  }
+  continue_after_phase(tasklet, result.directive, nullptr);
+  drain_inline();
+}
+
+}  // namespace tasklet
