@@ -85,8 +85,8 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   void run();
 
   /// Starts `tasklet` with `directive`. Throws AlreadyScheduled when the tasklet is active,
-  /// SchedulerNotRunning for `async` while run() is not active, and std::invalid_argument for a
-  /// null tasklet. On the implicit scheduler (api::current() of a thread with none) a `sync`
+  /// SchedulerNotRunning for `async` while run() is not active, std::invalid_argument for a
+  /// null tasklet, and std::bad_alloc (the tasklet then was not scheduled). On the implicit scheduler (api::current() of a thread with none) a `sync`
   /// tasklet scheduled from its own thread runs inline before schedule() returns, and an exception
   /// from those phases is rethrown here. Thread-safe. Blocks to acquire the tasklet's rule when it
   /// runs inline, and yields the CPU for flow control: on the synchronous thread inside run(),
@@ -107,7 +107,9 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   bool is_running() const noexcept;
   /// Tasklets queued, running, parked or waiting for their rule.
   std::size_t active_count() const noexcept;
-  /// Every phase exception of the last run() (or inline schedule()), first one first.
+  /// Every phase exception of the last run() (or inline schedule()), first one first, after those
+  /// of tasklets that ended while no run() was active before it (which that run() rethrows).
+  /// A tasklet the engine cannot go on with for lack of memory ends with std::bad_alloc here.
   std::vector<Failure> failures() const;
   /// The manager whose rule table this scheduler's tasklets use.
   const std::shared_ptr<JobManager>& manager() const noexcept;

@@ -89,6 +89,8 @@ class SerialTask : public Tasklet {
   ~SerialTask() override;
   Directive task() final;
   const SerialExecutor::State* state() const noexcept { return &state_; }
+  /// The engine ended the task unrun, out of memory: wait() rethrows the error.
+  static void abandon(Tasklet& task, std::exception_ptr error) noexcept;
 
  private:
   virtual void run_body() = 0;

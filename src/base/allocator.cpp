@@ -1,5 +1,7 @@
 #include "tasklet/detail/allocator.hpp"
 
+#include "allocation_seam.hpp"
+
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define TASKLET_PLAIN_ALLOCATOR 1
 #elif defined(__has_feature)
@@ -43,7 +45,12 @@ rml::MemoryPool* keeping_pool() noexcept {
 }  // namespace
 #endif
 
+std::atomic<bool (*)()> allocation_fails{nullptr};
+
 void* allocate_bytes(std::size_t bytes) {
+  if (auto* fails = allocation_fails.load(std::memory_order_relaxed); fails != nullptr && fails()) {
+    throw std::bad_alloc();
+  }
 #ifdef TASKLET_PLAIN_ALLOCATOR
   return ::operator new(bytes);
 #else

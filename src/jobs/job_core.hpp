@@ -72,7 +72,9 @@ struct ListenerSlot {
   std::atomic<bool> removed{false};
   std::atomic<int> calls{0};  // in progress
 };
-using Listeners = std::vector<std::shared_ptr<ListenerSlot>>;
+// Copied on change, so that delivering an event takes the lists as they are without allocating.
+using ListenerList = std::vector<std::shared_ptr<ListenerSlot>>;
+using Listeners = std::shared_ptr<const ListenerList>;
 
 /// A listener event waiting for delivery.
 struct PendingEvent {
@@ -105,6 +107,11 @@ class JobTasklet : public Tasklet {
     const auto& self = static_cast<const JobTasklet&>(tasklet);
     return {static_cast<std::size_t>(self.priority_), self.deadline_};
   }
+  /// The job scheduler's on_abandoned hook: the engine ends this tasklet unrun, out of memory.
+  static void abandon(Tasklet& tasklet, std::exception_ptr error) noexcept {
+    static_cast<JobTasklet&>(tasklet).abandoned(std::move(error));
+  }
+  virtual void abandoned(std::exception_ptr error) noexcept = 0;
 
  private:
   Priority priority_ = Priority::interactive;
@@ -116,6 +123,8 @@ class JobRun final : public JobTasklet {
  public:
   explicit JobRun(JobCore& core) noexcept : core_(core) {}
   Directive task() override;
+  /// The job ends with the error instead.
+  void abandoned(std::exception_ptr error) noexcept override;
 
  private:
   JobCore& core_;  // alive while the job is listed, which it is until this run has ended it

@@ -19,6 +19,7 @@ class JobsExtension final : public DomainExtension {
  public:
   explicit JobsExtension(Domain& domain) : scheduler_(domain.make_background()) {
     impl(*scheduler_).order_async_phases_by(&JobTasklet::order_of);
+    impl(*scheduler_).on_abandoned(&JobTasklet::abandon);
     jobs_ = std::make_shared<Jobs>(*scheduler_);
   }
 

@@ -22,6 +22,10 @@ Directive JobRun::task() {
   return Directive::done;
 }
 
+void JobRun::abandoned(std::exception_ptr error) noexcept {
+  core_.jobs().end_unrun(core_, *this, Status::error("out of memory before the job could start", error));
+}
+
 JobExtras& JobCore::extras() {
   if (!extras_) extras_ = std::make_unique<JobExtras>();
   return *extras_;
@@ -345,6 +349,8 @@ class EndCompletion final : public JobTasklet {
     jobs_.complete(std::move(end_));
     return Directive::done;
   }
+  // Out of memory to queue it: completed wherever that happened (perhaps the timer thread).
+  void abandoned(std::exception_ptr /*error*/) noexcept override { jobs_.complete(std::move(end_)); }
 
  private:
   Jobs& jobs_;
@@ -414,6 +420,7 @@ RunEnd Jobs::end_word(JobCore& job, Status result) {
   // The event is for the listeners and the group; a plain job's registry entry keeps it alive.
   const bool eventful = told || job.group_core() != nullptr;
   if (eventful) end.owner = job.owned();
+  std::unique_ptr<Status> kept = result.is_ok() ? nullptr : std::make_unique<Status>(result);
   std::uint32_t old = 0;
   {
     std::lock_guard job_lock(job.lock);
@@ -422,7 +429,7 @@ RunEnd Jobs::end_word(JobCore& job, Status result) {
     end.rerun_delay = job.rerun_delay;
     end.monitor = std::move(job.monitor);  // a provider's monitor may run user code as it goes
     job.run = nullptr;
-    job.result = result.is_ok() ? nullptr : std::make_unique<Status>(result);
+    job.result = std::move(kept);
     // A joiner may set `joined` meanwhile (without the lock): the swap must see it.
     std::uint32_t next = 0;
     do {
@@ -440,7 +447,7 @@ RunEnd Jobs::end_word(JobCore& job, Status result) {
 
 // The group's part of a run's end (under `mutex`): the job leaves the group's counts, and the group
 // is over or lets its next jobs in.
-void Jobs::finish_group(JobCore& job, RunEnd& end, ToStart& to_start) {
+void Jobs::finish_group(JobCore& job, RunEnd& end, ToStart& to_start, std::optional<Status> result_copy) {
   GroupCore* g = job.group_core();
   if (g == nullptr || !job.grouped) return;
   job.grouped = false;
@@ -453,7 +460,7 @@ void Jobs::finish_group(JobCore& job, RunEnd& end, ToStart& to_start) {
     if (job.holds_group_slot) --g->running;
     job.holds_group_slot = false;
     const Status& result = end.done.result;
-    g->results.push_back(result);
+    g->results.push_back(result_copy ? std::move(*result_copy) : result);
     if (result.is_error()) ++g->failed;
     if (result.is_canceled()) ++g->canceled;
     end.group = g;
@@ -481,9 +488,17 @@ void Jobs::finish_group(JobCore& job, RunEnd& end, ToStart& to_start) {
 // listeners is left in the returned RunEnd for complete(), outside the lock. A re-run asked for
 // after the last cancel() follows (a cancel drops the ones asked for before it).
 RunEnd Jobs::finish_run(JobCore& job, Status result, ToStart& to_start) {
+  // What needs memory comes first: out of memory, the job is left as it was.
+  GroupCore* g = job.grouped ? job.group_core() : nullptr;
+  std::optional<Status> for_group;
+  if (g != nullptr) {
+    std::lock_guard group_lock(g->mutex);
+    g->results.reserve(g->results.size() + 1);  // kept: every push is under `mutex`
+    for_group = result;
+  }
   disarm_timer(job);
   RunEnd end = end_word(job, std::move(result));
-  finish_group(job, end, to_start);
+  finish_group(job, end, to_start, std::move(for_group));
   ++changes_;  // under `mutex`
   changed_.notify_all();
   return end;

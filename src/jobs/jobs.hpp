@@ -138,6 +138,8 @@ class Jobs final : public WaitTimer {
 
   /// One run of a job, as its JobRun's only phase.
   void run(JobCore& job, Tasklet& run) noexcept;
+  /// Ends a job whose run the engine will not start (its rule could not be entered) with `result`.
+  void end_unrun(JobCore& job, Tasklet& run, Status result) noexcept;
   /// The part of a run's end that runs user code (group hooks, listeners), then the re-run.
   void complete(RunEnd end);
 
@@ -165,10 +167,12 @@ class Jobs final : public WaitTimer {
   static std::vector<JobCore*> take_admissible(GroupCore& group);
   RunEnd finish_run(JobCore& job, Status result, ToStart& to_start);
   RunEnd end_word(JobCore& job, Status result);
-  void finish_group(JobCore& job, RunEnd& end, ToStart& to_start);
+  void finish_group(JobCore& job, RunEnd& end, ToStart& to_start, std::optional<Status> result_copy = {});
   void complete_run(RunEnd& end);
   void complete_off_timer(RunEnd end);
   void schedule_refused(const Job& job) const;
+  void undo_schedule(JobCore& job, GroupCore* group, JobGroup::State group_before,
+                     std::size_t events_before) noexcept;
 
   // Listeners and events (under `mutex`, delivered outside it).
   bool has_listeners(const JobCore& job) const noexcept;
@@ -176,6 +180,7 @@ class Jobs final : public WaitTimer {
   void deliver(JobCore& job) noexcept;
   void deliver_before_run(JobCore& job) noexcept;
   void remove_from(Listeners& listeners, const std::shared_ptr<JobListener>& listener);
+  static Listeners with_added(const Listeners& listeners, std::shared_ptr<ListenerSlot> slot);
 
   // The registry of live jobs.
   void list(JobCore& job, std::shared_ptr<Job> owner);

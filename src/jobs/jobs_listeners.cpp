@@ -14,6 +14,12 @@ bool Jobs::has_listeners(const JobCore& /*job*/) const noexcept {
   return listeners_count_.load(std::memory_order_acquire) != 0;
 }
 
+Listeners Jobs::with_added(const Listeners& listeners, std::shared_ptr<ListenerSlot> slot) {
+  auto next = listeners != nullptr ? std::make_shared<ListenerList>(*listeners) : std::make_shared<ListenerList>();
+  next->push_back(std::move(slot));
+  return next;
+}
+
 void Jobs::post(JobCore& job, PendingEvent::Kind kind, JobEvent event) {
   job.extras().events.push_back(PendingEvent{kind, std::move(event)});
 }
@@ -69,11 +75,16 @@ void Jobs::deliver(JobCore& job) noexcept {
   while (!extras.events.empty()) {
     PendingEvent pending = std::move(extras.events.front());
     extras.events.pop_front();
-    Listeners listeners = listeners_;
-    listeners.insert(listeners.end(), extras.listeners.begin(), extras.listeners.end());
+    Listeners of_manager = listeners_;
+    Listeners of_job = extras.listeners;
     lock.unlock();
-    for (const auto& slot : listeners) call_listener(*slot, pending);
-    listeners.clear();  // a removed listener may be destroyed here, outside the lock
+    for (const Listeners* listeners : {&of_manager, &of_job}) {
+      if (*listeners == nullptr) continue;
+      for (const auto& slot : **listeners) call_listener(*slot, pending);
+    }
+    // A removed listener may be destroyed here, outside the lock.
+    of_manager.reset();
+    of_job.reset();
     lock.lock();
   }
   extras.delivering = false;
@@ -93,7 +104,8 @@ void Jobs::add_listener(JobCore& job, std::shared_ptr<JobListener> listener) {
   if (!listener) return;
   auto slot = std::make_shared<ListenerSlot>(std::move(listener));
   std::lock_guard lock(mutex);
-  job.extras().listeners.push_back(std::move(slot));
+  Listeners& listeners = job.extras().listeners;
+  listeners = with_added(listeners, std::move(slot));
   listeners_count_.fetch_add(1, std::memory_order_acq_rel);
 }
 
@@ -110,7 +122,7 @@ void Jobs::add_listener(std::shared_ptr<JobListener> listener) {
   if (!listener) return;
   auto slot = std::make_shared<ListenerSlot>(std::move(listener));
   std::lock_guard lock(mutex);
-  listeners_.push_back(std::move(slot));
+  listeners_ = with_added(listeners_, std::move(slot));
   listeners_count_.fetch_add(1, std::memory_order_acq_rel);
 }
 
@@ -119,18 +131,22 @@ void Jobs::remove_listener(const std::shared_ptr<JobListener>& listener) {
 }
 
 void Jobs::remove_from(Listeners& listeners, const std::shared_ptr<JobListener>& listener) {
-  Listeners removed;
+  ListenerList removed;
+  Listeners before;  // dropped outside the lock
   {
     std::lock_guard lock(mutex);
-    for (auto slot = listeners.begin(); slot != listeners.end();) {
-      if ((*slot)->listener == listener) {
-        removed.push_back(std::move(*slot));
-        slot = listeners.erase(slot);
-        listeners_count_.fetch_sub(1, std::memory_order_acq_rel);
+    if (listeners == nullptr) return;
+    auto kept = std::make_shared<ListenerList>();
+    for (const auto& slot : *listeners) {
+      if (slot->listener == listener) {
+        removed.push_back(slot);
       } else {
-        ++slot;
+        kept->push_back(slot);
       }
     }
+    if (removed.empty()) return;
+    listeners_count_.fetch_sub(static_cast<int>(removed.size()), std::memory_order_acq_rel);
+    before = std::exchange(listeners, std::move(kept));
   }
   for (const auto& slot : removed) {
     slot->removed.store(true);

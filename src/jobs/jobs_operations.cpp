@@ -2,6 +2,7 @@
 // job's run, on the manager's job scheduler.
 #include "jobs.hpp"
 
+#include <algorithm>
 #include <exception>
 #include <string>
 #include <utility>
@@ -98,32 +99,50 @@ void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun
         enter_waiting(job, to_start);
       }
     } else {
-      if (GroupCore* g = job.group_core()) {
-        std::lock_guard group_lock(g->mutex);
-        // Jobs scheduled from outside the group's own jobs are its seeds, even when canceled at once.
-        const JobCore* parent = running_job();
-        job.seed = !is_rerun && !(parent != nullptr && parent->group_core() == g);
-        job.grouped = true;
-        if (g->state == JobGroup::State::canceling) {
-          canceled_at_once = true;
+      // Out of memory on the way (an event, a timer, a queue's room): the job goes back to state
+      // none, as if this schedule() had not been made, and the caller gets the std::bad_alloc.
+      const JobExtras* extras = job.made_extras();
+      const std::size_t events_before = extras != nullptr ? extras->events.size() : 0;
+      GroupCore* entered_group = nullptr;
+      JobGroup::State group_before = JobGroup::State::none;
+      try {
+        to_start.reserve(1);
+        if (GroupCore* g = job.group_core()) {
+          std::lock_guard group_lock(g->mutex);
+          g->active.reserve(g->active.size() + 1);
+          // Jobs scheduled from outside the group's own jobs are its seeds, even when canceled at once.
+          const JobCore* parent = running_job();
+          job.seed = !is_rerun && !(parent != nullptr && parent->group_core() == g);
+          job.grouped = true;
+          entered_group = g;
+          group_before = g->state;
+          if (g->state == JobGroup::State::canceling) {
+            canceled_at_once = true;
+          } else {
+            g->state = JobGroup::State::active;
+            g->active.push_back(&job);
+          }
+        }
+        if (has_listeners(job)) {
+          post(job, PendingEvent::Kind::scheduled, JobEvent{job.owned(), {}, delay, nullptr});
+        }
+        if (canceled_at_once) {
+          ended = finish_run(job, Status::cancel("the job's group is canceling"), to_start);
+        } else if (delay.count() > 0) {
+          {
+            std::lock_guard job_lock(job.lock);
+            job.change(JobState::sleeping);
+          }
+          arm_timer(job, Clock::now() + delay);
         } else {
-          g->state = JobGroup::State::active;
-          g->active.push_back(&job);
+          enter_waiting(job, to_start);
         }
-      }
-      if (has_listeners(job)) {
-        post(job, PendingEvent::Kind::scheduled, JobEvent{job.owned(), {}, delay, nullptr});
-      }
-      if (canceled_at_once) {
-        ended = finish_run(job, Status::cancel("the job's group is canceling"), to_start);
-      } else if (delay.count() > 0) {
-        {
-          std::lock_guard job_lock(job.lock);
-          job.change(JobState::sleeping);
-        }
-        arm_timer(job, Clock::now() + delay);
-      } else {
-        enter_waiting(job, to_start);
+      } catch (...) {
+        undo_schedule(job, entered_group, group_before, events_before);
+        manager_lock.unlock();
+        unlist_if_over(job);
+        if ((job.load() & jw::joined) != 0) wake_joiners();
+        throw;
       }
     }
     manager_lock.unlock();
@@ -131,6 +150,27 @@ void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun
   start(to_start);
   deliver(job);
   if (ended.job != nullptr) complete(std::move(ended));
+}
+
+// Under `mutex`: takes back what a schedule() that ran out of memory did to a job that was in state
+// none (see schedule()); it ends nothing, so no end is counted and no event told.
+void Jobs::undo_schedule(JobCore& job, GroupCore* group, JobGroup::State group_before,
+                         std::size_t events_before) noexcept {
+  disarm_timer(job);
+  for (auto* queue : {&held_entered_, &held_}) std::erase(*queue, &job);
+  if (group != nullptr) {
+    std::lock_guard group_lock(group->mutex);
+    std::erase(group->throttled, &job);
+    std::erase(group->active, &job);
+    if (job.holds_group_slot) --group->running;
+    if (group->active.empty() && group->throttled.empty()) group->state = group_before;
+  }
+  job.grouped = job.seed = job.holds_group_slot = false;
+  if (JobExtras* extras = job.made_extras()) {
+    while (extras->events.size() > events_before) extras->events.pop_back();
+  }
+  std::lock_guard job_lock(job.lock);
+  job.change(JobState::none, 0, jw::taken);
 }
 
 bool Jobs::cancel(JobCore& job) {
@@ -266,6 +306,23 @@ bool Jobs::yield_rule(JobCore& job) {
     throw IllegalState("yield_rule: call it from the run() of job '" + job.job().name() + "'");
   }
   return here.phase_of->yield_rule(*here.tasklet);
+}
+
+void Jobs::end_unrun(JobCore& job, Tasklet& run, Status result) noexcept {
+  {
+    std::lock_guard job_lock(job.lock);
+    if (job.run != &run || job.state() != JobState::waiting) return;  // taken back meanwhile
+    job.run = nullptr;
+    job.change(JobState::waiting, jw::started);
+  }
+  ToStart to_start;
+  RunEnd ended;
+  {
+    std::lock_guard lock(mutex);
+    ended = finish_run(job, std::move(result), to_start);
+  }
+  start(to_start);
+  complete(std::move(ended));
 }
 
 // ---------------------------------------------------------------------------------------------

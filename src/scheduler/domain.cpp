@@ -73,11 +73,11 @@ void ThreadHold::recycle(ThreadHold* hold) noexcept {
 
 void ThreadHold::reset() noexcept {
   wakeup_.reset();
-  granted_ = false;
+  answer_ = Answer::cancelled;
   answered_here_ = false;
 }
 
-bool ThreadHold::enter(RuleTable& table) {
+ThreadHold::Answer ThreadHold::enter(RuleTable& table) {
   struct Entering {
     explicit Entering(const ThreadHold* hold) noexcept { entering_here = hold; }
     ~Entering() { entering_here = nullptr; }
@@ -87,11 +87,11 @@ bool ThreadHold::enter(RuleTable& table) {
     table.enter(*this);
   }
   if (!answered_here_) wakeup_.wait();
-  return granted_;
+  return answer_;
 }
 
-void ThreadHold::wake(bool granted) noexcept {
-  granted_ = granted;
+void ThreadHold::wake(Answer answer) noexcept {
+  answer_ = answer;
   if (entering_here == this) {
     answered_here_ = true;
     return;
@@ -162,10 +162,18 @@ void Domain::begin_rule(const Rule& rule) {
   }
   if (hold == nullptr) return;  // nested in the rule this thread holds
   ctx.rule_stack.back().hold = hold;
-  if (!hold->enter(table_)) {
-    ctx.rule_stack.back().hold = nullptr;
-    detail::ThreadHold::recycle(hold);
-    throw IllegalState("begin_rule(" + describe(rule) + "): the job manager shut down while waiting");
+  switch (hold->enter(table_)) {
+    case detail::ThreadHold::Answer::granted:
+      return;
+    case detail::ThreadHold::Answer::cancelled:
+      ctx.rule_stack.back().hold = nullptr;
+      detail::ThreadHold::recycle(hold);
+      throw IllegalState("begin_rule(" + describe(rule) + "): the job manager shut down while waiting");
+    case detail::ThreadHold::Answer::refused:
+      // Out of memory, as above: nothing stays pushed.
+      ctx.rule_stack.pop_back();
+      detail::ThreadHold::recycle(hold);
+      throw std::bad_alloc();
   }
 }
 

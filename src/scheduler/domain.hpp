@@ -33,21 +33,24 @@ class ThreadHold final : public InlineRuleRequest<4> {
   /// the same rule when nobody wants it; either way the caller is done with it.
   static void finish(ThreadHold* hold, RuleTable& table);
   static void recycle(ThreadHold* hold) noexcept;
-  /// Enters the request in `table` and returns once it is granted; false when the table cancelled
-  /// it instead.
-  bool enter(RuleTable& table);
-  void granted() noexcept override { wake(true); }
-  void cancelled() noexcept override { wake(false); }
+  /// How enter() ended: granted, cancelled (the manager shut down while it waited) or refused (the
+  /// table ran out of memory entering it; it never was in the table).
+  enum class Answer { granted, cancelled, refused };
+  /// Enters the request in `table` and returns once it is answered.
+  Answer enter(RuleTable& table);
+  void granted() noexcept override { wake(Answer::granted); }
+  void cancelled() noexcept override { wake(Answer::cancelled); }
+  void refused() noexcept override { wake(Answer::refused); }
   bool parkable() const noexcept override { return parkable_; }
 
  private:
   bool is_for(const Rule& rule) const noexcept {
     return this->rule() == rule.get() && !last_rule_.owner_before(rule) && !rule.owner_before(last_rule_);
   }
-  void wake(bool granted) noexcept;
+  void wake(Answer answer) noexcept;
   void reset() noexcept;
   Wakeup wakeup_;
-  bool granted_ = false;
+  Answer answer_ = Answer::cancelled;
   bool answered_here_ = false;  // granted or cancelled by the owner's own enter(): nothing to wait for
   bool parkable_ = false;
   // The table where this request is parked (read by its owner only), or null.

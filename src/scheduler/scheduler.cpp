@@ -235,6 +235,7 @@ void detail::SchedulerImpl::schedule(TaskletPtr tasklet, Directive directive) {
     return;
   }
   claim(*tasklet, "schedule");
+  bool reserved = false;  // counted from the synchronous thread's block, else (if at all) in active_
   if (directive == Directive::async && detail::state().sync_of == this &&
       running_.load(std::memory_order_relaxed)) {
     // The synchronous thread inside run(): the tasklet goes into the async batch, and is counted
@@ -242,6 +243,7 @@ void detail::SchedulerImpl::schedule(TaskletPtr tasklet, Directive directive) {
     // a rule starts at once, counted from a block taken ahead.
     if (tasklet->rule()) {
       take_reserved(active_, reserved_active_);
+      reserved = true;
     } else {
       ++uncounted_in_batch_;
     }
@@ -255,7 +257,19 @@ void detail::SchedulerImpl::schedule(TaskletPtr tasklet, Directive directive) {
   } else if (!background_) {
     active_.fetch_add(1, std::memory_order_relaxed);
   }
-  start(std::move(tasklet), directive);
+  try {
+    start(tasklet, directive);
+  } catch (...) {
+    // Out of memory taking its rule: as if it had not been scheduled (only a tasklet with a rule
+    // gets here, so it was counted one by one).
+    if (reserved) {
+      ++reserved_active_;
+    } else {
+      uncount_active();
+    }
+    unclaim(*tasklet);
+    throw;
+  }
   if (directive == Directive::sync) drain_inline();
 }
 
@@ -290,16 +304,19 @@ void detail::SchedulerImpl::finish(TaskletPtr tasklet, std::exception_ptr error)
   release_rule(*tasklet);
   unclaim(*tasklet);
   tasklet.reset();  // the scheduler's last reference: a finished tasklet may be destroyed here
-  if (!background_ && active_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    bool sleeping = false;
-    {
-      std::lock_guard lock(mutex_);
-      sleeping = sleeping_;
-    }
-    // Outside the lock, so the woken thread does not block on it. The scheduler outlives this
-    // call: its destructor waits for our oneTBB tasks, and other callers hold a reference.
-    if (sleeping) wake_.notify_all();
+  uncount_active();
+}
+
+void detail::SchedulerImpl::uncount_active() noexcept {
+  if (background_ || active_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  bool sleeping = false;
+  {
+    std::lock_guard lock(mutex_);
+    sleeping = sleeping_;
   }
+  // Outside the lock, so the woken thread does not block on it. The scheduler outlives this
+  // call: its destructor waits for our oneTBB tasks, and other callers hold a reference.
+  if (sleeping) wake_.notify_all();
 }
 
 void detail::SchedulerImpl::record_failure(const Tasklet& tasklet, std::exception_ptr error) noexcept {
@@ -395,29 +412,58 @@ void detail::SchedulerImpl::dispatch(TaskletPtr tasklet, Directive directive) no
   }
 }
 
-void detail::SchedulerImpl::enqueue_sync(TaskletPtr tasklet) {
+void detail::SchedulerImpl::enqueue_sync(TaskletPtr tasklet) noexcept {
   const bool from_sync_thread = detail::state().sync_of == this;
   bool wake = false;
-  {
+  try {
     std::lock_guard lock(mutex_);
-    sync_queue_.push_back(std::move(tasklet));
+    sync_queue_.push_back(std::move(tasklet));  // out of memory: not moved
     wake = !from_sync_thread && sleeping_;
+  } catch (...) {
+    abandon(std::move(tasklet), std::current_exception());
+    return;
   }
   if (wake) wake_.notify_all();
 }
 
-void detail::SchedulerImpl::enqueue_async(TaskletPtr tasklet) {
+void detail::SchedulerImpl::enqueue_async(TaskletPtr tasklet) noexcept {
+  try {
+    enqueue_async_or_throw(tasklet);
+  } catch (...) {
+    abandon(std::move(tasklet), std::current_exception());
+  }
+}
+
+// Moves `tasklet` only once it is queued: out of memory, it is still the caller's.
+void detail::SchedulerImpl::enqueue_async_or_throw(TaskletPtr& tasklet) {
   if (order_ != nullptr) {
+    Tasklet* const queued = tasklet.get();
     bool start_pick = false;
+    Lane* lane = nullptr;
     {
       std::lock_guard lock(ready_mutex_);
       const Order order = order_(*tasklet);
-      ready_[order.lane].push_back(ReadyPhase{order.deadline, std::move(tasklet)});
+      lane = &ready_[order.lane];
+      lane->emplace_back(order.deadline, std::move(tasklet));
       ++ready_count_;
       start_pick = pending_picks_ < workers_.concurrency();
       if (start_pick) ++pending_picks_;
     }
-    if (start_pick) spawn(PickTask{this});
+    if (!start_pick) return;
+    try {
+      spawn(PickTask{this});
+    } catch (...) {
+      // No pick for it: taken back out (from the back, where it went), unless a pick took it.
+      std::lock_guard lock(ready_mutex_);
+      --pending_picks_;
+      for (auto at = lane->end(); at != lane->begin();) {
+        if ((--at)->tasklet.get() != queued) continue;
+        tasklet = std::move(at->tasklet);
+        lane->erase(at);
+        --ready_count_;
+        throw;
+      }
+    }
     return;
   }
   detail::TaskState& here = detail::state();
@@ -429,14 +475,36 @@ void detail::SchedulerImpl::enqueue_async(TaskletPtr tasklet) {
     // Batched; a tasklet with a rule goes at once, so that a chain of holders starts running
     // while the synchronous thread is still adding to it.
     spawned_.store(true, std::memory_order_relaxed);
-    async_batch_.push_back(std::move(tasklet));
-    if (async_batch_.size() >= async_batch_size) flush_async_batch();
+    async_batch_.push_back(std::move(tasklet));  // out of memory: not moved
+    if (async_batch_.size() >= async_batch_size) {
+      try {
+        flush_async_batch();
+      } catch (...) {
+        // Out of memory: the batch stays and goes with the next flush.
+      }
+    }
   } else {
-    spawn(PhaseTask{this, std::move(tasklet)});
+    PhaseTask task{this, std::move(tasklet)};
+    try {
+      spawn(std::move(task));
+    } catch (...) {
+      tasklet = std::move(task.tasklet);
+      throw;
+    }
   }
 }
 
 void detail::SchedulerImpl::order_async_phases_by(OrderOf order) { order_ = order; }
+
+void detail::SchedulerImpl::abandon(TaskletPtr tasklet, std::exception_ptr error) noexcept {
+  const Abandoned abandoned = abandoned_.load(std::memory_order_acquire);
+  if (abandoned == nullptr) {
+    finish(std::move(tasklet), std::move(error));
+    return;
+  }
+  abandoned(*tasklet, std::move(error));
+  finish(std::move(tasklet), nullptr);
+}
 
 detail::SchedulerImpl::TaskletPtr detail::SchedulerImpl::take_earliest_ready() noexcept {
   Lane* earliest = nullptr;
@@ -473,10 +541,16 @@ void detail::SchedulerImpl::flush_async_batch() {
     active_.fetch_add(uncounted_in_batch_, std::memory_order_relaxed);
     uncounted_in_batch_ = 0;
   }
-  std::vector<TaskletPtr> batch;
-  batch.reserve(async_batch_size);
-  batch.swap(async_batch_);
-  workers_.arena().enqueue(group_.defer(BatchTask{this, std::move(batch)}));
+  std::vector<TaskletPtr> next;
+  next.reserve(async_batch_size);
+  BatchTask task{this, std::move(async_batch_)};
+  async_batch_ = std::move(next);
+  try {
+    workers_.arena().enqueue(group_.defer(std::move(task)));
+  } catch (...) {
+    async_batch_ = std::move(task.tasklets);  // out of memory: kept for the next flush
+    throw;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

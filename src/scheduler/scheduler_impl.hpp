@@ -93,6 +93,13 @@ class SchedulerImpl final {
   static constexpr std::size_t lane_count = 5;
   using OrderOf = Order (*)(const Tasklet&);
   void order_async_phases_by(OrderOf order);
+  /// Told of a tasklet the engine ends without running its next phase because it ran out of memory
+  /// (entering its rule in the table, queueing the phase); the tasklet is then ended with no failure
+  /// recorded. Without it the error is recorded as the tasklet's failure. Set before use.
+  using Abandoned = void (*)(Tasklet&, std::exception_ptr) noexcept;
+  void on_abandoned(Abandoned abandoned) noexcept { abandoned_.store(abandoned, std::memory_order_release); }
+  /// Ends a tasklet whose next phase cannot be started for lack of memory (see on_abandoned).
+  void abandon(TaskletPtr tasklet, std::exception_ptr error) noexcept;
   /// The front of the lane whose front is earliest (under ready_mutex_, with a phase ready).
   TaskletPtr take_earliest_ready() noexcept;
   /// The tasklet whose phase runs here lets a waiting conflicting request go first and then takes
@@ -131,6 +138,7 @@ class SchedulerImpl final {
   std::vector<TaskletPtr> sync_queue_;
   bool sleeping_ = false;
   std::vector<Failure> failures_;
+  std::size_t reported_failures_ = 0;  // the first ones, which the last run() reported
 
   std::mutex run_mutex_;  // held by run() and by inline drains: one synchronous thread at a time
   std::thread::id implicit_owner_;
@@ -173,6 +181,7 @@ class SchedulerImpl final {
     TaskletPtr tasklet;
   };
   OrderOf order_ = nullptr;
+  std::atomic<Abandoned> abandoned_{nullptr};
   oneapi::tbb::mutex ready_mutex_;  // held for a queue step: spins briefly, then waits
   // Blocks pushed by the posting thread are freed by the workers: glibc's allocator would make them
   // contend for its arena lock, the scalable allocator frees into the owner thread's pool.
@@ -195,15 +204,19 @@ class SchedulerImpl final {
   bool run_is_active_for_caller();
   // The synchronous thread's count for one more tasklet, out of `reserved` (refilled in blocks).
   static void take_reserved(std::atomic<std::size_t>& counter, std::size_t& reserved) noexcept;
-  void start(TaskletPtr tasklet, Directive directive);
+  // Out of memory, `tasklet` is left with the caller and nothing changed.
+  void start(TaskletPtr& tasklet, Directive directive);
   template <std::size_t N>
-  void start_holding(TaskletPtr tasklet, Directive directive);
+  void start_holding(TaskletPtr& tasklet, Directive directive);
   void continue_after_phase(TaskletPtr tasklet, Directive directive, std::exception_ptr error) noexcept;
   void dispatch(TaskletPtr tasklet, Directive directive) noexcept;
-  void enqueue_sync(TaskletPtr tasklet);
-  void enqueue_async(TaskletPtr tasklet);
+  // Out of memory, the tasklet is abandoned (see on_abandoned) rather than lost.
+  void enqueue_sync(TaskletPtr tasklet) noexcept;
+  void enqueue_async(TaskletPtr tasklet) noexcept;
+  void enqueue_async_or_throw(TaskletPtr& tasklet);
+  // Out of memory, `task` is left as it was (oneTBB allocates before it moves the task in).
   template <class Task>
-  void spawn(Task task);
+  void spawn(Task&& task);
   void flush_async_batch();
   void enter_rule_batch();
   template <class Waiting>
@@ -213,8 +226,13 @@ class SchedulerImpl final {
   void park(TaskletPtr tasklet, std::uint64_t expected, std::uint64_t parked_word);
   void forget_deliveries_here() noexcept;
   void finish(TaskletPtr tasklet, std::exception_ptr error) noexcept;
+  // One tasklet fewer in active_ (nothing for a background scheduler); the last wakes run().
+  void uncount_active() noexcept;
 
   void record_failure(const Tasklet& tasklet, std::exception_ptr error) noexcept;
+  void forget_reported_failures() noexcept;
+  // Rethrows the first failure not reported before, and counts them all reported.
+  void report_failures();
   void run_async_phase(TaskletPtr tasklet) noexcept;
   void run_sync_phase(TaskletPtr tasklet) noexcept;
   bool drain_sync_queue_once();
@@ -242,12 +260,12 @@ class WorkerTaskScope {
 };
 
 template <class Task>
-inline void SchedulerImpl::spawn(Task task) {
+inline void SchedulerImpl::spawn(Task&& task) {
   spawned_.store(true, std::memory_order_relaxed);
   if (state().worker_of == &workers_) {
-    group_.run(std::move(task));  // stays on this worker's deque unless stolen
+    group_.run(std::forward<Task>(task));  // stays on this worker's deque unless stolen
   } else {
-    workers_.arena().enqueue(group_.defer(std::move(task)));
+    workers_.arena().enqueue(group_.defer(std::forward<Task>(task)));
   }
 }
 

@@ -1,10 +1,12 @@
 // How a scheduler's tasklets hold their rules: a tasklet with a rule enters the rule table before
 // its first phase (the synchronous thread's in batches, held back while the workers catch up),
 // the grant continues it, and it leaves the table when it is done or yields its rule.
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <mutex>
+#include <new>
 #include <utility>
 
 #include "context.hpp"
@@ -122,6 +124,14 @@ struct detail::SchedulerImpl::TaskletHold final : detail::InlineRuleRequest<N>, 
     delete this;
     impl.finish(std::move(ended), nullptr);
   }
+  void refused() noexcept override {
+    SchedulerImpl& impl = scheduler();
+    const Delivery delivery(impl, count_in(impl));
+    TaskletPtr ended = std::move(tasklet);
+    TaskletAccess::set_hold(*ended, nullptr);
+    delete this;
+    impl.abandon(std::move(ended), std::make_exception_ptr(std::bad_alloc()));
+  }
 
   TaskletPtr tasklet;
 };
@@ -137,7 +147,7 @@ void detail::SchedulerImpl::forget_deliveries_here() noexcept {
 
 // A tasklet with a rule takes it before its first phase: at once when it is free, else it waits in
 // the rule table (holding no thread) and the grant continues it.
-void detail::SchedulerImpl::start(TaskletPtr tasklet, Directive directive) {
+void detail::SchedulerImpl::start(TaskletPtr& tasklet, Directive directive) {
   if (!tasklet->rule()) {
     dispatch(std::move(tasklet), directive);
     return;
@@ -148,24 +158,31 @@ void detail::SchedulerImpl::start(TaskletPtr tasklet, Directive directive) {
   switch (entries) {
     case 0:
     case 1:
-      return start_holding<1>(std::move(tasklet), directive);
+      return start_holding<1>(tasklet, directive);
     case 2:
-      return start_holding<2>(std::move(tasklet), directive);
+      return start_holding<2>(tasklet, directive);
     case 3:
-      return start_holding<3>(std::move(tasklet), directive);
+      return start_holding<3>(tasklet, directive);
     case 4:
-      return start_holding<4>(std::move(tasklet), directive);
+      return start_holding<4>(tasklet, directive);
     case 5:
-      return start_holding<5>(std::move(tasklet), directive);
+      return start_holding<5>(tasklet, directive);
     default:
-      return start_holding<8>(std::move(tasklet), directive);
+      return start_holding<8>(tasklet, directive);
   }
 }
 
 template <std::size_t N>
-void detail::SchedulerImpl::start_holding(TaskletPtr tasklet, Directive directive) {
+void detail::SchedulerImpl::start_holding(TaskletPtr& tasklet, Directive directive) {
   Tasklet& raw = *tasklet;
   const bool batched = detail::state().sync_of == this && running_.load(std::memory_order_relaxed);
+  if (batched) {
+    // Room first: out of memory, nothing has changed (the hold's allocation comes before the
+    // tasklet moves into it).
+    if (entering_.size() == entering_.capacity()) entering_.reserve(std::max<std::size_t>(16, 2 * entering_.size()));
+    if (entering_tasklets_.size() == entering_tasklets_.capacity())
+      entering_tasklets_.reserve(std::max<std::size_t>(16, 2 * entering_tasklets_.size()));
+  }
   auto* hold = new TaskletHold<N>(std::move(tasklet), directive, batched);
   TaskletAccess::set_hold(raw, hold);
   if (batched) {
@@ -217,7 +234,11 @@ void detail::SchedulerImpl::enter_rule_batch() {
   domain_.table_.enter_all(entering_);
   entering_.clear();
   entering_tasklets_.clear();
-  spawn(EnterTask{this});
+  try {
+    spawn(EnterTask{this});
+  } catch (...) {
+    domain_.table_.drain();  // out of memory for the task: entered here instead
+  }
 }
 
 // A thread that makes work (the synchronous thread, or a user's thread scheduling jobs) can start
@@ -260,13 +281,14 @@ bool detail::SchedulerImpl::yield_rule(Tasklet& tasklet) {
   domain_.table_.leave(*hold);
   delete hold;
   TaskletAccess::set_hold(tasklet, again);
-  if (!again->enter(domain_.table_)) {
-    TaskletAccess::set_hold(tasklet, nullptr);
-    detail::ThreadHold::recycle(again);
-    throw IllegalState("yield_rule: the job manager shut down while " + tasklet.name() +
-                       " waited to take its rule back");
-  }
-  return true;
+  const auto answer = again->enter(domain_.table_);
+  if (answer == detail::ThreadHold::Answer::granted) return true;
+  // It holds nothing now: what it does from here on, it does without its rule.
+  TaskletAccess::set_hold(tasklet, nullptr);
+  detail::ThreadHold::recycle(again);
+  if (answer == detail::ThreadHold::Answer::refused) throw std::bad_alloc();
+  throw IllegalState("yield_rule: the job manager shut down while " + tasklet.name() +
+                     " waited to take its rule back");
 }
 
 }  // namespace tasklet

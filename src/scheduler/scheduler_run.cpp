@@ -1,7 +1,9 @@
 // Running phases: a phase's and the synchronous thread's scopes on the thread's context, the async
 // phase runner with its hand-offs, and the synchronous thread's run loop, inline drains and with().
+#include <algorithm>
 #include <exception>
 #include <mutex>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -169,14 +171,27 @@ void detail::SchedulerImpl::run() {
   SyncThreadScope scope(*this);
   {
     std::lock_guard lock(mutex_);
-    failures_.clear();
+    forget_reported_failures();
     running_.store(true, std::memory_order_release);
   }
   while (drain_sync_queue_once()) {
   }
+  report_failures();
+}
+
+// Failures reported by the last run() (or inline drain) go; those recorded since (a tasklet ended
+// while no run() was active, out of memory for instance) stay for this one to report. Under mutex_.
+void detail::SchedulerImpl::forget_reported_failures() noexcept {
+  failures_.erase(failures_.begin(),
+                  failures_.begin() + static_cast<std::ptrdiff_t>(std::min(reported_failures_, failures_.size())));
+  reported_failures_ = 0;
+}
+
+void detail::SchedulerImpl::report_failures() {
   std::exception_ptr first;
   {
     std::lock_guard lock(mutex_);
+    reported_failures_ = failures_.size();
     if (!failures_.empty()) first = failures_.front().error;
   }
   if (first) std::rethrow_exception(first);
@@ -192,7 +207,7 @@ void detail::SchedulerImpl::drain_inline() {
   SyncThreadScope scope(*this);
   {
     std::lock_guard lock(mutex_);
-    failures_.clear();
+    forget_reported_failures();
   }
   for (;;) {
     {
@@ -203,12 +218,7 @@ void detail::SchedulerImpl::drain_inline() {
     for (TaskletPtr& tasklet : sync_batch_) run_sync_phase(std::move(tasklet));
     sync_batch_.clear();
   }
-  std::exception_ptr first;
-  {
-    std::lock_guard lock(mutex_);
-    if (!failures_.empty()) first = failures_.front().error;
-  }
-  if (first) std::rethrow_exception(first);
+  report_failures();
 }
 
 void detail::SchedulerImpl::with(const TaskletPtr& tasklet) {
@@ -217,11 +227,19 @@ void detail::SchedulerImpl::with(const TaskletPtr& tasklet) {
   if (!background_) active_.fetch_add(1, std::memory_order_relaxed);
   if (const Rule& rule = tasklet->rule()) {
     // The phase runs here and now, so the caller waits for the rule like a thread in begin_rule.
-    enter_pending_rules();
-    detail::ThreadHold* hold = detail::ThreadHold::take(rule, false);
-    if (!hold->enter(domain_.table_)) {
+    detail::ThreadHold* hold = nullptr;
+    try {
+      enter_pending_rules();
+      hold = detail::ThreadHold::take(rule, false);
+    } catch (...) {
+      finish(tasklet, nullptr);  // out of memory: ended unrun, as if never given
+      throw;
+    }
+    const auto answer = hold->enter(domain_.table_);
+    if (answer != detail::ThreadHold::Answer::granted) {
       detail::ThreadHold::recycle(hold);
       finish(tasklet, nullptr);
+      if (answer == detail::ThreadHold::Answer::refused) throw std::bad_alloc();
       throw IllegalState("with(" + tasklet->name() + "): the job manager shut down while it waited for " +
                          describe(rule));
     }

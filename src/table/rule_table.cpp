@@ -13,6 +13,13 @@ namespace {
 
 constexpr int index_of(LockMode mode) noexcept { return static_cast<int>(mode); }
 
+// Room for `more` elements, growing geometrically, so that pushing them cannot fail.
+template <class Vector>
+void room_for(Vector& vector, std::size_t more) {
+  const std::size_t needed = vector.size() + more;
+  if (needed > vector.capacity()) vector.reserve(std::max<std::size_t>(needed, 2 * vector.capacity()));
+}
+
 // Multi-granularity locking's compatibility matrix (Gray et al.).
 constexpr bool compatible[lock_mode_count][lock_mode_count] = {
     //           is     ix     s      six    x
@@ -429,6 +436,11 @@ bool RuleTable::put_in(RuleRequest& request, Grants& grants, Orphans& orphans) {
     }
     const bool rootless = on_path && !at_root;
     if (rootless) request.reserve_entries(request.entry_count_ + std::size_t{1});  // for give_root_intents
+    const bool parkable = request.parkable();
+    // Room for all that entering adds, taken before anything of the table changes: out of memory
+    // (here or above) the request is refused with the table as it was, but for empty nodes. Its
+    // queues' room waits for mark_clear() when nothing changes before (most nodes never queue).
+    make_room(request, claims || request.has_custom_, grants, orphans, parkable);
     if (claims) give_root_intents();
 
     // A parked request's rule may be gone (its owner's frame kept it alive), so a custom rule cannot
@@ -436,6 +448,13 @@ bool RuleTable::put_in(RuleRequest& request, Grants& grants, Orphans& orphans) {
     if (request.has_custom_ && !parked_.empty()) revoke_parked(request, grants, orphans);
     bool custom_blocked = (request.has_custom_ || !customs_.empty()) && blocked_by_custom(request);
     std::uint32_t unclear = mark_clear(request);
+    if (unclear != 0 && !claims && !request.has_custom_) {
+      for (const RuleEntry& entry : request.entries()) {
+        if (entry.clear()) continue;
+        entry.node()->make_queues();
+        entry.node()->waiting(static_cast<std::size_t>(index_of(entry.mode()))).make_room();
+      }
+    }
     // Whoever would wait for a parked request takes it out of the table first.
     if ((unclear != 0 || custom_blocked) && !request.has_custom_ && !parked_.empty() &&
         revoke_parked(request, grants, orphans)) {
@@ -445,7 +464,7 @@ bool RuleTable::put_in(RuleRequest& request, Grants& grants, Orphans& orphans) {
     request.in_table_ = true;
     insert_live(request, rootless);
     if (request.has_custom_) customs_.push_back(&request);
-    request.parkable_ = request.parkable() && !request.has_custom_;
+    request.parkable_ = parkable && !request.has_custom_;
     request.park_.store(request.parkable_ ? Park::active : Park::none, std::memory_order_relaxed);
     if (request.parkable_) {
       drop_orphans(grants, orphans);
@@ -477,6 +496,23 @@ bool RuleTable::put_in(RuleRequest& request, Grants& grants, Orphans& orphans) {
     }
   }
   return false;
+}
+
+// Room in the table's lists for `request`, in the lists of requests to tell or delete for what
+// revoking the parked ones lets go, and (`every_entry`) in the queues of every node it has an entry on.
+void RuleTable::make_room(RuleRequest& request, bool every_entry, Grants& grants, Orphans& orphans,
+                          bool parkable) {
+  room_for(live_, 1);
+  if (request.has_custom_) room_for(customs_, 1);
+  if (request.has_custom_ || !customs_.empty()) room_for(blocked_, 1);
+  if (parkable) room_for(parked_, 1);
+  room_for(grants, 1 + parked_.size());
+  room_for(orphans, parked_.size());
+  if (!every_entry) return;
+  for (const RuleEntry& entry : request.entries()) {
+    entry.node()->make_queues();
+    entry.node()->waiting(static_cast<std::size_t>(index_of(entry.mode()))).make_room();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -740,9 +776,6 @@ bool RuleTable::has_conflicting_waiter_locked(const RuleRequest& held) const noe
   return false;
 }
 
-void RuleTable::notify(const Grants& grants) noexcept {
-  for (RuleRequest* request : grants) request->granted();
-}
 
 bool RuleTable::is_idle() {
   return read_settled([this] { return live_.size() == parked_idle(); });

@@ -121,6 +121,10 @@ class WaitQueue {
   static constexpr std::uintptr_t scan_hint = 6;
 
   bool empty() const noexcept { return live_ == 0; }
+  /// Room for one more push_back without allocating.
+  void make_room() {
+    if (slots_.size() == slots_.capacity()) slots_.reserve(std::max<std::size_t>(4, 2 * slots_.capacity()));
+  }
   /// The front's ticket (kept here: reading it from the request would touch its memory).
   std::uint64_t front_ticket() const noexcept { return front_ticket_; }
   RuleRequest& front_request() const noexcept { return *request_of(slots_[head_]); }
@@ -188,6 +192,9 @@ class RuleRequest {
   }
   virtual void granted() noexcept = 0;
   virtual void cancelled() noexcept = 0;
+  /// The table ran out of memory entering the request: it never was in the table (nothing of the
+  /// table changed), and its owner is told instead of granted or cancelled. By default, as cancelled.
+  virtual void refused() noexcept { cancelled(); }
   /// Who asked (a tasklet, for instance), so that its request can be found and withdrawn.
   virtual const void* owner() const noexcept { return nullptr; }
   /// Whether leave() may park this request (see the top of this file) instead of releasing it;
@@ -485,7 +492,8 @@ class RuleTable {
   std::size_t held_count();
   std::size_t waiting_count();
 
-  static void notify(const Grants& grants) noexcept;
+  /// Tells the owners of `grants`, and of the requests refused for lack of memory meanwhile.
+  void notify(const Grants& grants) noexcept;
 
  private:
   // The table's lock, taken for one operation. Requests submitted meanwhile are entered first, in
@@ -514,6 +522,10 @@ class RuleTable {
     Orphans orphans_;
   };
   void enter_submitted(Grants& grants, Orphans& orphans) noexcept;
+  // put_in, or, when it ran out of memory (before it changed anything), the request's refusal.
+  void put_in_or_refuse(RuleRequest& request, Grants& grants, Orphans& orphans) noexcept;
+  void push_refused(RuleRequest& request) noexcept;
+  void make_room(RuleRequest& request, bool every_entry, Grants& grants, Orphans& orphans, bool parkable);
   struct SubmittedRun;
   static constexpr std::uintptr_t run_tag = 1;
   static std::uintptr_t& submitted_link(std::uintptr_t entry) noexcept;
@@ -586,6 +598,9 @@ class RuleTable {
   // every SerialExecutor post took 7-14 % longer).
   std::atomic<std::uintptr_t> submitted_{0};
   std::atomic<bool> entering_submitted_{false};  // a lock holder took the stack and enters it
+  // Requests refused for lack of memory (see refuse), linked like the submitted ones, until the
+  // next notify() tells their owners.
+  std::atomic<std::uintptr_t> refused_{0};
   const std::uint64_t id_;  // distinguishes tables for rule notes (unique for the process's life)
   std::uint64_t next_ticket_ = 0;
   std::size_t held_ = 0;

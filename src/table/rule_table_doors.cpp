@@ -36,6 +36,33 @@ std::uintptr_t& RuleTable::submitted_link(std::uintptr_t entry) noexcept {
 
 // Puts `newest` on the submitted stack; `oldest_link`, the link of the oldest entry pushed with it,
 // then names what was there.
+void RuleTable::push_refused(RuleRequest& request) noexcept {
+  std::uintptr_t head = refused_.load(std::memory_order_relaxed);
+  do {
+    request.place_.next_submitted = head;
+  } while (!refused_.compare_exchange_weak(head, reinterpret_cast<std::uintptr_t>(&request),
+                                           std::memory_order_release, std::memory_order_relaxed));
+}
+
+void RuleTable::notify(const Grants& grants) noexcept {
+  for (RuleRequest* request : grants) request->granted();
+  if (refused_.load(std::memory_order_relaxed) == 0) return;
+  // Oldest first; an owner may delete its request once told.
+  std::uintptr_t newest = refused_.exchange(0, std::memory_order_acquire);
+  RuleRequest* oldest = nullptr;
+  while (newest != 0) {
+    auto* request = reinterpret_cast<RuleRequest*>(newest);
+    newest = std::exchange(request->place_.next_submitted, reinterpret_cast<std::uintptr_t>(oldest));
+    oldest = request;
+  }
+  while (oldest != nullptr) {
+    RuleRequest* request = oldest;
+    oldest = reinterpret_cast<RuleRequest*>(request->place_.next_submitted);
+    request->place_.next_submitted = 0;
+    request->refused();
+  }
+}
+
 void RuleTable::push_submitted(std::uintptr_t newest, std::uintptr_t& oldest_link) noexcept {
   std::uintptr_t head = submitted_.load(std::memory_order_relaxed);
   do {
@@ -132,8 +159,7 @@ void RuleTable::enter_submitted(Grants& grants, Orphans& orphans) noexcept {
       enter_together(*run, grants, orphans);
       deallocate_bytes(run);
     } else {
-      auto& request = *reinterpret_cast<RuleRequest*>(entry);
-      if (put_in(request, grants, orphans)) grants.push_back(&request);
+      put_in_or_refuse(*reinterpret_cast<RuleRequest*>(entry), grants, orphans);
     }
   }
   entering_submitted_.store(false, std::memory_order_release);
@@ -154,8 +180,18 @@ void RuleTable::enter_together(SubmittedRun& run, Grants& grants, Orphans& orpha
   }
   for (std::size_t i = 0; i < run.count; ++i)
     __builtin_prefetch(SchedulingRule::TableSlot::note(*rules[i], std::memory_order_relaxed));
-  for (std::size_t i = 0; i < run.count; ++i) {
-    if (put_in(*requests[i], grants, orphans)) grants.push_back(requests[i]);
+  for (std::size_t i = 0; i < run.count; ++i) put_in_or_refuse(*requests[i], grants, orphans);
+}
+
+// Out of memory, put_in changed nothing but the request (and perhaps made empty nodes): the request
+// is linked on refused_ for the next notify(), which tells its owner.
+void RuleTable::put_in_or_refuse(RuleRequest& request, Grants& grants, Orphans& orphans) noexcept {
+  try {
+    if (put_in(request, grants, orphans)) grants.push_back(&request);  // put_in made room
+  } catch (...) {
+    request.clear_entries();
+    request.has_custom_ = false;
+    push_refused(request);
   }
 }
 

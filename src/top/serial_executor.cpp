@@ -55,6 +55,13 @@ Directive SerialTask::task() {
   return Directive::done;
 }
 
+// The manager's background scheduler runs serial tasks only.
+void SerialTask::abandon(Tasklet& task, std::exception_ptr error) noexcept {
+  SerialExecutor::State& shared = static_cast<SerialTask&>(task).state_;
+  std::lock_guard lock(shared.mutex);
+  if (!shared.first_error) shared.first_error = std::move(error);
+}
+
 }  // namespace detail
 
 namespace {
@@ -66,7 +73,9 @@ detail::SchedulerImpl& background_of(JobManager& manager) {
 SerialExecutor::SerialExecutor(std::shared_ptr<JobManager> manager, std::string name)
     : manager_(manager ? std::move(manager) : JobManager::global()),
       rule_(rules::mutex(name.empty() ? "serial executor" : std::move(name))),
-      state_(std::make_shared<State>()) {}
+      state_(std::make_shared<State>()) {
+  background_of(*manager_).on_abandoned(&detail::SerialTask::abandon);
+}
 
 SerialExecutor::~SerialExecutor() {
   cancel_all();

@@ -75,7 +75,7 @@ class RuleTableTest : public ::testing::Test {
   // Takes and releases `rule` with a thread's request, which is then recycled.
   void begin_and_end_once(const Rule& rule) {
     ThreadHold* hold = ThreadHold::take(rule, false);
-    EXPECT_TRUE(hold->enter(table_));
+    EXPECT_EQ(hold->enter(table_), ThreadHold::Answer::granted);
     EXPECT_FALSE(table_.leave(*hold));
     ThreadHold::recycle(hold);
   }
@@ -381,7 +381,7 @@ TEST_F(RuleTableTest, LeaveHandsTheRequestsItLetsThroughToTheCaller) {
   ASSERT_EQ(grants.size(), 1u);
   EXPECT_EQ(grants.front(), &next);
   EXPECT_EQ(next.grants, 0) << "the caller notifies";
-  RuleTable::notify(grants);
+  table_.notify(grants);
   EXPECT_EQ(next.grants, 1);
   table_.leave(next);
 }
