@@ -85,15 +85,16 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   void run();
 
   /// Starts `tasklet` with `directive`. Throws AlreadyScheduled when the tasklet is active,
-  /// SchedulerNotRunning for `async` while run() is not active, std::invalid_argument for a
-  /// null tasklet, and std::bad_alloc (the tasklet then was not scheduled). On the implicit scheduler (api::current() of a thread with none) a `sync`
-  /// tasklet scheduled from its own thread runs inline before schedule() returns, and an exception
-  /// from those phases is rethrown here. Thread-safe. Blocks to acquire the tasklet's rule when it
-  /// runs inline, and yields the CPU for flow control: on the synchronous thread inside run(),
-  /// while more than 1,024 of the tasklets with rules that this thread started wait for their
-  /// rules, scheduling more of them (at every 16th) waits until the workers have let all but 512
-  /// through. It goes on after 64 yields in which none was let through (they may be waiting for
-  /// this very thread), and then holds back again only once 512 more were let through.
+  /// SchedulerNotRunning for `async` while run() is not active, std::invalid_argument for a null
+  /// tasklet, and std::bad_alloc (the tasklet then was not scheduled). On the implicit scheduler
+  /// (api::current() of a thread with none) a `sync` tasklet scheduled from its own thread runs
+  /// inline before schedule() returns, and an exception from those phases is rethrown here.
+  /// Thread-safe. Blocks to acquire the tasklet's rule when it runs inline, and waits for flow
+  /// control: on the synchronous thread inside run(), while more than 1,024 of the tasklets with
+  /// rules that this thread started wait for their rules, scheduling more of them (at every 16th)
+  /// waits until the workers have let all but 512 through. It goes on when a millisecond passes in
+  /// which none was let through (they may be waiting for this very thread), and then holds back
+  /// again only once 512 more were let through.
   Scheduler& schedule(std::shared_ptr<Tasklet> tasklet, Directive directive);
 
   /// Suspends `tasklet`: an idle tasklet becomes parked; a tasklet calling this from its own
