@@ -493,7 +493,7 @@ RunEnd Jobs::finish_run(JobCore& job, Status result, ToStart& to_start) {
   std::optional<Status> for_group;
   if (g != nullptr) {
     std::lock_guard group_lock(g->mutex);
-    g->results.reserve(g->results.size() + 1);  // kept: every push is under `mutex`
+    room_for(g->results);  // kept: every push is under `mutex`
     for_group = result;
   }
   disarm_timer(job);

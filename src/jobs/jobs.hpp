@@ -31,6 +31,7 @@
 #include "context.hpp"
 #include "domain.hpp"
 #include "job_core.hpp"
+#include "room_for.hpp"
 #include "task_condition.hpp"
 #include "tasklet/job.hpp"
 #include "tasklet/job_group.hpp"

@@ -106,10 +106,10 @@ void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun
       GroupCore* entered_group = nullptr;
       JobGroup::State group_before = JobGroup::State::none;
       try {
-        to_start.reserve(1);
+        room_for(to_start);
         if (GroupCore* g = job.group_core()) {
           std::lock_guard group_lock(g->mutex);
-          g->active.reserve(g->active.size() + 1);
+          room_for(g->active);
           // Jobs scheduled from outside the group's own jobs are its seeds, even when canceled at once.
           const JobCore* parent = running_job();
           job.seed = !is_rerun && !(parent != nullptr && parent->group_core() == g);

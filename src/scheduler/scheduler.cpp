@@ -96,6 +96,16 @@ struct detail::SchedulerImpl::PickTask {
   }
 };
 
+struct detail::SchedulerImpl::AbandonTask {
+  SchedulerImpl* impl;
+  mutable TaskletPtr tasklet;
+  mutable std::exception_ptr error;
+  void operator()() const {
+    WorkerTaskScope scope(impl->workers_, *impl);
+    impl->tell_abandoned(std::move(tasklet), std::move(error));
+  }
+};
+
 struct detail::SchedulerImpl::BatchTask {
   SchedulerImpl* impl;
   mutable std::vector<TaskletPtr> tasklets;
@@ -496,13 +506,25 @@ void detail::SchedulerImpl::enqueue_async_or_throw(TaskletPtr& tasklet) {
 
 void detail::SchedulerImpl::order_async_phases_by(OrderOf order) { order_ = order; }
 
+// The hook is told on a worker: an abandonment comes from a grant or a refusal, which the table
+// delivers wherever it was entered or released, perhaps under a lock of the layer above (a job's
+// cancel() withdraws under its manager's lock), and the hook takes that layer's locks. Out of
+// memory for that task too, it is told here.
 void detail::SchedulerImpl::abandon(TaskletPtr tasklet, std::exception_ptr error) noexcept {
-  const Abandoned abandoned = abandoned_.load(std::memory_order_acquire);
-  if (abandoned == nullptr) {
+  if (abandoned_.load(std::memory_order_acquire) == nullptr) {
     finish(std::move(tasklet), std::move(error));
     return;
   }
-  abandoned(*tasklet, std::move(error));
+  AbandonTask task{this, std::move(tasklet), std::move(error)};
+  try {
+    spawn(std::move(task));
+  } catch (...) {
+    tell_abandoned(std::move(task.tasklet), std::move(task.error));
+  }
+}
+
+void detail::SchedulerImpl::tell_abandoned(TaskletPtr tasklet, std::exception_ptr error) noexcept {
+  abandoned_.load(std::memory_order_acquire)(*tasklet, std::move(error));
   finish(std::move(tasklet), nullptr);
 }
 

@@ -93,13 +93,14 @@ class SchedulerImpl final {
   static constexpr std::size_t lane_count = 5;
   using OrderOf = Order (*)(const Tasklet&);
   void order_async_phases_by(OrderOf order);
-  /// Told of a tasklet the engine ends without running its next phase because it ran out of memory
-  /// (entering its rule in the table, queueing the phase); the tasklet is then ended with no failure
-  /// recorded. Without it the error is recorded as the tasklet's failure. Set before use.
+  /// Told, on a worker, of a tasklet the engine ends without running its next phase because it ran
+  /// out of memory (entering its rule in the table, queueing the phase); the tasklet is then ended
+  /// with no failure recorded. Without it the error is recorded as the tasklet's failure.
   using Abandoned = void (*)(Tasklet&, std::exception_ptr) noexcept;
   void on_abandoned(Abandoned abandoned) noexcept { abandoned_.store(abandoned, std::memory_order_release); }
   /// Ends a tasklet whose next phase cannot be started for lack of memory (see on_abandoned).
   void abandon(TaskletPtr tasklet, std::exception_ptr error) noexcept;
+  void tell_abandoned(TaskletPtr tasklet, std::exception_ptr error) noexcept;
   /// The front of the lane whose front is earliest (under ready_mutex_, with a phase ready).
   TaskletPtr take_earliest_ready() noexcept;
   /// The tasklet whose phase runs here lets a waiting conflicting request go first and then takes
@@ -193,6 +194,7 @@ class SchedulerImpl final {
  private:
   struct PhaseTask;
   struct BatchTask;
+  struct AbandonTask;
   struct EnterTask;
   struct PickTask;
   template <std::size_t N>

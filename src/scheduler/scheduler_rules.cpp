@@ -11,6 +11,7 @@
 
 #include "context.hpp"
 #include "domain.hpp"
+#include "room_for.hpp"
 #include "scheduler_impl.hpp"
 #include "tasklet/error.hpp"
 #include "tasklet_state.hpp"
@@ -179,9 +180,8 @@ void detail::SchedulerImpl::start_holding(TaskletPtr& tasklet, Directive directi
   if (batched) {
     // Room first: out of memory, nothing has changed (the hold's allocation comes before the
     // tasklet moves into it).
-    if (entering_.size() == entering_.capacity()) entering_.reserve(std::max<std::size_t>(16, 2 * entering_.size()));
-    if (entering_tasklets_.size() == entering_tasklets_.capacity())
-      entering_tasklets_.reserve(std::max<std::size_t>(16, 2 * entering_tasklets_.size()));
+    room_for(entering_);
+    room_for(entering_tasklets_);
   }
   auto* hold = new TaskletHold<N>(std::move(tasklet), directive, batched);
   TaskletAccess::set_hold(raw, hold);

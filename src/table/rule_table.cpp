@@ -13,13 +13,6 @@ namespace {
 
 constexpr int index_of(LockMode mode) noexcept { return static_cast<int>(mode); }
 
-// Room for `more` elements, growing geometrically, so that pushing them cannot fail.
-template <class Vector>
-void room_for(Vector& vector, std::size_t more) {
-  const std::size_t needed = vector.size() + more;
-  if (needed > vector.capacity()) vector.reserve(std::max<std::size_t>(needed, 2 * vector.capacity()));
-}
-
 // Multi-granularity locking's compatibility matrix (Gray et al.).
 constexpr bool compatible[lock_mode_count][lock_mode_count] = {
     //           is     ix     s      six    x
@@ -775,7 +768,6 @@ bool RuleTable::has_conflicting_waiter_locked(const RuleRequest& held) const noe
   }
   return false;
 }
-
 
 bool RuleTable::is_idle() {
   return read_settled([this] { return live_.size() == parked_idle(); });

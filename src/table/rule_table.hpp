@@ -56,6 +56,7 @@
 #include <boost/container/flat_map.hpp>
 #include <boost/container/small_vector.hpp>
 
+#include "room_for.hpp"
 #include "tasklet/detail/allocator.hpp"
 #include "tasklet/scheduling_rule.hpp"
 
@@ -122,9 +123,7 @@ class WaitQueue {
 
   bool empty() const noexcept { return live_ == 0; }
   /// Room for one more push_back without allocating.
-  void make_room() {
-    if (slots_.size() == slots_.capacity()) slots_.reserve(std::max<std::size_t>(4, 2 * slots_.capacity()));
-  }
+  void make_room() { room_for(slots_); }
   /// The front's ticket (kept here: reading it from the request would touch its memory).
   std::uint64_t front_ticket() const noexcept { return front_ticket_; }
   RuleRequest& front_request() const noexcept { return *request_of(slots_[head_]); }
@@ -598,8 +597,8 @@ class RuleTable {
   // every SerialExecutor post took 7-14 % longer).
   std::atomic<std::uintptr_t> submitted_{0};
   std::atomic<bool> entering_submitted_{false};  // a lock holder took the stack and enters it
-  // Requests refused for lack of memory (see refuse), linked like the submitted ones, until the
-  // next notify() tells their owners.
+  // Requests refused for lack of memory (put_in_or_refuse), linked like the submitted ones, until
+  // the next notify() tells their owners.
   std::atomic<std::uintptr_t> refused_{0};
   const std::uint64_t id_;  // distinguishes tables for rule notes (unique for the process's life)
   std::uint64_t next_ticket_ = 0;

@@ -34,8 +34,6 @@ std::uintptr_t& RuleTable::submitted_link(std::uintptr_t entry) noexcept {
   return reinterpret_cast<RuleRequest*>(entry)->place_.next_submitted;
 }
 
-// Puts `newest` on the submitted stack; `oldest_link`, the link of the oldest entry pushed with it,
-// then names what was there.
 void RuleTable::push_refused(RuleRequest& request) noexcept {
   std::uintptr_t head = refused_.load(std::memory_order_relaxed);
   do {
@@ -63,6 +61,8 @@ void RuleTable::notify(const Grants& grants) noexcept {
   }
 }
 
+// Puts `newest` on the submitted stack; `oldest_link`, the link of the oldest entry pushed with it,
+// then names what was there.
 void RuleTable::push_submitted(std::uintptr_t newest, std::uintptr_t& oldest_link) noexcept {
   std::uintptr_t head = submitted_.load(std::memory_order_relaxed);
   do {
