@@ -143,7 +143,10 @@ std::shared_ptr<Scheduler> Domain::make_background() {
 }
 
 Scheduler& Domain::background() {
-  std::call_once(background_once_, [this] { background_ = make_background(); });
+  if (Scheduler* made = made_background_.load(std::memory_order_acquire)) return *made;
+  std::lock_guard lock(making_);
+  if (!background_) background_ = make_background();
+  made_background_.store(background_.get(), std::memory_order_release);
   return *background_;
 }
 

@@ -3,6 +3,7 @@
 // per-manager state in as an extension (the jobs do).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -105,20 +106,29 @@ class Domain : public std::enable_shared_from_this<Domain> {
   /// The extension of the layer above, made by `make` on first use.
   template <class Extension, class Make>
   Extension& extension(Make&& make) {
-    std::call_once(extension_once_, [&] { extension_ = make(); });
-    return static_cast<Extension&>(*extension_);
+    DomainExtension* made = made_extension_.load(std::memory_order_acquire);
+    if (made == nullptr) {
+      std::lock_guard lock(making_);
+      if (!extension_) extension_ = make();
+      made = extension_.get();
+      made_extension_.store(made, std::memory_order_release);
+    }
+    return static_cast<Extension&>(*made);
   }
   /// The extension if it was made, else null.
-  DomainExtension* made_extension() const noexcept { return extension_.get(); }
+  DomainExtension* made_extension() const noexcept { return made_extension_.load(std::memory_order_acquire); }
 
   JobManager& self_;
   std::shared_ptr<Workers> workers_;
   RuleTable table_;
 
  private:
-  std::once_flag background_once_;
+  // Made on first use under `making_` rather than std::call_once: making them may throw (out of
+  // memory), and an exception through call_once leaves it stuck with some C++ runtimes.
+  std::mutex making_;
+  std::atomic<Scheduler*> made_background_{nullptr};
   std::shared_ptr<Scheduler> background_;
-  std::once_flag extension_once_;
+  std::atomic<DomainExtension*> made_extension_{nullptr};
   std::shared_ptr<DomainExtension> extension_;
 };
 
