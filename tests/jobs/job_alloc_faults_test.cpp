@@ -18,55 +18,16 @@
 
 #include <gtest/gtest.h>
 
-#include "allocation_seam.hpp"
+#include "support/failing_allocation.hpp"
 #include "support/job_support.hpp"
 #include "tasklet/tasklet.hpp"
-
-namespace {
-
-// The allocation of this thread that fails next: 0 when none is armed.
-thread_local long allocations_left = 0;
-thread_local bool failed_one = false;
-
-bool this_allocation_fails() noexcept {
-  if (allocations_left <= 0 || --allocations_left != 0) return false;
-  failed_one = true;
-  return true;
-}
-
-}  // namespace
-
-// Replaced for the whole binary; only a thread that armed a failure ever sees one.
-void* operator new(std::size_t bytes) {
-  if (this_allocation_fails()) throw std::bad_alloc();
-  if (void* block = std::malloc(bytes == 0 ? 1 : bytes)) return block;
-  throw std::bad_alloc();
-}
-void operator delete(void* block) noexcept { std::free(block); }
-void operator delete(void* block, std::size_t) noexcept { std::free(block); }
 
 namespace tasklet {
 namespace {
 
 using namespace std::chrono_literals;
+using test::FailNth;
 using test::patience;
-
-// Fails the n-th allocation of this thread while it lives.
-class FailNth {
- public:
-  explicit FailNth(long n) noexcept {
-    failed_one = false;
-    allocations_left = n;
-    detail::allocation_fails = &this_allocation_fails;
-  }
-  ~FailNth() {
-    allocations_left = 0;
-    detail::allocation_fails = nullptr;
-  }
-  FailNth(const FailNth&) = delete;
-  FailNth& operator=(const FailNth&) = delete;
-  bool fired() const noexcept { return failed_one; }
-};
 
 // Runs `operation` with its n-th allocation failing, for n = 1, 2, ... until it makes no n-th
 // allocation. `prepare()` runs before each attempt and `after(n, threw, fired)` after it, both

@@ -7,25 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include "support/failing_allocation.hpp"
 #include "tasklet/tasklet.hpp"
-
-namespace {
-
-thread_local bool fail_next_allocation = false;
-
-}  // namespace
-
-// Replaced for this test binary; only a thread that armed it sees a failure.
-void* operator new(std::size_t bytes) {
-  if (fail_next_allocation) {
-    fail_next_allocation = false;
-    throw std::bad_alloc();
-  }
-  if (void* block = std::malloc(bytes == 0 ? 1 : bytes)) return block;
-  throw std::bad_alloc();
-}
-void operator delete(void* block) noexcept { std::free(block); }
-void operator delete(void* block, std::size_t) noexcept { std::free(block); }
 
 namespace tasklet {
 namespace {
@@ -37,9 +20,10 @@ TEST(BeginRuleOutOfMemory, AFrameThatCouldNotBePushedIsNotEnded) {
   // allocates.
   RuleScope first(*manager, nullptr), second(*manager, nullptr), third(*manager, nullptr),
       fourth(*manager, nullptr);
-  fail_next_allocation = true;
-  EXPECT_THROW(RuleScope failed(*manager, rule), std::bad_alloc);
-  fail_next_allocation = false;
+  {
+    const test::FailNth failing(1);
+    EXPECT_THROW(RuleScope failed(*manager, rule), std::bad_alloc);
+  }
   EXPECT_EQ(manager->current_rule(), nullptr);
   EXPECT_EQ(manager->rule_stats().held, 0u);
   {
