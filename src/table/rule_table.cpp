@@ -594,7 +594,14 @@ void RuleTable::grant(RuleRequest& request, Grants& grants) {
   }
   request.held_ = true;
   ++held_;
-  grants.push_back(&request);
+  try {
+    grants.push_back(&request);
+  } catch (...) {
+    // Out of memory for the list (a release can let any number through): told at once, under
+    // the lock, rather than never. A grant only queues its owner's next step (no user code), and
+    // whatever that enters in the table meanwhile waits for the lock holder.
+    request.granted();
+  }
 }
 
 // Takes the entries that have become clear off the fronts of the queues at `node`, granting the
