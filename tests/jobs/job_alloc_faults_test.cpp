@@ -142,7 +142,9 @@ TEST_F(FaultInjectionTest, SchedulingAJobWithAGroupADelayAndAListener) {
       },
       [&](long n, bool threw, bool fired) {
         EXPECT_EQ(threw, fired && !scheduled) << "allocation " << n;
-        if (!scheduled) EXPECT_EQ(job->state(), JobState::none) << "allocation " << n;
+        if (!scheduled) {
+          EXPECT_EQ(job->state(), JobState::none) << "allocation " << n;
+        }
         const int dones = listener->dones.get();
         ASSERT_TRUE(job->join(patience)) << "allocation " << n;
         if (scheduled) {

@@ -48,5 +48,6 @@ void* operator new(std::size_t bytes) {
   if (void* block = std::malloc(bytes == 0 ? 1 : bytes)) return block;
   throw std::bad_alloc();
 }
-void operator delete(void* block) noexcept { std::free(block); }
-void operator delete(void* block, std::size_t) noexcept { std::free(block); }
+// Not inlined: GCC would see free() on a pointer from operator new (-Wmismatched-new-delete).
+__attribute__((noinline)) void operator delete(void* block) noexcept { std::free(block); }
+__attribute__((noinline)) void operator delete(void* block, std::size_t) noexcept { std::free(block); }
