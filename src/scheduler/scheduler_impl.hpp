@@ -178,6 +178,9 @@ class SchedulerImpl final {
   // Deadline-ordered async phases (order_async_phases_by): a FIFO per lane, and the picks started
   // and not yet running (at most the workers' concurrency).
   struct ReadyPhase {
+    // Takes the tasklet only once its place is allocated (emplace_back): out of memory, the caller
+    // still has it.
+    ReadyPhase(std::int64_t when, TaskletPtr&& phase) noexcept : deadline(when), tasklet(std::move(phase)) {}
     std::int64_t deadline;
     TaskletPtr tasklet;
   };
