@@ -15,7 +15,8 @@ bool Jobs::has_listeners(const JobCore& /*job*/) const noexcept {
 }
 
 Listeners Jobs::with_added(const Listeners& listeners, std::shared_ptr<ListenerSlot> slot) {
-  auto next = listeners != nullptr ? std::make_shared<ListenerList>(*listeners) : std::make_shared<ListenerList>();
+  auto next =
+      listeners != nullptr ? std::make_shared<ListenerList>(*listeners) : std::make_shared<ListenerList>();
   next->push_back(std::move(slot));
   return next;
 }

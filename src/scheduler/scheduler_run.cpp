@@ -182,8 +182,8 @@ void detail::SchedulerImpl::run() {
 // Failures reported by the last run() (or inline drain) go; those recorded since (a tasklet ended
 // while no run() was active, out of memory for instance) stay for this one to report. Under mutex_.
 void detail::SchedulerImpl::forget_reported_failures() noexcept {
-  failures_.erase(failures_.begin(),
-                  failures_.begin() + static_cast<std::ptrdiff_t>(std::min(reported_failures_, failures_.size())));
+  failures_.erase(failures_.begin(), failures_.begin() + static_cast<std::ptrdiff_t>(
+                                                             std::min(reported_failures_, failures_.size())));
   reported_failures_ = 0;
 }
 
