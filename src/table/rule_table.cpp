@@ -383,7 +383,7 @@ bool RuleTable::clear_at(const RuleNode& node, LockMode mode, std::uint64_t tick
 void RuleTable::enqueue(RuleRequest& request, std::size_t index) noexcept {
   RuleEntry& entry = request.entries_[index];
   const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
-  entry.node()->make_queues();
+  entry.node()->make_queue(mode);
   entry.node()->waiting(mode).push_back(request, request.ticket_, index);
   entry.node()->refresh_queued(mode);
 }
@@ -444,8 +444,9 @@ bool RuleTable::put_in(RuleRequest& request, Grants& grants, Orphans& orphans) {
     if (unclear != 0 && !claims && !request.has_custom_) {
       for (const RuleEntry& entry : request.entries()) {
         if (entry.clear()) continue;
-        entry.node()->make_queues();
-        entry.node()->waiting(static_cast<std::size_t>(index_of(entry.mode()))).make_room();
+        const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
+        entry.node()->make_queue(mode);
+        entry.node()->waiting(mode).make_room();
       }
     }
     // Whoever would wait for a parked request takes it out of the table first.
@@ -503,8 +504,9 @@ void RuleTable::make_room(RuleRequest& request, bool every_entry, Grants& grants
   room_for(orphans, parked_.size());
   if (!every_entry) return;
   for (const RuleEntry& entry : request.entries()) {
-    entry.node()->make_queues();
-    entry.node()->waiting(static_cast<std::size_t>(index_of(entry.mode()))).make_room();
+    const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
+    entry.node()->make_queue(mode);
+    entry.node()->waiting(mode).make_room();
   }
 }
 

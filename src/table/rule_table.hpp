@@ -339,12 +339,13 @@ struct alignas(64) RuleNode {  // also aligns RuleEntry's tag bits
   /// Bit per mode: some entry of that mode is granted or waits here.
   std::uint8_t occupied() const noexcept { return static_cast<std::uint8_t>(queued | counted); }
 
-  /// The entries of `mode` that are not clear yet, in ticket order. Only once some entry has
-  /// waited here (see make_queues): most nodes never queue anything, and are kept small.
-  WaitQueue& waiting(std::size_t mode) const noexcept { return (*queues_)[mode]; }
-  bool has_queues() const noexcept { return queues_ != nullptr; }
-  void make_queues() {
-    if (queues_ == nullptr) queues_ = std::make_unique<std::array<WaitQueue, lock_mode_count>>();
+  /// The entries of `mode` that are not clear yet, in ticket order. Only once some entry of that
+  /// mode has waited here (see make_queue): most nodes never queue anything, and most that do
+  /// queue one mode only (exclusive at a path, intention at its ancestors), so they stay small.
+  WaitQueue& waiting(std::size_t mode) const noexcept { return *(*queues_)[mode]; }
+  void make_queue(std::size_t mode) {
+    if (queues_ == nullptr) queues_ = std::make_unique<Queues>();
+    if ((*queues_)[mode] == nullptr) (*queues_)[mode] = std::make_unique<WaitQueue>();
   }
 
   /// One more granted or clear entry of `mode` (reads and writes this line only).
@@ -364,7 +365,8 @@ struct alignas(64) RuleNode {  // also aligns RuleEntry's tag bits
   }
 
  private:
-  std::unique_ptr<std::array<WaitQueue, lock_mode_count>> queues_;
+  using Queues = std::array<std::unique_ptr<WaitQueue>, lock_mode_count>;
+  std::unique_ptr<Queues> queues_;
 
  public:
   // Path trie links (identity nodes have none; they remember their rule instead).
