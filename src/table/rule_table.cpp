@@ -1,49 +1,17 @@
+// The rule table's decisions on the way in: where an entering request stands at each of its
+// nodes, the pairwise checks of custom rules, root intents, and revoking parked requests. Which
+// nodes a request takes is in rule_table_index.cpp; taking one out and granting those it lets
+// through, in rule_table_release.cpp; the doors, in rule_table_doors.cpp.
 #include "rule_table.hpp"
 
 #include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cassert>
-#include <new>
-#include <utility>
 #include <vector>
 
 namespace tasklet::detail {
 namespace {
-
-constexpr int index_of(LockMode mode) noexcept { return static_cast<int>(mode); }
-
-// Multi-granularity locking's compatibility matrix (Gray et al.).
-constexpr bool compatible[lock_mode_count][lock_mode_count] = {
-    //           is     ix     s      six    x
-    /* is  */ {true, true, true, true, false},
-    /* ix  */ {true, true, false, false, false},
-    /* s   */ {true, false, true, false, false},
-    /* six */ {true, false, false, false, false},
-    /* x   */ {false, false, false, false, false},
-};
-
-// Per mode, the bit mask of the modes it is incompatible with.
-constexpr std::uint8_t incompatible_modes(int mode) noexcept {
-  std::uint8_t mask = 0;
-  for (int other = 0; other < lock_mode_count; ++other) {
-    if (!compatible[mode][other]) mask = static_cast<std::uint8_t>(mask | (1u << other));
-  }
-  return mask;
-}
-constexpr std::uint8_t incompatible_mask[lock_mode_count] = {incompatible_modes(0), incompatible_modes(1),
-                                                             incompatible_modes(2), incompatible_modes(3),
-                                                             incompatible_modes(4)};
-
-// The weakest mode that is at least as strong as both (for one request's entries on one node).
-constexpr LockMode supremum(LockMode a, LockMode b) noexcept {
-  if (a == b) return a;
-  if (a == LockMode::x || b == LockMode::x) return LockMode::x;
-  if (a == LockMode::six || b == LockMode::six) return LockMode::six;
-  if (a == LockMode::is) return b;
-  if (b == LockMode::is) return a;
-  return LockMode::six;  // ix with s
-}
 
 // Calls fn on each atom of a rule: the children of a multi rule, else the rule itself.
 template <class F>
@@ -57,28 +25,6 @@ bool any_atom(const SchedulingRule& rule, F&& fn) {
 }
 
 }  // namespace
-
-std::size_t entry_count_hint(const SchedulingRule& rule) noexcept {
-  const RuleKey key = rule.key();
-  switch (key.kind) {
-    case RuleKey::Kind::identity:
-      return 1;
-    case RuleKey::Kind::path:
-      return key.segments.size() + 1;
-    case RuleKey::Kind::multi: {
-      std::size_t count = 0;
-      for (const Rule& child : key.children) {
-        if (child) count += entry_count_hint(*child);
-      }
-      return count;
-    }
-    case RuleKey::Kind::custom:
-      break;
-  }
-  return 0;
-}
-
-bool RuleNode::is_unused() const noexcept { return occupied() == 0 && children.empty(); }
 
 namespace {
 std::atomic<std::uint64_t> table_ids{0};
@@ -152,129 +98,6 @@ void RuleTable::remove_custom(RuleRequest& request) noexcept {
 
 // ---------------------------------------------------------------------------------------------
 // Entering a request
-
-RuleNode& RuleTable::path_node(RuleNode& from, std::string_view segment) {
-  auto found = from.children.find(segment);
-  if (found != from.children.end()) return *found->second;
-  auto node = std::make_unique<RuleNode>();
-  node->parent = &from;
-  node->segment = std::string(segment);
-  RuleNode& made = *node;
-  from.children.emplace(made.segment, std::move(node));
-  ++path_nodes_;
-  return made;
-}
-
-// The note this table keeps on `rule`, or null when another table made the rule's note or this is
-// the rule object's first request: a rule made for one job (rules::path(file) per job) is looked up
-// once, and a note would only cost an allocation. The second request makes it, with room for
-// `room` nodes.
-RuleNote* RuleTable::note_on(const SchedulingRule& rule, std::size_t room) {
-  using Slot = SchedulingRule::TableSlot;
-  void* held = Slot::slot(rule, std::memory_order_acquire);
-  if (held == nullptr) {
-    if (Slot::replace(rule, held, Slot::seen_once())) return nullptr;
-  }
-  if (held == Slot::seen_once()) {
-    void* block = ::operator new(sizeof(RuleNote) + room * sizeof(RuleNode*));
-    auto* made = ::new (block) RuleNote{id_, 0, 0, static_cast<std::uint32_t>(room)};
-    if (Slot::replace(rule, held, made)) return made;
-    ::operator delete(block);  // another table was first: `held` is its note
-  }
-  auto* note = static_cast<RuleNote*>(held);
-  return note->table == id_ ? note : nullptr;
-}
-
-// A rule's node is in its note while no node was freed since it was noted (nodes move only when
-// freed, and freeing one advances node_generation_).
-RuleNode& RuleTable::identity_node(const SchedulingRule& rule) {
-  RuleNote* note = note_on(rule, 1);
-  if (note != nullptr && note->count == 1 && note->generation == node_generation_) return *note->nodes()[0];
-  std::unique_ptr<RuleNode>& slot = identities_[&rule];
-  if (!slot) {
-    slot = std::make_unique<RuleNode>();
-    slot->identity = &rule;
-  }
-  if (note != nullptr) {
-    note->nodes()[0] = slot.get();
-    note->count = 1;
-    note->generation = node_generation_;
-  }
-  return *slot;
-}
-
-// `merge`: the request may already have an entry on this node (only the atoms of a multi rule
-// can meet on a node), which then takes the stronger of the two modes.
-void RuleTable::add_entry(RuleRequest& request, RuleNode& node, LockMode mode, bool merge) {
-  if (merge) {
-    for (RuleEntry& entry : request.entries()) {
-      if (entry.node() == &node) {
-        entry.set_mode(supremum(entry.mode(), mode));
-        return;
-      }
-    }
-  }
-  RuleEntry& entry = request.push_entry();
-  entry.set_node(node);
-  entry.set_mode(mode);
-}
-
-// `with_root`: whether a path atom takes its intent entry at the root (see root intents, in the
-// header); its own entry there, for a rule on the root, it always takes.
-void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom, const RuleKey& key, bool merge,
-                         bool with_root) {
-  switch (key.kind) {
-    case RuleKey::Kind::identity:
-      add_entry(request, identity_node(atom), LockMode::x, merge);
-      return;
-    case RuleKey::Kind::path: {
-      const std::size_t count = key.segments.size() + 1;
-      if (!merge) request.reserve_entries(count);
-      const LockMode intent = key.shared ? LockMode::is : LockMode::ix;
-      const LockMode target = key.shared ? LockMode::s : LockMode::x;
-      RuleNote* note = note_on(atom, count);
-      if (note != nullptr && note->count == count && note->generation == node_generation_) {
-        const std::size_t first = with_root || count == 1 ? 0 : 1;
-        if (merge) {
-          for (std::size_t i = first; i < count; ++i)
-            add_entry(request, *note->nodes()[i], i + 1 == count ? target : intent, true);
-          return;
-        }
-        // Alone in the request (reserved above): the entries are written in place.
-        RuleEntry* entry = request.entries_ + request.entry_count_;
-        for (std::size_t i = first; i < count; ++i, ++entry) {
-          *entry = RuleEntry{};
-          entry->set_node(*note->nodes()[i]);
-          entry->set_mode(i + 1 == count ? target : intent);
-        }
-        request.entry_count_ += static_cast<std::uint32_t>(count - first);
-        return;
-      }
-      RuleNode* node = &root_;
-      std::size_t depth = 0;
-      for (const std::string& segment : key.segments) {
-        if (with_root || node != &root_) add_entry(request, *node, intent, merge);
-        if (note != nullptr) note->nodes()[depth++] = node;
-        node = &path_node(*node, segment);
-      }
-      add_entry(request, *node, target, merge);
-      if (note != nullptr) {
-        note->nodes()[depth] = node;
-        note->count = static_cast<std::uint32_t>(count);
-        note->generation = node_generation_;
-      }
-      return;
-    }
-    case RuleKey::Kind::multi:
-      for (const Rule& child : key.children) {
-        if (child) add_atom(request, *child, child->key(), true, with_root);
-      }
-      return;
-    case RuleKey::Kind::custom:
-      request.has_custom_ = true;
-      return;
-  }
-}
 
 // Whether a custom atom of `custom` says it conflicts with some atom of `other`. The custom rule is
 // always the one asked: built-in rules know nothing of it. A throwing check counts as a conflict:
@@ -368,7 +191,7 @@ void RuleTable::give_root_intents() noexcept {
 
 // Whether an entry of `mode` with `ticket` (not yet granted, not yet counted as clear) is clear at
 // `node`. Node-local: a clear waiting entry of an incompatible mode is always older than an entry
-// that is not clear yet (see the header), and so is older than every newcomer.
+// that is not clear yet (see rule_table.hpp), and so is older than every newcomer.
 bool RuleTable::clear_at(const RuleNode& node, LockMode mode, std::uint64_t ticket) noexcept {
   const std::uint8_t incompatible = incompatible_mask[index_of(mode)];
   if ((node.occupied() & incompatible) == 0) return true;  // nothing in the way
@@ -585,176 +408,7 @@ std::size_t RuleTable::parked_idle() const noexcept {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Granting
-
-void RuleTable::grant(RuleRequest& request, Grants& grants) {
-  for (RuleEntry& entry : request.entries()) {
-    const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
-    RuleNode& node = *entry.node();
-    assert(entry.clear() && node.clear_waiting[mode] != 0);
-    --node.clear_waiting[mode];  // still counted: held now
-  }
-  request.held_ = true;
-  ++held_;
-  try {
-    grants.push_back(&request);
-  } catch (...) {
-    // Out of memory for the list (a release can let any number through): told at once, under
-    // the lock, rather than never. A grant only queues its owner's next step (no user code), and
-    // whatever that enters in the table meanwhile waits for the lock holder.
-    request.granted();
-  }
-}
-
-// Takes the entries that have become clear off the fronts of the queues at `node`, granting the
-// requests that are now clear everywhere. Amortised O(1) per entry: an entry is dequeued once.
-void RuleTable::walk(RuleNode& node, Grants& grants) {
-  for (unsigned left = node.queued; left != 0; left &= left - 1) {
-    const auto mode = static_cast<std::size_t>(std::countr_zero(left));
-    WaitQueue& queue = node.waiting(mode);
-    while (!queue.empty() && clear_at(node, static_cast<LockMode>(mode), queue.front_ticket())) {
-      RuleRequest& request = queue.front_request();
-      RuleEntry& entry = request.entry_at(queue.front_hint(), node);
-      // Those behind are likely let through too: start fetching their requests (cold, at large
-      // queue lengths, and holding their entries) a few places ahead.
-      if (const RuleRequest* next = queue.peek(4)) __builtin_prefetch(next);
-      queue.pop_front();
-      entry.set_clear(true);
-      node.count(mode);
-      ++node.clear_waiting[mode];
-      node.refresh_queued(mode);
-      if (--request.place_.in_table.unclear == 0 && !request.custom_blocked_) grant(request, grants);
-    }
-  }
-}
-
-void RuleTable::recheck_custom_blocked(Grants& grants) {
-  auto kept = blocked_.begin();
-  for (RuleRequest* request : blocked_) {
-    if (blocked_by_custom(*request)) {
-      *kept++ = request;
-      continue;
-    }
-    request->custom_blocked_ = false;
-    if (request->place_.in_table.unclear == 0) grant(*request, grants);
-  }
-  blocked_.erase(kept, blocked_.end());
-}
-
-// ---------------------------------------------------------------------------------------------
-// Leaving
-
-// Unused nodes are kept while there are few of them, so that taking and releasing the same rules
-// over and over allocates nothing; past the limits, a node is freed when its last user leaves. A
-// kept identity node may outlive its rule: it is unused, so a new rule at the same address simply
-// takes it over.
-void RuleTable::prune(RuleNode& node) {
-  if (node.identity != nullptr) {
-    if (identities_.size() <= kept_identity_nodes || !node.is_unused()) return;
-    identities_.erase(node.identity);
-  } else {
-    if (path_nodes_ <= kept_path_nodes || &node == &root_ || !node.is_unused()) return;
-    RuleNode& parent = *node.parent;
-    parent.children.erase(parent.children.find(std::string_view(node.segment)));
-    --path_nodes_;
-  }
-  ++node_generation_;
-}
-
-void RuleTable::unlink_waiting(RuleRequest& request) noexcept {
-  for (RuleEntry& entry : request.entries()) {
-    if (entry.clear()) {
-      const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
-      entry.node()->uncount(mode);
-      --entry.node()->clear_waiting[mode];
-    } else {
-      dequeue(entry, request.ticket_);
-    }
-  }
-  if (request.custom_blocked_) std::erase(blocked_, &request);
-}
-
-void RuleTable::take_out(RuleRequest& request, Grants& grants) {
-  if (request.held_) {
-    for (RuleEntry& entry : request.entries()) {
-      const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
-      entry.node()->uncount(mode);
-    }
-    --held_;
-  } else {
-    unlink_waiting(request);
-  }
-  erase_live(request);
-  if (request.has_custom_) remove_custom(request);
-  if (request.parkable_) {
-    *std::find(parked_.begin(), parked_.end(), &request) = parked_.back();
-    parked_.pop_back();
-    request.parkable_ = false;
-    // A revocation sets its own state afterwards; an owner's release leaves the request unparked.
-    Park state = request.park_.load(std::memory_order_relaxed);
-    if (state == Park::active || state == Park::wanted)
-      request.park_.store(Park::none, std::memory_order_relaxed);
-  }
-  request.in_table_ = false;
-  request.held_ = false;
-  request.custom_blocked_ = false;
-
-  for (RuleEntry& entry : request.entries()) walk(*entry.node(), grants);
-  if (!blocked_.empty()) recheck_custom_blocked(grants);
-  // Children come after their parents in the entries (a root intent added late comes last, but the
-  // root is never freed), so pruning backwards frees leaves first.
-  if (path_nodes_ > kept_path_nodes || identities_.size() > kept_identity_nodes) {
-    for (auto entry = request.entries().rbegin(); entry != request.entries().rend(); ++entry)
-      prune(*entry->node());
-  }
-}
-
-bool RuleTable::withdraw(RuleRequest& request) {
-  Grants grants;
-  bool withdrawn = false;
-  {
-    Locked lock(*this, grants);
-    if (request.in_table_ && !request.held_) {
-      take_out(request, grants);
-      withdrawn = true;
-    }
-  }
-  notify(grants);
-  return withdrawn;
-}
-
-void RuleTable::cancel_all_waiting() {
-  std::vector<RuleRequest*> cancelled;
-  Grants grants;  // submitted requests granted at once
-  {
-    Locked lock(*this, grants);
-    for (RuleRequest* request : live_) {
-      if (!request->held_) cancelled.push_back(request);
-    }
-    // In the order they came, so that their owners hear of it in that order.
-    std::sort(cancelled.begin(), cancelled.end(),
-              [](const RuleRequest* a, const RuleRequest* b) { return a->ticket_ < b->ticket_; });
-    // Every waiter goes, so nobody is left to be let through: unlink without walking.
-    for (RuleRequest* request : cancelled) {
-      unlink_waiting(*request);
-      erase_live(*request);
-      if (request->has_custom_) remove_custom(*request);
-      if (request->parkable_) {
-        std::erase(parked_, request);
-        request->parkable_ = false;
-        request->park_.store(Park::none, std::memory_order_relaxed);
-      }
-      request->in_table_ = false;
-      request->custom_blocked_ = false;
-      for (auto entry = request->entries().rbegin(); entry != request->entries().rend(); ++entry) {
-        prune(*entry->node());
-      }
-      request->clear_entries();
-    }
-  }
-  notify(grants);
-  for (RuleRequest* request : cancelled) request->cancelled();
-}
+// Reading the table
 
 bool RuleTable::has_conflicting_waiter(const RuleRequest& held) {
   return read_settled([&] { return has_conflicting_waiter_locked(held); });

@@ -1,7 +1,8 @@
 // The rule table's doors: enter(), enter_all() and drain() on the way in, leave() and discard() on
 // the way out. A request goes through the lock-free stack of submitted requests to whichever
 // thread holds the table's lock, and a parked request comes back or is given up with one
-// compare-and-swap. What the table decides once a request is inside is in rule_table.cpp.
+// compare-and-swap. What the table decides once a request is inside is in rule_table.cpp and
+// rule_table_release.cpp.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
