@@ -55,6 +55,17 @@ constexpr std::uint32_t with_phase(std::uint32_t word, JobState phase) noexcept 
 }
 }  // namespace job_word
 
+/// The result a run's end records when it has no memory for the real one: its message fits a
+/// string's own room and its exception is made ahead, so copying it allocates nothing.
+Status out_of_memory_result() noexcept;
+
+/// A job's kept result: null for ok, or a copy of the last result, or the shared out-of-memory
+/// result (never deleted) when there was no memory for the copy.
+struct KeptResultDeleter {
+  void operator()(Status* kept) const noexcept;
+};
+using KeptResult = std::unique_ptr<Status, KeptResultDeleter>;
+
 /// Job's protected hooks, reached through function pointers (one table for every job).
 struct JobHooks {
   Status (*run)(Job&, ProgressMonitor&);
@@ -159,10 +170,13 @@ class JobCore {
   bool seed = false;              // this run counts as a seed of its group (manager's lock)
   bool holds_group_slot = false;  // let in under its group's max_threads (manager's lock)
   bool listed = false;            // in the registry (its shard's lock; see prev and next)
+  // Registered with its group for this scheduling (manager's lock): schedule() saw the group. A
+  // job that set_group() put in a group after schedule() decided it had none is not counted.
+  bool grouped = false;
   std::atomic<std::uint32_t> word{0};
   Priority priority = Priority::long_job;
   std::chrono::milliseconds rerun_delay{0};
-  std::unique_ptr<Status> result;            // of the last run; null: ok
+  KeptResult result;                         // of the last run; null: ok
   std::shared_ptr<ProgressMonitor> monitor;  // while running (cancel() may outlive the run)
   // Set when the job leaves state none: find() lists jobs in this order, so wake_up(family) puts
   // them back in the order they were first scheduled. Read by find() without the job's lock.
@@ -175,9 +189,8 @@ class JobCore {
   /// (schedule() decides with it first); set with the group.
   GroupCore* group_core() const noexcept { return group_core_.load(std::memory_order_acquire); }
   std::atomic<GroupCore*> group_core_{nullptr};
-  // Registered with its group for this scheduling (manager's lock): schedule() saw the group. A
-  // job that set_group() put in a group after schedule() decided it had none is not counted.
-  bool grouped = false;
+  // Its link in the ToStart list it is in, if any (see ToStart).
+  JobCore* next_to_start = nullptr;
 
   // Jobs' registry of live jobs (waiting, sleeping, running, or finishing a run): an intrusive
   // list per shard, guarded by the shard's lock. A listed job keeps itself alive: the manager owns
@@ -197,6 +210,41 @@ class JobCore {
 };
 
 static_assert(static_cast<std::size_t>(Priority::decorate) < SchedulerImpl::lane_count);
+
+/// Jobs let in under a lock, to be handed to the job scheduler (or entered) once it is let go, in
+/// the order they were let in. Linked through the jobs (JobCore::next_to_start), so that letting a
+/// job in never allocates: a run's end lets its successors in even when memory ran out. A job is in
+/// one list at a time (it is let in once per waiting).
+class ToStart {
+ public:
+  ToStart() = default;
+  ToStart(const ToStart&) = delete;
+  ToStart& operator=(const ToStart&) = delete;
+
+  bool empty() const noexcept { return head_ == nullptr; }
+  void push_back(JobCore& job) noexcept {
+    job.next_to_start = nullptr;
+    if (tail_ != nullptr) {
+      tail_->next_to_start = &job;
+    } else {
+      head_ = &job;
+    }
+    tail_ = &job;
+  }
+  /// The first, taken out; null when empty.
+  JobCore* pop_front() noexcept {
+    JobCore* first = head_;
+    if (first == nullptr) return nullptr;
+    head_ = first->next_to_start;
+    if (head_ == nullptr) tail_ = nullptr;
+    first->next_to_start = nullptr;
+    return first;
+  }
+
+ private:
+  JobCore* head_ = nullptr;
+  JobCore* tail_ = nullptr;
+};
 
 /// JobGroup's protected hooks (see JobHooks).
 struct GroupHooks {
@@ -219,6 +267,9 @@ struct GroupCore {
   int deciding = 0;  // failures whose should_cancel() has not decided yet: nobody is let in
   int failed = 0;
   int canceled = 0;
+  // Counts the times the group was over: a failure's should_cancel() decided after its group was
+  // over (and perhaps active again) cancels nothing.
+  std::uint64_t generation = 0;
   // Waiting for a slot under max_threads, or for should_cancel() to decide.
   std::deque<JobCore*> throttled;
   std::vector<JobCore*> active;

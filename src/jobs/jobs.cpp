@@ -75,6 +75,18 @@ std::int64_t deadline_for(Priority priority) {
 
 }  // namespace
 
+namespace {
+// Made before anybody runs out of memory: an exception_ptr to a std::bad_alloc.
+const std::exception_ptr out_of_memory_error = std::make_exception_ptr(std::bad_alloc());
+Status kept_out_of_memory = Status::error("out of memory", out_of_memory_error);
+}  // namespace
+
+Status out_of_memory_result() noexcept { return kept_out_of_memory; }
+
+void KeptResultDeleter::operator()(Status* kept) const noexcept {
+  if (kept != &kept_out_of_memory) delete kept;
+}
+
 Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
   if (timeout == std::chrono::milliseconds::max()) return Clock::time_point::max();
   const Clock::time_point now = Clock::now();
@@ -262,12 +274,11 @@ void Jobs::enter_waiting(JobCore& job, ToStart& to_start) {
     std::lock_guard job_lock(job.lock);
     job.change(JobState::waiting, jw::taken);
   }
-  to_start.push_back(&job);
+  to_start.push_back(job);
 }
 
 void Jobs::start(ToStart& to_start) {
-  for (JobCore* job : to_start) hand_over(*job);
-  to_start.clear();
+  while (JobCore* job = to_start.pop_front()) hand_over(*job);
 }
 
 // Hands a waiting job's run to the job scheduler (the job is `taken`). A cancel() meanwhile could
@@ -401,14 +412,12 @@ bool Jobs::withdraw_waiting(JobCore& job) {
 }
 
 // Throttled jobs of the group that its max_threads lets in now (under the group's lock).
-std::vector<JobCore*> Jobs::take_admissible(GroupCore& group) {
-  std::vector<JobCore*> let_in;
-  while (group.state != JobGroup::State::canceling && !group.throttled.empty() &&
-         group.admits(static_cast<int>(let_in.size()))) {
-    let_in.push_back(group.throttled.front());
+void Jobs::take_admissible(GroupCore& group, ToStart& let_in) noexcept {
+  for (int more = 0;
+       group.state != JobGroup::State::canceling && !group.throttled.empty() && group.admits(more); ++more) {
+    let_in.push_back(*group.throttled.front());
     group.throttled.pop_front();
   }
-  return let_in;
 }
 
 // The state word's part of a run's end: state none, result kept, ends counted, joiners told.
@@ -420,7 +429,14 @@ RunEnd Jobs::end_word(JobCore& job, Status result) {
   // The event is for the listeners and the group; a plain job's registry entry keeps it alive.
   const bool eventful = told || job.group_core() != nullptr;
   if (eventful) end.owner = job.owned();
-  std::unique_ptr<Status> kept = result.is_ok() ? nullptr : std::make_unique<Status>(result);
+  KeptResult kept;
+  if (!result.is_ok()) {
+    try {
+      kept.reset(new Status(result));
+    } catch (...) {
+      kept.reset(&kept_out_of_memory);  // the job still ends, failed for lack of memory
+    }
+  }
   std::uint32_t old = 0;
   {
     std::lock_guard job_lock(job.lock);
@@ -447,11 +463,11 @@ RunEnd Jobs::end_word(JobCore& job, Status result) {
 
 // The group's part of a run's end (under `mutex`): the job leaves the group's counts, and the group
 // is over or lets its next jobs in.
-void Jobs::finish_group(JobCore& job, RunEnd& end, ToStart& to_start, std::optional<Status> result_copy) {
+void Jobs::finish_group(JobCore& job, RunEnd& end, ToStart& to_start) {
   GroupCore* g = job.group_core();
   if (g == nullptr || !job.grouped) return;
   job.grouped = false;
-  std::vector<JobCore*> let_in;
+  ToStart let_in;
   {
     std::lock_guard group_lock(g->mutex);
     std::erase(g->active, &job);
@@ -460,10 +476,16 @@ void Jobs::finish_group(JobCore& job, RunEnd& end, ToStart& to_start, std::optio
     if (job.holds_group_slot) --g->running;
     job.holds_group_slot = false;
     const Status& result = end.done.result;
-    g->results.push_back(result_copy ? std::move(*result_copy) : result);
+    // There is room for it (see make_result_room): only the copy of its message can fail.
+    try {
+      g->results.push_back(result);
+    } catch (...) {
+      g->results.push_back(out_of_memory_result());
+    }
     if (result.is_error()) ++g->failed;
     if (result.is_canceled()) ++g->canceled;
     end.group = g;
+    end.group_generation = g->generation;
     end.group_over = g->active.empty() && g->throttled.empty() && g->seeds_done >= g->seeds_expected;
     if (end.group_over) {
       end.group_results = std::move(g->results);
@@ -478,27 +500,19 @@ void Jobs::finish_group(JobCore& job, RunEnd& end, ToStart& to_start, std::optio
     if (end.ask_should_cancel) {
       ++g->deciding;
     } else {
-      let_in = take_admissible(*g);
+      take_admissible(*g, let_in);
     }
   }
-  for (JobCore* next : let_in) enter_waiting(*next, to_start);
+  while (JobCore* next = let_in.pop_front()) enter_waiting(*next, to_start);
 }
 
 // A run (or a wait to run) is over. Under `mutex`; what needs user code (the group's hooks) or
 // listeners is left in the returned RunEnd for complete(), outside the lock. A re-run asked for
 // after the last cancel() follows (a cancel drops the ones asked for before it).
 RunEnd Jobs::finish_run(JobCore& job, Status result, ToStart& to_start) {
-  // What needs memory comes first: out of memory, the job is left as it was.
-  GroupCore* g = job.grouped ? job.group_core() : nullptr;
-  std::optional<Status> for_group;
-  if (g != nullptr) {
-    std::lock_guard group_lock(g->mutex);
-    room_for(g->results);  // kept: every push is under `mutex`
-    for_group = result;
-  }
   disarm_timer(job);
   RunEnd end = end_word(job, std::move(result));
-  finish_group(job, end, to_start, std::move(for_group));
+  finish_group(job, end, to_start);
   ++changes_;  // under `mutex`
   changed_.notify_all();
   return end;
@@ -543,16 +557,26 @@ void Jobs::complete_run(RunEnd& end) {
     try {
       combined = end.group->hooks.compute_group_result(end.group->self, end.group_results);
     } catch (...) {
-      combined = Status::error("compute_group_result threw", std::current_exception());
+      try {
+        combined = Status::error("compute_group_result threw", std::current_exception());
+      } catch (...) {
+        combined = out_of_memory_result();
+      }
+    }
+    // The listeners' copy first (out of memory, they hear of no group result); then the group's,
+    // which is moved and cannot fail: the group is over whatever happens.
+    try {
+      end.done.group_result = std::make_shared<const Status>(combined);
+    } catch (...) {
     }
     {
       std::lock_guard group_lock(end.group->mutex);
-      end.group->last_result = combined;
+      end.group->last_result = std::move(combined);
       end.group->state = JobGroup::State::none;
+      ++end.group->generation;
       end.group->failed = end.group->canceled = end.group->seeds_done = 0;
       end.group->changed.notify_all();
     }
-    end.done.group_result = std::make_shared<const Status>(std::move(combined));
   } else if (end.group != nullptr && end.ask_should_cancel) {
     bool cancel_group = true;
     try {
@@ -561,24 +585,33 @@ void Jobs::complete_run(RunEnd& end) {
     } catch (...) {
     }
     // Canceling first: the jobs throttled while it decided are canceled, not let in.
-    if (cancel_group) group_cancel(*end.group);
+    if (cancel_group) {
+      try {
+        group_cancel(*end.group, end.group_generation);
+      } catch (...) {
+        // Out of memory: the group goes on uncanceled, and its throttled jobs are let in below.
+      }
+    }
     ToStart to_start;
     {
       std::lock_guard lock(mutex);
-      std::vector<JobCore*> let_in;
+      ToStart let_in;
       {
         std::lock_guard group_lock(end.group->mutex);
         --end.group->deciding;
-        let_in = take_admissible(*end.group);
+        take_admissible(*end.group, let_in);
       }
-      for (JobCore* next : let_in) enter_waiting(*next, to_start);
+      while (JobCore* next = let_in.pop_front()) enter_waiting(*next, to_start);
     }
     start(to_start);
   }
   if (has_listeners(*end.job)) {
-    {
+    try {
       std::lock_guard lock(mutex);
       post(*end.job, PendingEvent::Kind::done, std::move(end.done));
+    } catch (...) {
+      // Out of memory for the event: the listeners are not told of this end; the job ends all the
+      // same (join() and the state say so).
     }
     deliver(*end.job);
   }

@@ -88,6 +88,7 @@ struct RunEnd {
   std::vector<Status> group_results;
   int failed = 0;
   int canceled = 0;
+  std::uint64_t group_generation = 0;  // the group's generation at this end
 };
 
 class Jobs final : public WaitTimer {
@@ -144,7 +145,8 @@ class Jobs final : public WaitTimer {
   /// The part of a run's end that runs user code (group hooks, listeners), then the re-run.
   void complete(RunEnd end);
 
-  void group_cancel(GroupCore& group);
+  /// Cancels the group's jobs, unless `generation` is given and the group was over since.
+  void group_cancel(GroupCore& group, std::optional<std::uint64_t> generation = std::nullopt);
 
   // WaitTimer: alarms for suspended timed waits, on the timer thread.
   std::optional<Alarms::iterator> wake_at(Clock::time_point when, Wakeup& wakeup) override;
@@ -154,8 +156,6 @@ class Jobs final : public WaitTimer {
   mutable std::mutex mutex;
 
  private:
-  using ToStart = std::vector<JobCore*>;
-
   // Entering and leaving the states.
   void enter_waiting(JobCore& job, ToStart& to_start);
   void start(ToStart& to_start);
@@ -165,10 +165,10 @@ class Jobs final : public WaitTimer {
   void submit_run(JobCore& job, std::shared_ptr<JobRun> run);
   bool withdraw_waiting(JobCore& job);
   void release_group_slot(JobCore& job, ToStart& to_start);
-  static std::vector<JobCore*> take_admissible(GroupCore& group);
+  static void take_admissible(GroupCore& group, ToStart& let_in) noexcept;
   RunEnd finish_run(JobCore& job, Status result, ToStart& to_start);
   RunEnd end_word(JobCore& job, Status result);
-  void finish_group(JobCore& job, RunEnd& end, ToStart& to_start, std::optional<Status> result_copy = {});
+  void finish_group(JobCore& job, RunEnd& end, ToStart& to_start);
   void complete_run(RunEnd& end);
   void complete_off_timer(RunEnd end);
   void schedule_refused(const Job& job) const;

@@ -114,17 +114,26 @@ bool Jobs::is_idle() const {
   return idle;
 }
 
-void Jobs::group_cancel(GroupCore& group) {
+// Out of memory for the list of members, it throws before the group changed. A member's cancel()
+// that runs out of memory leaves that member running; the others are still canceled.
+void Jobs::group_cancel(GroupCore& group, std::optional<std::uint64_t> generation) {
   std::vector<std::shared_ptr<Job>> members;
   {
     std::lock_guard lock(mutex);
     std::lock_guard group_lock(group.mutex);
     if (group.state == JobGroup::State::none) return;
+    if (generation && *generation != group.generation) return;
+    members.reserve(group.active.size() + group.throttled.size());
     group.state = JobGroup::State::canceling;
     for (JobCore* job : group.active) members.push_back(job->owned());
     for (JobCore* job : group.throttled) members.push_back(job->owned());
   }
-  for (auto& job : members) job->cancel();
+  for (auto& job : members) {
+    try {
+      job->cancel();
+    } catch (...) {
+    }
+  }
 }
 
 }  // namespace tasklet::detail

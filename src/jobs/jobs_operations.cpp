@@ -106,10 +106,12 @@ void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun
       GroupCore* entered_group = nullptr;
       JobGroup::State group_before = JobGroup::State::none;
       try {
-        room_for(to_start);
         if (GroupCore* g = job.group_core()) {
           std::lock_guard group_lock(g->mutex);
           room_for(g->active);
+          // Room for the result of every job in it: a run's end on a worker pushes its result
+          // without allocating (only the copy of the message can fail there).
+          room_for(g->results, g->active.size() + 1);
           // Jobs scheduled from outside the group's own jobs are its seeds, even when canceled at once.
           const JobCore* parent = running_job();
           job.seed = !is_rerun && !(parent != nullptr && parent->group_core() == g);

@@ -7,14 +7,17 @@
 // either way the rule table is left clear and every job can be scheduled again and runs. LSan (the
 // ASan lane) checks that nothing leaked.
 //
-// Only the calling thread's allocations fail: grants delivered on it are injected, those delivered
-// on the workers (and the runs and ends there) are not.
+// The worker side is injected too: a job's body (or a tasklet's phase) arms the n-th allocation of
+// its worker from then on, so that it fails in what follows the body there: the run's end, the
+// release of its rule, the grants that release delivers, the listeners' events and the group's
+// bookkeeping.
 #include <atomic>
 #include <cstdlib>
 #include <functional>
 #include <memory>
 #include <new>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -26,6 +29,7 @@ namespace tasklet {
 namespace {
 
 using namespace std::chrono_literals;
+using test::FailLater;
 using test::FailNth;
 using test::patience;
 
@@ -246,6 +250,148 @@ TEST_F(FaultInjectionTest, PostingToASerialExecutor) {
         EXPECT_EQ(executor.outstanding(), 0u) << "allocation " << n;
       });
   EXPECT_GE(allocations, 3);
+}
+
+// Runs `round(n)` with the n-th allocation after the body that arms it failing, for n = 1, 2, ...
+// until the armed allocation no longer fails. Returns how many allocations followed the body.
+long sweep_worker(const std::function<void(long)>& round) {
+  for (long n = 1; n < 10'000; ++n) {
+    round(n);
+    const bool fired = FailLater::disarm();
+    if (::testing::Test::HasFatalFailure() || !fired) return n - 1;
+  }
+  ADD_FAILURE() << "the end of a run never stopped allocating";
+  return 0;
+}
+
+// The result a job ended with, after a run whose end may have run out of memory.
+void expect_ran_or_out_of_memory(const Job& job, long n) {
+  const Status result = job.result();
+  if (result.is_ok()) return;
+  EXPECT_NE(result.message.find("out of memory"), std::string::npos)
+      << job.name() << ", allocation " << n << ": " << result.message;
+}
+
+// A job's run fails and ends on a worker that runs out of memory on the way: the copy of the
+// result the job keeps, the release of its mutex rule and the grant of the jobs queued behind it.
+// Plain jobs, without listeners or groups (a plain job that ends ok allocates nothing there).
+TEST_F(FaultInjectionTest, EndingAFailedJobAndGrantingTheNextOnAWorker) {
+  const Rule rule = rules::mutex();
+  std::vector<std::shared_ptr<Job>> jobs;
+  std::atomic<long> arm{0};
+  for (int i = 0; i < 3; ++i) {
+    jobs.push_back(make_job(
+        "queued " + std::to_string(i),
+        [&arm, i](ProgressMonitor&) {
+          if (i == 0) FailLater::arm(arm.load());
+          return i == 0 ? Status::error("the body failed") : Status::ok();
+        },
+        manager_));
+    jobs.back()->set_rule(rule);
+  }
+  const long allocations = sweep_worker([&](long n) {
+    arm.store(n);
+    manager_->begin_rule(rule);  // so that the other two queue behind the first
+    for (const auto& job : jobs) job->schedule();
+    manager_->end_rule(rule);
+    for (const auto& job : jobs) {
+      ASSERT_TRUE(job->join(patience)) << job->name() << ", allocation " << n;
+      EXPECT_EQ(job->state(), JobState::none) << job->name();
+    }
+    EXPECT_TRUE(jobs[0]->result().is_error()) << "allocation " << n;
+    for (std::size_t i = 1; i < jobs.size(); ++i) expect_ran_or_out_of_memory(*jobs[i], n);
+    expect_table_clear(n);
+  });
+  EXPECT_GE(allocations, 1);
+  // Every job still runs.
+  FailLater::disarm();
+  arm.store(0);
+  for (const auto& job : jobs) job->schedule();
+  for (const auto& job : jobs) {
+    ASSERT_TRUE(job->join(patience)) << job->name();
+    EXPECT_EQ(job->result().is_ok(), job != jobs[0]) << job->result().message;
+  }
+  expect_table_clear(0);
+}
+
+// The same with a listener and a group: the done events and the group's results are made on the
+// worker, and the group's hooks run there.
+TEST_F(FaultInjectionTest, EndingAGroupedJobWithAListenerOnAWorker) {
+  const Rule rule = rules::path("/grouped");
+  auto group = std::make_shared<JobGroup>("g", 0, 0);
+  auto listener = std::make_shared<test::Recorder>();
+  std::atomic<long> arm{0};
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (int i = 0; i < 3; ++i) {
+    jobs.push_back(make_job(
+        "grouped " + std::to_string(i),
+        [&arm, i](ProgressMonitor&) {
+          if (i == 0) FailLater::arm(arm.load());
+          return i == 1 ? Status::error("the body failed") : Status::ok();
+        },
+        manager_));
+    jobs.back()->set_rule(rule);
+    jobs.back()->set_group(group);
+    jobs.back()->add_listener(listener);
+  }
+  const long allocations = sweep_worker([&](long n) {
+    arm.store(n);
+    const int dones = listener->dones.get();
+    manager_->begin_rule(rule);
+    for (const auto& job : jobs) job->schedule();
+    manager_->end_rule(rule);
+    for (const auto& job : jobs) ASSERT_TRUE(job->join(patience)) << job->name() << ", allocation " << n;
+    ASSERT_TRUE(group->join(patience)) << "allocation " << n;
+    // A listener that runs out of memory itself misses one.
+    EXPECT_TRUE(listener->dones.wait_for(dones + 2)) << "allocation " << n;
+    expect_ran_or_out_of_memory(*jobs[0], n);
+    if (!jobs[2]->result().is_canceled()) {  // the group cancels itself when the second job fails
+      expect_ran_or_out_of_memory(*jobs[2], n);
+    }
+    expect_table_clear(n);
+  });
+  EXPECT_GE(allocations, 1);
+}
+
+// A tasklet's async phase ends on a worker that runs out of memory on the way: its rule's release
+// and the grants of the tasklets queued behind it (readers under the path it writes: one release
+// grants them all). run() returns, reporting the error if one of them could not run.
+TEST_F(FaultInjectionTest, EndingATaskletPhaseAndGrantingTheNextOnAWorker) {
+  constexpr int readers = 8;
+  auto scheduler = Scheduler::create(SchedulerOptions{manager_, nullptr, 0});
+  std::atomic<int> runs{0};
+  const long allocations = sweep_worker([&](long n) {
+    runs.store(0);
+    int lost = 0;
+    scheduler->schedule(make_tasklet([&] {
+                          for (int i = 0; i <= readers; ++i) {
+                            Rule rule =
+                                i == 0 ? rules::path("/t") : rules::read_path("/t/" + std::to_string(i));
+                            scheduler->schedule(make_tasklet(
+                                                    [&, i] {
+                                                      if (i == 0) FailLater::arm(n);
+                                                      runs.fetch_add(1);
+                                                      return Directive::done;
+                                                    },
+                                                    std::move(rule)),
+                                                Directive::async);
+                          }
+                          return Directive::done;
+                        }),
+                        Directive::sync);
+    for (;;) {
+      try {
+        scheduler->run();
+        break;
+      } catch (const std::bad_alloc&) {
+        ++lost;  // reported, once per tasklet that ended unrun
+      }
+    }
+    EXPECT_EQ(runs.load() + lost, readers + 1) << "allocation " << n;
+    EXPECT_EQ(scheduler->active_count(), 0u) << "allocation " << n;
+    expect_table_clear(n);
+  });
+  EXPECT_GE(allocations, 1);
 }
 
 }  // namespace

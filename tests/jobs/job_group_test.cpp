@@ -183,6 +183,47 @@ TEST_F(JobTest, AJobScheduledWhileTheGroupDecidesAboutAFailureWaitsForTheDecisio
   }
 }
 
+// The group is over (its other job ended) while should_cancel() still decides about a failure; a
+// job scheduled into it since starts a new batch, which that late decision does not cancel.
+TEST_F(JobTest, ALateDecisionAboutAFailureDoesNotCancelTheGroupsNextBatch) {
+  class DecidesLate final : public JobGroup {
+   public:
+    DecidesLate() : JobGroup("decides late", 0, 0) {}
+    Gate asked, answer;
+
+   protected:
+    bool should_cancel(const Status&, int, int) override {
+      asked.open();
+      answer.wait();
+      return true;
+    }
+  };
+  auto group = std::make_shared<DecidesLate>();
+  Gate go;
+  auto slow = job("slow", [&](ProgressMonitor&) {
+    go.wait();
+    return Status::ok();
+  });
+  auto fails = job("fails", [](ProgressMonitor&) { return Status::error("no"); });
+  std::atomic<int> ran{0};
+  auto next = job("next batch", [&](ProgressMonitor&) {
+    ran.fetch_add(1);
+    return Status::ok();
+  });
+  for (const auto& j : {slow, fails, next}) j->set_group(group);
+  slow->schedule();
+  fails->schedule();
+  ASSERT_TRUE(group->asked.wait());
+  go.open();  // the slow job ends: the group is over, the decision still pending
+  ASSERT_TRUE(group->join(patience));
+  next->schedule();
+  group->answer.open();
+  ASSERT_TRUE(next->join(patience));
+  EXPECT_TRUE(next->result().is_ok()) << next->result().message;
+  EXPECT_EQ(ran.load(), 1);
+  EXPECT_TRUE(group->join(patience));
+}
+
 TEST_F(JobTest, AGroupCombinesItsResultsAndTellsTheLastDoneEvent) {
   struct GroupResult final : JobListener {
     void done(const JobEvent& e) override {

@@ -1,9 +1,12 @@
 // Out of memory on demand. Including this header replaces operator new for the test binary (include
 // it in one source file per binary): a thread that arms FailNth sees its n-th allocation fail,
-// through operator new and through the library's own allocator (its test seam). Other threads never
-// see a failure.
+// through operator new and through the library's own allocator (its test seam); a thread that calls
+// FailLater::arm sees its n-th allocation fail from then on, whatever code it goes on to run (a
+// worker, after the job body that armed it returned), until another thread disarms it. Other
+// threads never see a failure.
 #pragma once
 
+#include <atomic>
 #include <cstdlib>
 #include <new>
 
@@ -16,12 +19,40 @@ namespace failing {
 inline thread_local long allocations_left = 0;
 inline thread_local bool failed_one = false;
 
+// FailLater's: the armed thread (the address of its `marker`), what it has left, whether it failed.
+inline thread_local const char marker = 0;
+inline std::atomic<const char*> armed_thread{nullptr};
+inline std::atomic<long> armed_left{0};
+inline std::atomic<bool> armed_failed{false};
+
 inline bool this_allocation_fails() noexcept {
+  if (armed_thread.load(std::memory_order_acquire) == &marker) {
+    if (armed_left.fetch_sub(1, std::memory_order_acq_rel) != 1) return false;
+    armed_failed.store(true, std::memory_order_release);
+    return true;
+  }
   if (allocations_left <= 0 || --allocations_left != 0) return false;
   failed_one = true;
   return true;
 }
 }  // namespace failing
+
+/// Fails the n-th allocation the calling thread makes after arm(), until disarm() (from any thread).
+/// One thread at a time.
+struct FailLater {
+  static void arm(long n) noexcept {
+    failing::armed_failed.store(false);
+    failing::armed_left.store(n);
+    detail::allocation_fails = &failing::this_allocation_fails;
+    failing::armed_thread.store(&failing::marker, std::memory_order_release);
+  }
+  /// Disarms, and says whether the armed allocation has failed.
+  static bool disarm() noexcept {
+    failing::armed_thread.store(nullptr, std::memory_order_release);
+    detail::allocation_fails = nullptr;
+    return failing::armed_failed.load();
+  }
+};
 
 /// Fails the n-th allocation of this thread while it lives.
 class FailNth {
