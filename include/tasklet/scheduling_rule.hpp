@@ -22,6 +22,7 @@
 #include <new>
 #include <span>
 #include <string>
+#include <string_view>
 
 namespace tasklet {
 
@@ -43,9 +44,9 @@ using Rule = std::shared_ptr<const SchedulingRule>;
 struct RuleKey {
   enum class Kind : std::uint8_t { custom, identity, path, multi };
   Kind kind = Kind::custom;
-  bool shared = false;                    ///< path: a shared (read) rule
-  std::span<const std::string> segments;  ///< path: normalised segments, root = empty
-  std::span<const Rule> children;         ///< multi: flattened children, never empty
+  bool shared = false;                         ///< path: a shared (read) rule
+  std::span<const std::string_view> segments;  ///< path: normalised segments, root = empty
+  std::span<const Rule> children;              ///< multi: flattened children, never empty
 };
 
 /// The interface of every scheduling rule, built-in or user-written.

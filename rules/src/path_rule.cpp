@@ -66,10 +66,10 @@ void parse(std::string_view input, PathRule::Segments& segments) {
 std::string join(const PathRule::Segments& segments) {
   if (segments.empty()) return "/";
   std::size_t size = 0;
-  for (const std::string& segment : segments) size += segment.size() + 1;
+  for (const std::string_view segment : segments) size += segment.size() + 1;
   std::string path;
   path.reserve(size);
-  for (const std::string& segment : segments) {
+  for (const std::string_view segment : segments) {
     path += '/';
     path += segment;
   }
@@ -81,6 +81,12 @@ std::string join(const PathRule::Segments& segments) {
 PathRule::PathRule(std::string_view path, Mode mode) : mode_(mode) {
   parse(path, segments_);
   path_ = join(segments_);
+  // The segments viewed the input: now they view the rule's own path, each after its '/'.
+  std::size_t at = 1;
+  for (std::string_view& segment : segments_) {
+    segment = std::string_view(path_).substr(at, segment.size());
+    at += segment.size() + 1;
+  }
 }
 
 std::string PathRule::normalize(std::string_view path) {
@@ -89,8 +95,8 @@ std::string PathRule::normalize(std::string_view path) {
   return join(segments);
 }
 
-bool PathRule::is_ancestor_or_equal(std::span<const std::string> ancestor,
-                                    std::span<const std::string> descendant) noexcept {
+bool PathRule::is_ancestor_or_equal(std::span<const std::string_view> ancestor,
+                                    std::span<const std::string_view> descendant) noexcept {
   if (ancestor.size() > descendant.size()) return false;
   // Backwards: paths that share a long prefix usually differ near their ends.
   for (std::size_t i = ancestor.size(); i-- > 0;) {

@@ -14,9 +14,7 @@ Rule path(std::string_view path) { return detail::make_rule<PathRule>(path, Path
 
 Rule write_path(std::string_view path) { return rules::path(path); }
 
-Rule read_path(std::string_view path) {
-  return detail::make_rule<PathRule>(path, PathRule::Mode::shared);
-}
+Rule read_path(std::string_view path) { return detail::make_rule<PathRule>(path, PathRule::Mode::shared); }
 
 Rule combine(Rule a, Rule b) {
   if (!a) return b;

@@ -133,7 +133,7 @@ void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom, const
       }
       RuleNode* node = &root_;
       std::size_t depth = 0;
-      for (const std::string& segment : key.segments) {
+      for (const std::string_view segment : key.segments) {
         if (with_root || node != &root_) add_entry(request, *node, intent, merge);
         if (note != nullptr) note->nodes()[depth++] = node;
         node = &path_node(*node, segment);

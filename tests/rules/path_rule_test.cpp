@@ -320,6 +320,22 @@ TEST(PathRuleTest, KeyRelationsMatchTheRules) {
   EXPECT_FALSE(PathRule::key_contains(r->key(), w->key()));
 }
 
+// The segments view the rule's own path, not the caller's string (which may be gone).
+TEST(PathRuleTest, SegmentsOutliveTheInput) {
+  Rule rule;
+  {
+    std::string input = "/first//second/./third-is-a-long-segment/";
+    rule = rules::path(input);
+    input.assign(input.size(), 'x');
+  }
+  EXPECT_EQ(segments_of(rule), (std::vector<std::string>{"first", "second", "third-is-a-long-segment"}));
+  const std::string& path = as_path(rule).path();
+  for (const std::string_view segment : as_path(rule).segments()) {
+    EXPECT_GE(segment.data(), path.data());
+    EXPECT_LE(segment.data() + segment.size(), path.data() + path.size());
+  }
+}
+
 TEST(PathRuleTest, ToStringShowsModeAndNormalisedPath) {
   EXPECT_EQ(rules::path("//a/./b/")->to_string(), "path(/a/b)");
   EXPECT_EQ(rules::read_path("/a")->to_string(), "read_path(/a)");
@@ -327,10 +343,10 @@ TEST(PathRuleTest, ToStringShowsModeAndNormalisedPath) {
 }
 
 TEST(PathRuleTest, AncestorCheckOnSpans) {
-  const std::vector<std::string> root;
-  const std::vector<std::string> a = {"a"};
-  const std::vector<std::string> ab = {"a", "b"};
-  const std::vector<std::string> ac = {"a", "c"};
+  const std::vector<std::string_view> root;
+  const std::vector<std::string_view> a = {"a"};
+  const std::vector<std::string_view> ab = {"a", "b"};
+  const std::vector<std::string_view> ac = {"a", "c"};
   EXPECT_TRUE(PathRule::is_ancestor_or_equal(root, root));
   EXPECT_TRUE(PathRule::is_ancestor_or_equal(root, ab));
   EXPECT_TRUE(PathRule::is_ancestor_or_equal(a, ab));

@@ -150,7 +150,10 @@ class RulePool {
       const RuleKey key = rules_[a]->key();
       if (key.kind == RuleKey::Kind::path) {
         std::string path;  // empty for the root
-        for (const std::string& segment : key.segments) path += "/" + segment;
+        for (const std::string_view segment : key.segments) {
+          path += '/';
+          path += segment;
+        }
         const std::string below = path + "/n";
         if (!key.shared) {
           nested_[a].push_back(rules::path(below));

@@ -39,8 +39,9 @@ class PathRule final : public SchedulingRule {
   /// Exclusive rules exclude everything related to their path; shared ones only exclusive rules.
   enum class Mode : std::uint8_t { exclusive, shared };
 
-  /// Normalised segments; paths up to four levels deep need no allocation beyond the rule.
-  using Segments = boost::container::small_vector<std::string, 4>;
+  /// Normalised segments, viewing the rule's path(); paths up to four levels deep need no
+  /// allocation beyond the rule and its path.
+  using Segments = boost::container::small_vector<std::string_view, 4>;
 
   /// A rule on the normalised form of `path`. Throws InvalidPath (naming the input) for empty or
   /// relative input, ".." above the root, or a NUL byte.
@@ -49,8 +50,9 @@ class PathRule final : public SchedulingRule {
   /// The normalised path: "/" for the root, else "/seg/seg" with no trailing '/'.
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
 
-  /// The normalised segments, root first; empty for "/".
-  [[nodiscard]] std::span<const std::string> segments() const noexcept {
+  /// The normalised segments, root first; empty for "/". Views of path(), valid for the rule's
+  /// lifetime.
+  [[nodiscard]] std::span<const std::string_view> segments() const noexcept {
     return {segments_.data(), segments_.size()};
   }
 
@@ -82,8 +84,8 @@ class PathRule final : public SchedulingRule {
 
   /// True when `ancestor` equals `descendant` or is a proper prefix of it, compared segment by
   /// segment without allocating. The empty sequence (the root) is an ancestor of everything.
-  [[nodiscard]] static bool is_ancestor_or_equal(std::span<const std::string> ancestor,
-                                                 std::span<const std::string> descendant) noexcept;
+  [[nodiscard]] static bool is_ancestor_or_equal(std::span<const std::string_view> ancestor,
+                                                 std::span<const std::string_view> descendant) noexcept;
 
   /// The conflict relation between two path keys (both Kind::path): related paths conflict
   /// unless both are shared.
@@ -94,8 +96,8 @@ class PathRule final : public SchedulingRule {
   [[nodiscard]] static bool key_contains(const RuleKey& outer, const RuleKey& inner) noexcept;
 
  private:
-  Segments segments_;
   std::string path_;
+  Segments segments_;  // views of path_ (a rule is never copied or moved)
   Mode mode_;
 };
 
