@@ -386,9 +386,11 @@ void Jobs::run(JobCore& job, Tasklet& run) noexcept {
   std::shared_ptr<ProgressMonitor> monitor;
   if (go) {
     if (told) {
-      {
+      try {
         std::lock_guard lock(mutex);
         post(job, PendingEvent::Kind::about_to_run, JobEvent{job.owned(), {}, {}, nullptr});
+      } catch (...) {
+        // Out of memory for the event: the listeners are not told of it; the job runs.
       }
       deliver_before_run(job);
     }
@@ -446,9 +448,11 @@ void Jobs::run(JobCore& job, Tasklet& run) noexcept {
     return;
   }
   if (told) {
-    {
+    try {
       std::lock_guard lock(mutex);
       post(job, PendingEvent::Kind::running, JobEvent{job.owned(), {}, {}, nullptr});
+    } catch (...) {
+      // As for about_to_run.
     }
     deliver_before_run(job);  // about_to_run and running are told before the run starts
   }

@@ -21,6 +21,7 @@
 
 #include <gtest/gtest.h>
 
+#include "support/exclusion_check.hpp"
 #include "support/failing_allocation.hpp"
 #include "support/job_support.hpp"
 #include "tasklet/tasklet.hpp"
@@ -355,6 +356,56 @@ TEST_F(FaultInjectionTest, EndingAGroupedJobWithAListenerOnAWorker) {
     expect_table_clear(n);
   });
   EXPECT_GE(allocations, 1);
+}
+
+// With one worker, everything after the first job's body runs on the armed worker: that job's end,
+// and the next jobs' starts (should_run, the progress monitor, the about_to_run and running events
+// of their listeners), runs and ends.
+class OneWorkerFaultTest : public FaultInjectionTest {
+ protected:
+  OneWorkerFaultTest() { manager_ = JobManager::create(JobManager::Options{1, nullptr}); }
+};
+
+TEST_F(OneWorkerFaultTest, StartingRunningAndEndingJobsOnTheArmedWorker) {
+  const Rule rule = rules::mutex();
+  auto listener = std::make_shared<test::Recorder>();
+  std::atomic<long> arm{0};
+  std::atomic<int> runs{0};
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (int i = 0; i < 4; ++i) {
+    jobs.push_back(make_job(
+        "one worker " + std::to_string(i),
+        [&arm, &runs, i](ProgressMonitor&) {
+          runs.fetch_add(1);
+          if (i == 0) {
+            FailLater::arm(arm.load());
+            return Status::error("the body failed");
+          }
+          return Status::ok();
+        },
+        manager_));
+    jobs.back()->set_rule(rule);
+    if (i % 2 == 1) jobs.back()->add_listener(listener);
+  }
+  const long allocations = sweep_worker([&](long n) {
+    arm.store(n);
+    runs.store(0);
+    manager_->begin_rule(rule);
+    for (const auto& job : jobs) job->schedule();
+    manager_->end_rule(rule);
+    for (const auto& job : jobs) ASSERT_TRUE(job->join(patience)) << job->name() << ", allocation " << n;
+    EXPECT_TRUE(jobs[0]->result().is_error()) << "allocation " << n;
+    int unrun = 0;
+    for (std::size_t i = 1; i < jobs.size(); ++i) {
+      expect_ran_or_out_of_memory(*jobs[i], n);
+      if (!jobs[i]->result().is_ok()) ++unrun;
+    }
+    // A job that ended for lack of memory ran or not; none ran twice, none was lost.
+    EXPECT_LE(runs.load(), static_cast<int>(jobs.size())) << "allocation " << n;
+    EXPECT_GE(runs.load(), static_cast<int>(jobs.size()) - unrun) << "allocation " << n;
+    expect_table_clear(n);
+  });
+  EXPECT_GE(allocations, 4);  // the failed result's copy and three progress monitors at least
 }
 
 // A tasklet's async phase ends on a worker that runs out of memory on the way: its rule's release

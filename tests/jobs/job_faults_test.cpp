@@ -2,7 +2,7 @@
 // progress provider, listeners (every event), a group's should_cancel and compute_group_result,
 // and belongs_to. Each throw gives the documented answer (rethrown to the caller, dropped, or a
 // failed or canceled job naming the cause), loses no job, and leaves the rule table empty and the
-// manager usable (JobTest's TearDown joins every job and checks the table).
+// manager usable: the fixture joins every job, checks the table and runs a short oracle pass.
 #include <atomic>
 #include <memory>
 #include <stdexcept>
@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "support/exclusion_check.hpp"
 #include "support/job_support.hpp"
 #include "tasklet/tasklet.hpp"
 
@@ -22,6 +23,15 @@ using test::Gate;
 using test::JobTest;
 using test::patience;
 using test::Recorder;
+
+// JobTest, and afterwards the rule table still excludes what it must.
+class UserCodeFaultTest : public JobTest {
+ protected:
+  void TearDown() override {
+    JobTest::TearDown();
+    test::expect_rules_still_exclude(manager_);
+  }
+};
 
 struct Broken : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -62,7 +72,7 @@ class Fragile final : public Job {
   }
 };
 
-TEST_F(JobTest, ShouldScheduleThatThrowsReachesTheCallerAndSchedulesNothing) {
+TEST_F(UserCodeFaultTest, ShouldScheduleThatThrowsReachesTheCallerAndSchedulesNothing) {
   auto job = std::make_shared<Fragile>("fragile", manager_);
   auto recorder = std::make_shared<Recorder>();
   job->add_listener(recorder);
@@ -77,7 +87,7 @@ TEST_F(JobTest, ShouldScheduleThatThrowsReachesTheCallerAndSchedulesNothing) {
   EXPECT_TRUE(job->result().is_ok());
 }
 
-TEST_F(JobTest, CancelingThatThrowsIsDroppedAndTheRunStillSeesTheCancel) {
+TEST_F(UserCodeFaultTest, CancelingThatThrowsIsDroppedAndTheRunStillSeesTheCancel) {
   auto job = std::make_shared<Fragile>("fragile", manager_);
   job->waits = true;
   job->canceling_breaks = true;
@@ -89,7 +99,7 @@ TEST_F(JobTest, CancelingThatThrowsIsDroppedAndTheRunStillSeesTheCancel) {
   EXPECT_TRUE(job->result().is_canceled()) << job->result().message;
 }
 
-TEST_F(JobTest, AProgressProviderThatThrowsGivesThePlainMonitor) {
+TEST_F(UserCodeFaultTest, AProgressProviderThatThrowsGivesThePlainMonitor) {
   std::atomic<int> asked{0};
   manager_->set_progress_provider([&](Job&) -> std::unique_ptr<ProgressMonitor> {
     asked.fetch_add(1);
@@ -120,7 +130,7 @@ class ThrowingListener final : public JobListener {
   void awake(const JobEvent&) override { throw Broken("awake"); }
 };
 
-TEST_F(JobTest, ListenersThatThrowFromEveryEventAreDroppedAndOthersHearEverything) {
+TEST_F(UserCodeFaultTest, ListenersThatThrowFromEveryEventAreDroppedAndOthersHearEverything) {
   manager_->add_listener(std::make_shared<ThrowingListener>());
   auto recorder = std::make_shared<Recorder>();
   manager_->add_listener(recorder);
@@ -156,7 +166,7 @@ class BrokenGroup final : public JobGroup {
   bool cancel_breaks_, result_breaks_;
 };
 
-TEST_F(JobTest, AGroupWhoseShouldCancelThrowsIsCanceled) {
+TEST_F(UserCodeFaultTest, AGroupWhoseShouldCancelThrowsIsCanceled) {
   auto group = std::make_shared<BrokenGroup>(true, false);
   Gate all_scheduled;  // the first job fails only once the others wait behind it
   std::vector<std::shared_ptr<Job>> jobs;
@@ -180,7 +190,7 @@ TEST_F(JobTest, AGroupWhoseShouldCancelThrowsIsCanceled) {
   }
 }
 
-TEST_F(JobTest, AGroupWhoseComputeGroupResultThrowsEndsWithAnErrorNamingIt) {
+TEST_F(UserCodeFaultTest, AGroupWhoseComputeGroupResultThrowsEndsWithAnErrorNamingIt) {
   auto group = std::make_shared<BrokenGroup>(false, true);
   auto j = job("member", [](ProgressMonitor&) { return Status::ok(); });
   j->set_group(group);
@@ -192,7 +202,7 @@ TEST_F(JobTest, AGroupWhoseComputeGroupResultThrowsEndsWithAnErrorNamingIt) {
   EXPECT_TRUE(j->result().is_ok());
 }
 
-TEST_F(JobTest, BelongsToThatThrowsLeavesTheJobOutOfTheFamily) {
+TEST_F(UserCodeFaultTest, BelongsToThatThrowsLeavesTheJobOutOfTheFamily) {
   auto fragile = std::make_shared<Fragile>("fragile", manager_);
   fragile->waits = true;
   fragile->family_breaks = true;

@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "support/exclusion_check.hpp"
 #include "support/job_support.hpp"
 #include "support/test_support.hpp"
 #include "tasklet/tasklet.hpp"
@@ -185,6 +186,7 @@ TEST_F(JobTest, JobsOnACustomRuleWhoseCheckThrowsStillRunAndExcludeEachOther) {
     EXPECT_TRUE(j->result().is_ok()) << j->name();
   }
   EXPECT_FALSE(overlapped.load()) << "a job on the broken rule ran beside a job on a path rule";
+  test::expect_rules_still_exclude(manager_);
 }
 
 }  // namespace
