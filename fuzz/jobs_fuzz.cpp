@@ -3,9 +3,10 @@
 // Each input is a program: every byte pair is one operation on one of eight jobs (or the manager),
 // run on this thread against a manager with two workers: schedule (at once, or after 1 ms),
 // cancel, sleep, wake_up, join with a timeout of 0 or 1 ms, set_rule and set_group (while the job
-// is in state none), begin_rule / end_rule on this thread (nested, balanced at the end),
-// suspend / resume, and adding or removing a job's own listener. The last byte chooses how the
-// manager goes: joined first and then dropped, or dropped with whatever is pending.
+// is in state none; the group lets one job run at a time), begin_rule / end_rule on this thread
+// (nested, balanced at the end), suspend / resume, and adding or removing a job's own listener.
+// The odd jobs' runs yield their rule once (yield_rule) to whoever waits for it. The last byte
+// chooses how the manager goes: joined first and then dropped, or dropped with whatever is pending.
 //
 // What is checked (a model of what each job may do, not of when the workers do it):
 //  - rules: a job never runs while a job or this thread holds a conflicting rule (checked inside
@@ -192,8 +193,14 @@ class Program {
           [this, &record, i](tasklet::ProgressMonitor&) {
             const std::string who = "job" + std::to_string(i);
             record.runs.fetch_add(1);
-            holders_.enter(record.job->rule(), who);
-            holders_.leave(record.job->rule(), who);
+            const Rule rule = record.job->rule();
+            holders_.enter(rule, who);
+            if (i % 2 == 1) {
+              holders_.leave(rule, who);  // before yield_rule lets it go
+              record.job->yield_rule();
+              holders_.enter(rule, who);  // it holds the rule again once yield_rule returns
+            }
+            holders_.leave(rule, who);
             record.ended.fetch_add(1);
             return tasklet::Status::ok();
           },
