@@ -24,7 +24,8 @@ Scheduler& current();
 /// Runs tasklet->task() on the calling thread with `scheduler` as its current scheduler, then
 /// continues the tasklet on `scheduler` with the directive it returned. The tasklet must be idle
 /// (AlreadyScheduled); its rule is acquired first, blocking the caller while it conflicts.
-/// An exception from that phase ends the tasklet and is rethrown here.
+/// An exception from that phase ends the tasklet and is rethrown here; so does a phase that
+/// returns `async` while the scheduler's run() is not active (SchedulerNotRunning, naming it).
 void with(Scheduler& scheduler, const std::shared_ptr<Tasklet>& tasklet);
 
 /// Sets the options new schedulers on this thread use (and the implicit scheduler, when it is

@@ -28,9 +28,9 @@ class Scheduler;
 /// (api::configure), then the global JobManager.
 struct SchedulerOptions {
   /// Owns the rules this scheduler's tasklets and threads hold; also supplies default workers.
-  std::shared_ptr<JobManager> manager;
+  std::shared_ptr<JobManager> manager{};  // {}: designated initializers may leave it out (-Wextra)
   /// Where ASYNC phases run; overrides `concurrency` and the manager's workers.
-  std::shared_ptr<Workers> workers;
+  std::shared_ptr<Workers> workers{};
   /// When > 0 and `workers` is empty: a private pool with this many worker threads.
   int concurrency = 0;
 };
@@ -104,9 +104,31 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   /// Thread-safe; does not block.
   Rescheduler suspend(Tasklet& tasklet);
 
+  /// Keeps run() going while it lives, with or without tasklets to run: for work that other
+  /// threads schedule later (an event loop; asio's work guard). run() returns once the last guard
+  /// is gone and nothing else is active. Movable; reset() or destruction lets go. Thread-safe.
+  class [[nodiscard]] KeepAlive {
+   public:
+    KeepAlive() noexcept = default;
+    KeepAlive(KeepAlive&& other) noexcept : scheduler_(std::move(other.scheduler_)) {}
+    KeepAlive& operator=(KeepAlive&& other) noexcept;
+    ~KeepAlive() { reset(); }
+    /// Lets go (nothing for an empty guard). Never throws.
+    void reset() noexcept;
+    explicit operator bool() const noexcept { return scheduler_ != nullptr; }
+
+   private:
+    friend class Scheduler;
+    explicit KeepAlive(std::shared_ptr<Scheduler> scheduler) noexcept : scheduler_(std::move(scheduler)) {}
+    std::shared_ptr<Scheduler> scheduler_;
+  };
+  /// A guard that keeps run() going (see KeepAlive). Throws IllegalState for a scheduler not
+  /// owned by a std::shared_ptr (every scheduler create() made is).
+  KeepAlive keep_alive();
+
   /// True while run() is active.
   bool is_running() const noexcept;
-  /// Tasklets queued, running, parked or waiting for their rule.
+  /// Tasklets queued, running, parked or waiting for their rule (KeepAlive guards not included).
   std::size_t active_count() const noexcept;
   /// Every phase exception of the last run() (or inline schedule()), first one first, after those
   /// of tasklets that ended while no run() was active before it (which that run() rethrows).

@@ -257,6 +257,17 @@ void detail::SchedulerImpl::finish(TaskletPtr tasklet, std::exception_ptr error)
   uncount_active();
 }
 
+// A KeepAlive guard counts as an active tasklet, so that run() waits for it like for one.
+void detail::SchedulerImpl::keep_alive() noexcept {
+  keep_alives_.fetch_add(1, std::memory_order_relaxed);
+  if (!background_) active_.fetch_add(1, std::memory_order_acq_rel);
+}
+
+void detail::SchedulerImpl::let_go() noexcept {
+  keep_alives_.fetch_sub(1, std::memory_order_relaxed);
+  uncount_active();
+}
+
 void detail::SchedulerImpl::uncount_active() noexcept {
   if (background_ || active_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   bool sleeping = false;
@@ -316,12 +327,36 @@ Rescheduler Scheduler::suspend(Tasklet& tasklet) {
   return Rescheduler(weak_from_this(), tasklet.weak_from_this(), suspension);
 }
 
+Scheduler::KeepAlive Scheduler::keep_alive() {
+  std::shared_ptr<Scheduler> self = weak_from_this().lock();
+  if (!self) throw IllegalState("keep_alive: the scheduler is not owned by a std::shared_ptr");
+  detail::impl(*this).keep_alive();
+  return KeepAlive(std::move(self));
+}
+
+Scheduler::KeepAlive& Scheduler::KeepAlive::operator=(KeepAlive&& other) noexcept {
+  if (this != &other) {
+    reset();
+    scheduler_ = std::move(other.scheduler_);
+  }
+  return *this;
+}
+
+void Scheduler::KeepAlive::reset() noexcept {
+  if (scheduler_ == nullptr) return;
+  detail::impl(*scheduler_).let_go();
+  scheduler_.reset();
+}
+
 bool Scheduler::is_running() const noexcept {
   return detail::impl(*this).running_.load(std::memory_order_acquire);
 }
 
 std::size_t Scheduler::active_count() const noexcept {
-  return detail::impl(*this).active_.load(std::memory_order_acquire);
+  const detail::SchedulerImpl& impl = detail::impl(*this);
+  const std::size_t active = impl.active_.load(std::memory_order_acquire);
+  const std::size_t guards = impl.keep_alives_.load(std::memory_order_acquire);
+  return active > guards ? active - guards : 0;
 }
 
 std::vector<Failure> Scheduler::failures() const {

@@ -127,6 +127,7 @@ class SchedulerImpl final {
   // it does not count, so that its posting threads and its workers do not pass this line back and
   // forth once per tasklet.
   alignas(64) std::atomic<std::size_t> active_{0};
+  std::atomic<std::size_t> keep_alives_{0};  // Scheduler::KeepAlive guards, counted in active_ too
   // TaskletHolds not yet done with this scheduler: those that the synchronous thread started inside
   // run() (plus the counts it took ahead for them), and the others.
   alignas(64) std::atomic<std::size_t> sync_holds_{0};
@@ -234,6 +235,11 @@ class SchedulerImpl final {
   // One tasklet fewer in active_ (nothing for a background scheduler); the last wakes run().
   void uncount_active() noexcept;
 
+ public:
+  void keep_alive() noexcept;
+  void let_go() noexcept;
+
+ private:
   void record_failure(const Tasklet& tasklet, std::exception_ptr error) noexcept;
   void forget_reported_failures() noexcept;
   // Rethrows the first failure not reported before, and counts them all reported.

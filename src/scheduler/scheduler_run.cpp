@@ -250,6 +250,14 @@ void detail::SchedulerImpl::with(const TaskletPtr& tasklet) {
     finish(tasklet, nullptr);
     std::rethrow_exception(result.error);
   }
+  if (result.directive == Directive::async && !running_.load(std::memory_order_acquire)) {
+    // As schedule(async) outside run(): the caller hears it now, rather than run() later.
+    const std::string name = tasklet->name();
+    finish(tasklet, nullptr);
+    throw SchedulerNotRunning("with(" + name +
+                              ") returned async while the scheduler's run() is not active, so no " +
+                              "worker could continue it; call run() first, or return sync");
+  }
   continue_after_phase(tasklet, result.directive, nullptr);
   drain_inline();
 }

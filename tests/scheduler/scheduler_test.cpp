@@ -1,5 +1,6 @@
 // The scheduler core: directives, the run loop, threads, and the Java library's own tests.
 #include <atomic>
+#include <future>
 #include <latch>
 #include <mutex>
 #include <optional>
@@ -548,6 +549,62 @@ TEST_P(SchedulerTest, WithRethrowsThePhasesException) {
   auto tasklet = make_tasklet([]() -> Directive { throw std::runtime_error("with boom"); });
   EXPECT_THROW(api::with(scheduler(), tasklet), std::runtime_error);
   EXPECT_FALSE(tasklet->is_active());
+}
+
+// A phase run by with() that goes on async while run() is not active: with() says so at once (the
+// tasklet ends, its rule free), instead of a failure that only a later run() would report.
+TEST_P(SchedulerTest, WithThrowsWhenThePhaseGoesAsyncWithoutRun) {
+  const Rule rule = rules::path("/with");
+  auto tasklet = make_tasklet([] { return Directive::async; }, rule);
+  tasklet->set_name("goes-async");
+  try {
+    api::with(scheduler(), tasklet);
+    FAIL() << "with() returned";
+  } catch (const SchedulerNotRunning& error) {
+    EXPECT_NE(std::string(error.what()).find("goes-async"), std::string::npos) << error.what();
+  }
+  EXPECT_FALSE(tasklet->is_active());
+  EXPECT_EQ(scheduler().active_count(), 0u);
+  EXPECT_EQ(manager_->rule_stats().held, 0u);
+  EXPECT_NO_THROW(scheduler().run()) << "nothing left for run() to report";
+}
+
+// An event loop: run() on its own thread stays for work that other threads schedule later, sync
+// and async, as long as a KeepAlive guard lives; it returns once the guard is let go.
+TEST_P(SchedulerTest, AKeepAliveGuardKeepsRunGoingForWorkThatComesLater) {
+  Scheduler::KeepAlive guard = scheduler().keep_alive();
+  EXPECT_EQ(scheduler().active_count(), 0u) << "a guard is not a tasklet";
+  std::promise<void> returned;
+  std::thread loop([&] {
+    scheduler().run();
+    returned.set_value();
+  });
+  for (int round = 0; round < 3; ++round) {
+    std::promise<std::thread::id> synced;
+    scheduler().schedule(make_tasklet([&] {
+                           synced.set_value(std::this_thread::get_id());
+                           return Directive::done;
+                         }),
+                         Directive::sync);
+    EXPECT_EQ(synced.get_future().get(), loop.get_id()) << "sync phases run on run()'s thread";
+    // run() is still active (the guard), so async work from this plain thread is accepted.
+    std::promise<void> ran;
+    scheduler().schedule(make_tasklet([&] {
+                           ran.set_value();
+                           return Directive::done;
+                         }),
+                         Directive::async);
+    ran.get_future().get();
+  }
+  EXPECT_TRUE(scheduler().is_running());
+  Scheduler::KeepAlive moved = std::move(guard);
+  EXPECT_FALSE(guard);
+  EXPECT_TRUE(moved);
+  moved.reset();
+  returned.get_future().get();  // returns once the guard is gone
+  loop.join();
+  EXPECT_FALSE(scheduler().is_running());
+  EXPECT_EQ(scheduler().active_count(), 0u);
 }
 
 TEST_P(SchedulerTest, NewSchedulersInsideAsyncPhasesInheritTheirWorkers) {
