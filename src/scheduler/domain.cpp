@@ -1,3 +1,4 @@
+#include <cstdio>
 #include <new>
 #include <string>
 #include <utility>
@@ -25,6 +26,29 @@ thread_local SpareHold spare;
 // The request this thread is entering (ThreadHold::enter): an answer that comes while it does
 // comes on this thread, and needs no wake-up.
 thread_local const ThreadHold* entering_here = nullptr;
+
+// Why end_rule(`ended`) does not match the begin_rule(`begun`) on top of the thread's stack, in
+// words that tell the two apart when they print alike.
+std::string mismatch(const Rule& ended, const Rule& begun, bool same_manager) {
+  if (ended.get() == begun.get() && !same_manager) {
+    return "end_rule(" + describe(ended) + ") is made on a job manager other than the one the most recent " +
+           "begin_rule of that rule on this thread was made on";
+  }
+  std::string ended_text = describe(ended);
+  std::string begun_text = describe(begun);
+  if (ended_text != begun_text) {
+    return "end_rule(" + ended_text + ") does not match the most recent begin_rule(" + begun_text +
+           ") on this thread";
+  }
+  const auto object = [](const Rule& rule) {
+    char text[40];
+    std::snprintf(text, sizeof text, "%p", static_cast<const void*>(rule.get()));
+    return std::string(text);
+  };
+  return "end_rule(" + ended_text + ") is given the rule object at " + object(ended) +
+         ", but the most recent begin_rule on this thread was given another one that prints alike, at " +
+         object(begun) + ": end_rule needs the object begin_rule was given";
+}
 
 }  // namespace
 
@@ -226,10 +250,8 @@ void Domain::end_rule(const Rule& rule) {
                        (ctx.phase_of != nullptr ? " in this phase" : ""));
   }
   detail::RuleFrame& top = ctx.rule_stack.back();
-  if (top.rule.get() != rule.get() || top.domain != this) {
-    throw RuleMismatch("end_rule(" + describe(rule) + ") does not match the most recent begin_rule(" +
-                       describe(top.rule) + ") on this thread");
-  }
+  if (top.rule.get() != rule.get() || top.domain != this)
+    throw RuleMismatch(mismatch(rule, top.rule, top.domain == this));
   detail::ThreadHold* hold = top.hold;
   if (hold == nullptr) {
     ctx.rule_stack.pop_back();

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <functional>
 #include <future>
 #include <latch>
@@ -90,6 +91,49 @@ TEST_F(BeginEndRuleTest, MismatchedEndThrowsAndChangesNothing) {
   EXPECT_EQ(manager().current_rule(), a);
   manager().end_rule(a);
   EXPECT_THROW(manager().end_rule(a), RuleMismatch) << "nothing left to end";
+}
+
+// Two rule objects that print alike: the message tells them apart (their addresses), and says
+// what end_rule needs; two that print differently are named as they print.
+TEST_F(BeginEndRuleTest, AMismatchOfRulesThatPrintAlikeTellsThemApart) {
+  const Rule begun = rules::path("/a"), ended = rules::path("/a"), other = rules::path("/b");
+  manager().begin_rule(begun);
+  try {
+    manager().end_rule(ended);
+    FAIL() << "end_rule accepted another object";
+  } catch (const RuleMismatch& error) {
+    const std::string message = error.what();
+    char begun_at[40], ended_at[40];
+    std::snprintf(begun_at, sizeof begun_at, "%p", static_cast<const void*>(begun.get()));
+    std::snprintf(ended_at, sizeof ended_at, "%p", static_cast<const void*>(ended.get()));
+    EXPECT_NE(message.find(begun_at), std::string::npos) << message;
+    EXPECT_NE(message.find(ended_at), std::string::npos) << message;
+    EXPECT_NE(message.find("the object begin_rule was given"), std::string::npos) << message;
+  }
+  try {
+    manager().end_rule(other);
+    FAIL() << "end_rule accepted another rule";
+  } catch (const RuleMismatch& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("end_rule(path(/b)) does not match the most recent begin_rule(path(/a))"),
+              std::string::npos)
+        << message;
+  }
+  manager().end_rule(begun);
+}
+
+// The same rule object begun on one manager and ended on another.
+TEST_F(BeginEndRuleTest, EndingOnAnotherManagerSaysSo) {
+  const Rule rule = rules::path("/m");
+  auto elsewhere = JobManager::create(JobManager::Options{1, nullptr});
+  manager().begin_rule(rule);
+  try {
+    elsewhere->end_rule(rule);
+    FAIL() << "end_rule accepted the other manager";
+  } catch (const RuleMismatch& error) {
+    EXPECT_NE(std::string(error.what()).find("job manager other than"), std::string::npos) << error.what();
+  }
+  manager().end_rule(rule);
 }
 
 TEST_F(BeginEndRuleTest, EndOnAnotherThreadFails) {
