@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <exception>
+#include <future>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -50,6 +51,14 @@ class SerialExecutor {
   template <class F>
   requires std::is_invocable_v < std::decay_t<F>
   & > Handle post(F&& task);
+
+  /// As post(), handing back the task's outcome: the future holds what `task()` returned, or the
+  /// exception it threw (which wait() then does not rethrow). A task cancelled before it ran (by
+  /// cancel_all() or the executor's destruction) leaves the future broken: get() throws
+  /// std::future_error with std::future_errc::broken_promise. Thread-safe; does not block.
+  template <class F>
+  requires std::is_invocable_v < std::decay_t<F>
+  & > std::future<std::invoke_result_t<std::decay_t<F>&>> submit(F&& task);
 
   /// Removes a task that has not started; it will never run. False when it has started, finished
   /// or was cancelled already. Thread-safe.
@@ -115,6 +124,27 @@ requires std::is_invocable_v < std::decay_t<F>
 & > SerialExecutor::Handle SerialExecutor::post(F&& task) {
   using Task = detail::SerialTaskOf<std::decay_t<F>>;
   return post_task(std::allocate_shared<Task>(detail::Allocator<Task>{}, *state_, std::forward<F>(task)));
+}
+
+template <class F>
+requires std::is_invocable_v < std::decay_t<F>
+& > std::future<std::invoke_result_t<std::decay_t<F>&>> SerialExecutor::submit(F&& task) {
+  using Result = std::invoke_result_t<std::decay_t<F>&>;
+  std::promise<Result> promise;
+  std::future<Result> future = promise.get_future();
+  post([fn = std::decay_t<F>(std::forward<F>(task)), promise = std::move(promise)]() mutable {
+    try {
+      if constexpr (std::is_void_v<Result>) {
+        fn();
+        promise.set_value();
+      } else {
+        promise.set_value(fn());
+      }
+    } catch (...) {
+      promise.set_exception(std::current_exception());
+    }
+  });
+  return future;
 }
 
 }  // namespace tasklet

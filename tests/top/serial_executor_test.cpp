@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -112,6 +113,52 @@ TEST_P(SerialExecutorTest, CancelAllRemovesEveryPendingTask) {
   strand.post([&] { ran.fetch_add(1); });
   strand.wait();
   EXPECT_EQ(ran.load(), 2) << "usable after cancel_all";
+}
+
+// submit() hands back each task's outcome: a value, nothing (void), or the exception it threw
+// (which wait() then does not rethrow); a task cancelled before it ran leaves its future broken.
+TEST_P(SerialExecutorTest, SubmitHandsBackTheTasksResult) {
+  SerialExecutor strand(manager_);
+  std::vector<int> order;
+  std::future<int> answer = strand.submit([&] {
+    order.push_back(1);
+    return 42;
+  });
+  std::future<void> nothing = strand.submit([&] { order.push_back(2); });
+  std::future<std::string> thrown = strand.submit([&]() -> std::string {
+    order.push_back(3);
+    throw std::runtime_error("submitted and failed");
+  });
+  auto move_only = std::make_unique<int>(7);
+  std::future<int> owned = strand.submit([p = std::move(move_only)] { return *p; });
+  EXPECT_EQ(answer.get(), 42);
+  nothing.get();
+  try {
+    thrown.get();
+    FAIL() << "the task's exception is in its future";
+  } catch (const std::runtime_error& error) {
+    EXPECT_STREQ(error.what(), "submitted and failed");
+  }
+  EXPECT_EQ(owned.get(), 7);
+  EXPECT_NO_THROW(strand.wait()) << "the exception went to the future";
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 3}));
+
+  std::latch started(1), release(1);
+  strand.post([&] {
+    started.count_down();
+    release.wait();
+  });
+  std::future<int> cancelled = strand.submit([] { return 1; });
+  started.wait();
+  EXPECT_EQ(strand.cancel_all(), 1u);
+  release.count_down();
+  strand.wait();
+  try {
+    cancelled.get();
+    FAIL() << "a cancelled task's future holds no value";
+  } catch (const std::future_error& error) {
+    EXPECT_EQ(error.code(), std::future_errc::broken_promise);
+  }
 }
 
 TEST_P(SerialExecutorTest, CancelAllLeavesOtherExecutorsAlone) {
