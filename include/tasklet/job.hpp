@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -72,7 +73,11 @@ class Job : public std::enable_shared_from_this<Job> {
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;
 
+  /// The job's name, for people (messages, listeners, a UI). Not synchronised with set_name().
   const std::string& name() const noexcept { return name_; }
+  /// Renames the job. Only in state none, as its other settings (TaskletActive otherwise); not
+  /// while another thread reads name() (a listener still handling the job's last event, say).
+  void set_name(std::string name);
 
   /// Queues the job: waiting at once, or sleeping for `delay`. A running job runs once more after
   /// it ends (with the last delay given), and so does a waiting one that a cancel() has left to its
@@ -171,8 +176,22 @@ class Job : public std::enable_shared_from_this<Job> {
   std::unique_ptr<Core> core_;
 };
 
-/// A job whose run() calls `fn(monitor)` (returning Status, or void for ok).
+/// A job whose run() calls `fn(monitor)` and ends with the Status it returns. Made on `manager`
+/// (the global manager when null). Throws std::bad_alloc.
 std::shared_ptr<Job> make_job(std::string name, std::function<Status(ProgressMonitor&)> fn,
                               std::shared_ptr<JobManager> manager = nullptr);
+
+/// The same for a callable that returns nothing: the run ends ok unless it throws.
+template <class F>
+requires std::is_void_v<std::invoke_result_t<F&, ProgressMonitor&>> std::shared_ptr<Job> make_job(
+    std::string name, F fn, std::shared_ptr<JobManager> manager = nullptr) {
+  return make_job(
+      std::move(name),
+      std::function<Status(ProgressMonitor&)>([fn = std::move(fn)](ProgressMonitor& monitor) mutable {
+        fn(monitor);
+        return Status::ok();
+      }),
+      std::move(manager));
+}
 
 }  // namespace tasklet

@@ -99,6 +99,12 @@ Status Job::result() const {
   return core_->result ? *core_->result : Status::ok();
 }
 
+void Job::set_name(std::string name) {
+  std::lock_guard lock(core_->lock);
+  require_none(*this, *core_, "the name");
+  name_ = std::move(name);
+}
+
 void Job::set_rule(Rule rule) {
   validate_rule(rule);
   std::lock_guard lock(core_->lock);

@@ -97,6 +97,29 @@ TEST_F(JobTest, TheRuleCanChangeOnlyInStateNone) {
   EXPECT_EQ(j->rule(), nullptr);
 }
 
+TEST_F(JobTest, TheNameCanChangeOnlyInStateNone) {
+  Gate in_run, release;
+  auto j = job("first name", [&](ProgressMonitor&) {
+    in_run.open();
+    release.wait();
+    return Status::ok();
+  });
+  j->set_name("second name");
+  EXPECT_EQ(j->name(), "second name");
+  j->schedule();
+  ASSERT_TRUE(in_run.wait());
+  try {
+    j->set_name("third name");
+    FAIL() << "renamed while running";
+  } catch (const TaskletActive& error) {
+    EXPECT_NE(std::string(error.what()).find("second name"), std::string::npos) << error.what();
+  }
+  release.open();
+  EXPECT_TRUE(j->join(patience));
+  j->set_name("third name");
+  EXPECT_EQ(j->name(), "third name");
+}
+
 TEST_F(JobTest, ARuleBegunInAJobAndNotEndedIsReleasedWhenTheRunEnds) {
   const Rule rule = rules::path("/left/open");
   auto j = job("forgetful", [&](ProgressMonitor&) {

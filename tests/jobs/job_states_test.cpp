@@ -184,6 +184,23 @@ TEST_F(JobTest, ExceptionsBecomeErrorResults) {
   EXPECT_THROW(std::rethrow_exception(result.exception), std::runtime_error);
 }
 
+// make_job also takes a callable that returns nothing: ok, unless it throws.
+TEST_F(JobTest, MakeJobTakesACallableThatReturnsNothing) {
+  std::atomic<int> ran{0};
+  auto quiet = make_job(
+      "quiet", [&](ProgressMonitor&) { ran.fetch_add(1); }, manager_);
+  auto loud = make_job(
+      "loud", [](ProgressMonitor&) { throw std::runtime_error("void and broken"); }, manager_);
+  quiet->schedule();
+  loud->schedule();
+  ASSERT_TRUE(quiet->join(patience));
+  ASSERT_TRUE(loud->join(patience));
+  EXPECT_EQ(ran.load(), 1);
+  EXPECT_TRUE(quiet->result().is_ok());
+  EXPECT_TRUE(loud->result().is_error());
+  EXPECT_EQ(loud->result().message, "void and broken");
+}
+
 TEST_F(JobTest, CurrentJobIsTheRunningJob) {
   std::shared_ptr<Job> seen;
   std::shared_ptr<Job> j;
