@@ -309,7 +309,7 @@ void simulate_work(std::chrono::milliseconds how_long) { std::this_thread::sleep
 int main() {
   const auto start = Clock::now();
   FileTree tree = make_tree();
-  auto manager = JobManager::create(JobManager::Options{4, nullptr});
+  auto manager = JobManager::create({.concurrency = 4});
   Occupancy occupancy;
 
   const int total_jobs = static_cast<int>(sources.size()) + 5;

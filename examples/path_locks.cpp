@@ -45,8 +45,8 @@ std::shared_ptr<Tasklet> job(const std::string& path, std::chrono::milliseconds 
 }  // namespace
 
 int main() {
-  auto manager = JobManager::create(JobManager::Options{4, nullptr});
-  auto scheduler = Scheduler::create(SchedulerOptions{manager, nullptr, 0});
+  auto manager = JobManager::create({.concurrency = 4});
+  auto scheduler = Scheduler::create({.manager = manager});
 
   scheduler->schedule(job("/project/src", 40ms), Directive::sync);
   scheduler->schedule(job("/project/docs", 40ms), Directive::sync);       // a sibling: runs alongside

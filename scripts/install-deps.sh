@@ -3,6 +3,7 @@
 set -euo pipefail
 
 packages=(g++ cmake ninja-build libtbb-dev libboost-dev libgtest-dev libgmock-dev libbenchmark-dev
+          python3  # the docs' snippet check (scripts/check_snippets.py), a test
           clang libclang-rt-14-dev)  # clang and its libFuzzer runtime: the fuzz lane (scripts/fuzz.sh)
 missing=()
 for package in "${packages[@]}"; do

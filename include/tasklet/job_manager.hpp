@@ -26,7 +26,7 @@ class JobManager {
     /// Worker threads for ASYNC phases and jobs (0: the machine's default concurrency).
     int concurrency = 0;
     /// Use these workers instead of creating a pool.
-    std::shared_ptr<Workers> workers;
+    std::shared_ptr<Workers> workers{};  // {}: designated initializers may leave it out under -Wextra
   };
 
   /// A new manager. Thread-safe.

@@ -22,6 +22,7 @@
 
 #include <boost/container/small_vector.hpp>
 
+#include "tasklet/error.hpp"  // InvalidPath and InvalidRule, which the factories throw
 #include "tasklet/rules/multi_rule.hpp"
 #include "tasklet/rules/mutex_rule.hpp"
 #include "tasklet/rules/path_rule.hpp"
