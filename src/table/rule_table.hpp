@@ -324,4 +324,38 @@ std::size_t RuleTable::withdraw_waiting_if(Predicate&& matches) {
   });
 }
 
+// Inline: on the paths of both entering and leaving, which live in files of their own.
+
+inline void RuleTable::place_live(RuleRequest& request, std::size_t at) noexcept {
+  live_[at] = &request;
+  request.place_.in_table.live_index = static_cast<std::uint32_t>(at);
+}
+
+inline void RuleTable::erase_live(RuleRequest& request) noexcept {
+  const std::size_t hole = request.place_.in_table.live_index;
+  if (hole < rootless_from_) {
+    // The last of the first part fills the hole, and the last request its place.
+    const std::size_t last_rooted = --rootless_from_;
+    place_live(*live_[last_rooted], hole);
+    if (live_.size() - 1 != last_rooted) place_live(*live_.back(), last_rooted);
+  } else {
+    place_live(*live_.back(), hole);
+  }
+  live_.pop_back();
+}
+
+// Whether an entry of `mode` with `ticket` (not yet granted, not yet counted as clear) is clear at
+// `node`. Node-local: a clear waiting entry of an incompatible mode is always older than an entry
+// that is not clear yet (see the top of this file), and so is older than every newcomer.
+inline bool RuleTable::clear_at(const RuleNode& node, LockMode mode, std::uint64_t ticket) noexcept {
+  const std::uint8_t incompatible = incompatible_mask[index_of(mode)];
+  if ((node.occupied() & incompatible) == 0) return true;  // nothing in the way
+  if ((node.counted & incompatible) != 0) return false;    // granted or clear and older
+  // Only queues of incompatible modes are left: in the way when their front came earlier.
+  for (unsigned left = node.queued & incompatible; left != 0; left &= left - 1) {
+    if (node.waiting(static_cast<std::size_t>(std::countr_zero(left))).front_ticket() < ticket) return false;
+  }
+  return true;
+}
+
 }  // namespace tasklet::detail
