@@ -360,7 +360,8 @@ class EndCompletion final : public JobTasklet {
     jobs_.complete(std::move(end_));
     return Directive::done;
   }
-  // Out of memory to queue it: completed wherever that happened (perhaps the timer thread).
+  // Out of memory to queue it: completed where the engine tells this, on a worker (or, with no memory
+  // for that either, where it happened).
   void abandoned(std::exception_ptr /*error*/) noexcept override { jobs_.complete(std::move(end_)); }
 
  private:

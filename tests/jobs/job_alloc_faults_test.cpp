@@ -273,23 +273,35 @@ void expect_ran_or_out_of_memory(const Job& job, long n) {
       << job.name() << ", allocation " << n << ": " << result.message;
 }
 
+// `count` jobs on `rule`, named `name` and their number: the first arms the n-th allocation of its
+// worker from then on (n read from `arm`) and fails; the others end ok. `runs` counts their runs.
+std::vector<std::shared_ptr<Job>> first_arms_and_fails(const std::string& name, int count, const Rule& rule,
+                                                       const std::atomic<long>& arm, std::atomic<int>& runs,
+                                                       const std::shared_ptr<JobManager>& manager) {
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (int i = 0; i < count; ++i) {
+    jobs.push_back(make_job(
+        name + " " + std::to_string(i),
+        [&arm, &runs, i](ProgressMonitor&) {
+          runs.fetch_add(1);
+          if (i != 0) return Status::ok();
+          FailLater::arm(arm.load());
+          return Status::error("the body failed");
+        },
+        manager));
+    jobs.back()->set_rule(rule);
+  }
+  return jobs;
+}
+
 // A job's run fails and ends on a worker that runs out of memory on the way: the copy of the
 // result the job keeps, the release of its mutex rule and the grant of the jobs queued behind it.
 // Plain jobs, without listeners or groups (a plain job that ends ok allocates nothing there).
 TEST_F(FaultInjectionTest, EndingAFailedJobAndGrantingTheNextOnAWorker) {
   const Rule rule = rules::mutex();
-  std::vector<std::shared_ptr<Job>> jobs;
   std::atomic<long> arm{0};
-  for (int i = 0; i < 3; ++i) {
-    jobs.push_back(make_job(
-        "queued " + std::to_string(i),
-        [&arm, i](ProgressMonitor&) {
-          if (i == 0) FailLater::arm(arm.load());
-          return i == 0 ? Status::error("the body failed") : Status::ok();
-        },
-        manager_));
-    jobs.back()->set_rule(rule);
-  }
+  std::atomic<int> runs{0};
+  const auto jobs = first_arms_and_fails("queued", 3, rule, arm, runs, manager_);
   const long allocations = sweep_worker([&](long n) {
     arm.store(n);
     manager_->begin_rule(rule);  // so that the other two queue behind the first
@@ -323,21 +335,11 @@ TEST_F(FaultInjectionTest, EndingAGroupedJobWithAListenerOnAWorker) {
   auto group = std::make_shared<JobGroup>("g", 0, 0);
   auto listener = std::make_shared<test::Recorder>();
   std::atomic<long> arm{0};
-  std::vector<std::shared_ptr<Job>> jobs;
-  for (int i = 0; i < 3; ++i) {
-    jobs.push_back(make_job(
-        "grouped " + std::to_string(i),
-        [&arm, i](ProgressMonitor&) {
-          if (i == 0) {
-            FailLater::arm(arm.load());
-            return Status::error("the body failed");
-          }
-          return Status::ok();
-        },
-        manager_));
-    jobs.back()->set_rule(rule);
-    jobs.back()->set_group(group);
-    jobs.back()->add_listener(listener);
+  std::atomic<int> runs{0};
+  const auto jobs = first_arms_and_fails("grouped", 3, rule, arm, runs, manager_);
+  for (const auto& job : jobs) {
+    job->set_group(group);
+    job->add_listener(listener);
   }
   const long allocations = sweep_worker([&](long n) {
     arm.store(n);
@@ -371,22 +373,8 @@ TEST_F(OneWorkerFaultTest, StartingRunningAndEndingJobsOnTheArmedWorker) {
   auto listener = std::make_shared<test::Recorder>();
   std::atomic<long> arm{0};
   std::atomic<int> runs{0};
-  std::vector<std::shared_ptr<Job>> jobs;
-  for (int i = 0; i < 4; ++i) {
-    jobs.push_back(make_job(
-        "one worker " + std::to_string(i),
-        [&arm, &runs, i](ProgressMonitor&) {
-          runs.fetch_add(1);
-          if (i == 0) {
-            FailLater::arm(arm.load());
-            return Status::error("the body failed");
-          }
-          return Status::ok();
-        },
-        manager_));
-    jobs.back()->set_rule(rule);
-    if (i % 2 == 1) jobs.back()->add_listener(listener);
-  }
+  const auto jobs = first_arms_and_fails("one worker", 4, rule, arm, runs, manager_);
+  for (std::size_t i = 1; i < jobs.size(); i += 2) jobs[i]->add_listener(listener);
   const long allocations = sweep_worker([&](long n) {
     arm.store(n);
     runs.store(0);
