@@ -79,13 +79,31 @@ std::string join(const PathRule::Segments& segments) {
 }  // namespace
 
 PathRule::PathRule(std::string_view path, Mode mode) : mode_(mode) {
-  parse(path, segments_);
+  parse(path, segments_);  // views of the input, until view_path()
   path_ = join(segments_);
-  // The segments viewed the input: now they view the rule's own path, each after its '/'.
-  std::size_t at = 1;
-  for (std::string_view& segment : segments_) {
-    segment = std::string_view(path_).substr(at, segment.size());
-    at += segment.size() + 1;
+  view_path();
+}
+
+PathRule::PathRule(const PathRule& other) : SchedulingRule(other), path_(other.path_), mode_(other.mode_) {
+  view_path();
+}
+
+PathRule& PathRule::operator=(const PathRule& other) {
+  if (this == &other) return *this;
+  SchedulingRule::operator=(other);
+  path_ = other.path_;
+  mode_ = other.mode_;
+  view_path();
+  return *this;
+}
+
+void PathRule::view_path() {
+  segments_.clear();
+  const std::string_view path(path_);
+  for (std::size_t at = 1; at < path.size();) {
+    const std::size_t end = std::min(path.find('/', at), path.size());
+    segments_.push_back(path.substr(at, end - at));
+    at = end + 1;
   }
 }
 

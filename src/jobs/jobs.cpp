@@ -73,12 +73,10 @@ std::int64_t deadline_for(Priority priority) {
   return now + std::chrono::duration_cast<std::chrono::microseconds>(priority_delay(priority)).count();
 }
 
-}  // namespace
-
-namespace {
 // Made before anybody runs out of memory: an exception_ptr to a std::bad_alloc.
 const std::exception_ptr out_of_memory_error = std::make_exception_ptr(std::bad_alloc());
 Status kept_out_of_memory = Status::error("out of memory", out_of_memory_error);
+
 }  // namespace
 
 Status out_of_memory_result() noexcept { return kept_out_of_memory; }
@@ -477,7 +475,7 @@ void Jobs::finish_group(JobCore& job, RunEnd& end, ToStart& to_start) {
     if (job.holds_group_slot) --g->running;
     job.holds_group_slot = false;
     const Status& result = end.done.result;
-    // There is room for it (see make_result_room): only the copy of its message can fail.
+    // schedule() made room for it when the job joined the group: only copying its message can fail.
     try {
       g->results.push_back(result);
     } catch (...) {

@@ -336,6 +336,31 @@ TEST(PathRuleTest, SegmentsOutliveTheInput) {
   }
 }
 
+// A copy is a rule of its own whose segments view its own path (short paths live inside the rule
+// object, so views of the original would dangle once it is gone).
+TEST(PathRuleTest, CopiesViewTheirOwnPath) {
+  auto original = std::make_unique<PathRule>("/a/b/c", PathRule::Mode::shared);
+  const PathRule copy(*original);
+  PathRule assigned("/x", PathRule::Mode::exclusive);
+  assigned = *original;
+  original.reset();
+  for (const PathRule* rule : {&copy, static_cast<const PathRule*>(&assigned)}) {
+    EXPECT_EQ(std::vector<std::string>(rule->segments().begin(), rule->segments().end()),
+              (std::vector<std::string>{"a", "b", "c"}));
+    for (const std::string_view segment : rule->segments()) {
+      EXPECT_GE(segment.data(), rule->path().data());
+      EXPECT_LE(segment.data() + segment.size(), rule->path().data() + rule->path().size());
+    }
+    EXPECT_TRUE(rule->is_shared());
+  }
+  const PathRule below("/a/b/c/d", PathRule::Mode::exclusive);
+  EXPECT_TRUE(copy.is_conflicting(below));
+  EXPECT_TRUE(copy.is_ancestor_or_equal_of(below));
+  const PathRule root("/", PathRule::Mode::exclusive);
+  const PathRule root_copy(root);
+  EXPECT_TRUE(root_copy.segments().empty());
+}
+
 TEST(PathRuleTest, ToStringShowsModeAndNormalisedPath) {
   EXPECT_EQ(rules::path("//a/./b/")->to_string(), "path(/a/b)");
   EXPECT_EQ(rules::read_path("/a")->to_string(), "read_path(/a)");

@@ -46,6 +46,10 @@ class PathRule final : public SchedulingRule {
   /// A rule on the normalised form of `path`. Throws InvalidPath (naming the input) for empty or
   /// relative input, ".." above the root, or a NUL byte.
   PathRule(std::string_view path, Mode mode);
+  /// Copies view their own path (SchedulingRule: a copy is a rule object of its own).
+  PathRule(const PathRule& other);
+  PathRule& operator=(const PathRule& other);
+  ~PathRule() override = default;
 
   /// The normalised path: "/" for the root, else "/seg/seg" with no trailing '/'.
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
@@ -96,8 +100,11 @@ class PathRule final : public SchedulingRule {
   [[nodiscard]] static bool key_contains(const RuleKey& outer, const RuleKey& inner) noexcept;
 
  private:
+  // Points segments_ at the segments of path_ (normalised: "/" or "/seg/seg").
+  void view_path();
+
   std::string path_;
-  Segments segments_;  // views of path_ (a rule is never copied or moved)
+  Segments segments_;  // views of path_, made again by every copy
   Mode mode_;
 };
 
