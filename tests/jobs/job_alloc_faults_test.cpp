@@ -60,6 +60,14 @@ long sweep(const std::function<void()>& prepare, const std::function<void()>& op
   return 0;
 }
 
+// Whatever an attempt did, the job can be scheduled again once it is over, and then runs.
+void expect_runs_again(Job& job, long n) {
+  ASSERT_TRUE(job.join(patience)) << job.name() << ", allocation " << n;
+  job.schedule();
+  ASSERT_TRUE(job.join(patience)) << job.name() << ", allocation " << n;
+  EXPECT_TRUE(job.result().is_ok()) << job.result().message;
+}
+
 class FaultInjectionTest : public ::testing::Test {
  protected:
   void expect_table_clear(long n) {
@@ -115,12 +123,7 @@ TEST_F(FaultInjectionTest, MakingAndSchedulingAJobThatWaitsForARule) {
             EXPECT_EQ(runs.load(), before) << "allocation " << n;
           }
         }
-        if (job != nullptr) {  // whatever happened, it can run again
-          ASSERT_TRUE(job->join(patience)) << "allocation " << n;
-          job->schedule();
-          ASSERT_TRUE(job->join(patience)) << "allocation " << n;
-          EXPECT_TRUE(job->result().is_ok()) << job->result().message;
-        }
+        if (job != nullptr) expect_runs_again(*job, n);
         expect_table_clear(n);
       });
   EXPECT_GT(allocations, 3);
@@ -156,9 +159,7 @@ TEST_F(FaultInjectionTest, SchedulingAJobWithAGroupADelayAndAListener) {
           EXPECT_TRUE(job->result().is_ok()) << job->result().message;
           EXPECT_TRUE(listener->dones.wait_for(dones + 1)) << "allocation " << n;
         }
-        job->schedule();
-        ASSERT_TRUE(job->join(patience)) << "allocation " << n;
-        EXPECT_TRUE(job->result().is_ok()) << job->result().message;
+        expect_runs_again(*job, n);
         expect_table_clear(n);
       });
   EXPECT_GE(allocations, 2);
