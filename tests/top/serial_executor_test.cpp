@@ -131,6 +131,9 @@ TEST_P(SerialExecutorTest, SubmitHandsBackTheTasksResult) {
   });
   auto move_only = std::make_unique<int>(7);
   std::future<int> owned = strand.submit([p = std::move(move_only)] { return *p; });
+  // Every task is destroyed by the time wait() returns: the promises are let go before the futures
+  // are read (TSan cannot see libstdc++'s own reference counts on the exception they carry).
+  EXPECT_NO_THROW(strand.wait()) << "the exception went to the future";
   EXPECT_EQ(answer.get(), 42);
   nothing.get();
   try {
@@ -140,7 +143,6 @@ TEST_P(SerialExecutorTest, SubmitHandsBackTheTasksResult) {
     EXPECT_STREQ(error.what(), "submitted and failed");
   }
   EXPECT_EQ(owned.get(), 7);
-  EXPECT_NO_THROW(strand.wait()) << "the exception went to the future";
   EXPECT_EQ(order, (std::vector<int>{1, 2, 3}));
 
   std::latch started(1), release(1);
