@@ -77,7 +77,7 @@ inline std::atomic<void (*)(Job&)> before_holding_back{nullptr};
 /// What is left to do once a run is over, outside the locks.
 struct RunEnd {
   JobCore* job = nullptr;
-  std::shared_ptr<Job> owner;                // for the event and the group; null for a plain job
+  std::shared_ptr<Job> owner;                // keeps the job alive until its end is complete
   std::shared_ptr<ProgressMonitor> monitor;  // the run's, let go of outside the locks
   JobEvent done;
   bool rerun = false;

@@ -42,9 +42,11 @@ RunEnd Jobs::end_word(JobCore& job, Status result) {
   end.job = &job;
   // A job whose listeners have yet to hear this end stays `ending` until they have (complete()).
   const bool told = has_listeners(job);
-  // The event is for the listeners and the group; a plain job's registry entry keeps it alive.
+  // The event is for the listeners and the group.
   const bool eventful = told || job.group_core() != nullptr;
-  if (eventful) end.owner = job.owned();
+  // Held until complete() is done with the job: once its state is none, a schedule() may run it
+  // again and that run's end unlist it (the registry's reference) while this end is still completing.
+  end.owner = job.owned();
   KeptResult kept;
   if (!result.is_ok()) {
     try {

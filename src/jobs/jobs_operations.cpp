@@ -330,7 +330,8 @@ void Jobs::end_unrun(JobCore& job, Tasklet& run, Status result) noexcept {
 // ---------------------------------------------------------------------------------------------
 // One run
 
-// The registry keeps the job alive until its end is complete (complete() unlists it last).
+// The run's end holds the job (RunEnd::owner) until complete() is done with it; the registry holds it
+// until then too, and complete() unlists it last.
 void Jobs::run(JobCore& job, Tasklet& run) noexcept {
   bool canceled = false;  // before the run started
   // Nothing starts once the manager shuts down: a run the shutdown's cancels have not reached yet
