@@ -35,6 +35,13 @@ class AlreadyResumed : public Error {
   using Error::Error;
 };
 
+/// A parked tasklet that nothing could resume any more (no Rescheduler for it alive, no owner
+/// outside its scheduler) was ended; the message names it.
+class TaskletLost : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A tasklet's rule or name was changed while the tasklet was active.
 class TaskletActive : public Error {
  public:

@@ -41,9 +41,15 @@ struct Failure {
   std::exception_ptr error;
 };
 
+namespace detail {
+class Suspension;
+}  // namespace detail
+
 /// Puts a suspended tasklet back. Cheap to copy; every copy names the same suspension, which can
 /// be resumed once. Thread-safe: resume() may be called from any thread, even before the
-/// tasklet's phase has returned `wait` (the resume is then applied when it does).
+/// tasklet's phase has returned `wait` (the resume is then applied when it does). When the last
+/// copy is destroyed unused, the suspension ends: a tasklet parked by it that nothing else can
+/// suspend again (no owner outside its scheduler) ends with TaskletLost (see Scheduler::suspend).
 class Rescheduler {
  public:
   Rescheduler() = default;
@@ -55,15 +61,13 @@ class Rescheduler {
   void resume(Directive directive) const;
 
   /// False for a default-constructed Rescheduler.
-  explicit operator bool() const noexcept { return suspension_ != 0; }
+  explicit operator bool() const noexcept { return suspension_ != nullptr; }
 
  private:
   friend class Scheduler;
-  Rescheduler(std::weak_ptr<Scheduler> scheduler, std::weak_ptr<Tasklet> tasklet, std::uint32_t suspension)
-      : scheduler_(std::move(scheduler)), tasklet_(std::move(tasklet)), suspension_(suspension) {}
-  std::weak_ptr<Scheduler> scheduler_;
-  std::weak_ptr<Tasklet> tasklet_;
-  std::uint32_t suspension_ = 0;
+  explicit Rescheduler(std::shared_ptr<const detail::Suspension> suspension) noexcept
+      : suspension_(std::move(suspension)) {}
+  std::shared_ptr<const detail::Suspension> suspension_;
 };
 
 class Scheduler : public std::enable_shared_from_this<Scheduler> {
@@ -99,6 +103,13 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
 
   /// Suspends `tasklet`: an idle tasklet becomes parked; a tasklet calling this from its own
   /// phase parks when that phase returns `wait`; a parked tasklet gets a new Rescheduler.
+  /// Keep the Rescheduler until you resume: a tasklet parked with no Rescheduler alive (it
+  /// returned `wait` without one, or the last copy was destroyed unused) can be resumed only
+  /// through a new suspend(), so once nothing outside the scheduler owns it (a std::weak_ptr does
+  /// not count) it ends with TaskletLost, which run() rethrows, instead of keeping run() waiting
+  /// forever. The scheduler notices at once when the tasklet parks or its last Rescheduler goes,
+  /// and otherwise, while run() has nothing else to do, within a tenth of a second of the last
+  /// owner letting go.
   /// Throws AlreadyScheduled when the tasklet is queued or running elsewhere, or already has an
   /// outstanding Rescheduler, and IllegalState when it is not owned by a std::shared_ptr.
   /// Thread-safe; does not block.

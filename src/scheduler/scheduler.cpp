@@ -323,8 +323,17 @@ Scheduler& Scheduler::schedule(std::shared_ptr<Tasklet> tasklet, Directive direc
 }
 
 Rescheduler Scheduler::suspend(Tasklet& tasklet) {
-  const std::uint32_t suspension = detail::impl(*this).suspend(tasklet);
-  return Rescheduler(weak_from_this(), tasklet.weak_from_this(), suspension);
+  const std::uint32_t generation = detail::impl(*this).suspend(tasklet);
+  using Made = detail::Suspension;
+  try {
+    return Rescheduler(std::allocate_shared<const Made>(detail::Allocator<Made>{}, weak_from_this(),
+                                                        tasklet.weak_from_this(), generation));
+  } catch (...) {
+    // Out of memory: the suspension is left with nobody to resume it, so it ends here.
+    if (auto owned = tasklet.weak_from_this().lock())
+      detail::impl(*this).end_suspension(std::move(owned), generation);
+    throw;
+  }
 }
 
 Scheduler::KeepAlive Scheduler::keep_alive() {
@@ -370,13 +379,22 @@ const std::shared_ptr<JobManager>& Scheduler::manager() const noexcept {
 }
 
 void Rescheduler::resume(Directive directive) const {
-  const std::shared_ptr<Scheduler> scheduler = scheduler_.lock();
-  const std::shared_ptr<Tasklet> tasklet = tasklet_.lock();
+  if (!suspension_)
+    throw AlreadyResumed("resume(" + std::string(to_string(directive)) + "): an empty Rescheduler");
+  const std::shared_ptr<Scheduler> scheduler = suspension_->scheduler.lock();
+  const std::shared_ptr<Tasklet> tasklet = suspension_->tasklet.lock();
   if (!scheduler || !tasklet) {
     throw AlreadyResumed("resume(" + std::string(to_string(directive)) +
                          "): the suspended tasklet or its scheduler no longer exists");
   }
-  detail::impl(*scheduler).resume(tasklet, suspension_, directive);
+  detail::impl(*scheduler).resume(tasklet, suspension_->generation, directive);
+}
+
+detail::Suspension::~Suspension() {
+  const std::shared_ptr<Scheduler> owner = scheduler.lock();
+  if (!owner) return;
+  if (std::shared_ptr<Tasklet> suspended = tasklet.lock())
+    impl(*owner).end_suspension(std::move(suspended), generation);
 }
 
 }  // namespace tasklet

@@ -154,14 +154,9 @@ void detail::SchedulerImpl::dispatch(TaskletPtr tasklet, Directive directive) no
       }
       enqueue_async(std::move(tasklet));
       return;
-    case Directive::wait: {
-      auto& state = TaskletAccess::state(*tasklet);
-      std::lock_guard lock(parked_mutex_);
-      state.store(st::with_generation(st::parked, st::generation(state.load())), std::memory_order_release);
-      Tasklet* key = tasklet.get();
-      parked_.emplace(key, std::move(tasklet));
+    case Directive::wait:
+      park_unarmed(std::move(tasklet));  // no Rescheduler: only a new suspend() can resume it
       return;
-    }
     case Directive::done:
       finish(std::move(tasklet), nullptr);
       return;

@@ -15,6 +15,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -53,6 +54,12 @@ class SchedulerImpl final {
   /// Scheduler::suspend: the suspension's generation, for its Rescheduler.
   std::uint32_t suspend(Tasklet& tasklet);
   void resume(const TaskletPtr& tasklet, std::uint32_t generation, Directive directive);
+  /// The last Rescheduler of a suspension is gone: unless it was used, the suspension ends (see
+  /// park_unarmed for a tasklet it leaves parked).
+  void end_suspension(TaskletPtr tasklet, std::uint32_t generation) noexcept;
+  /// While run() has nothing else to do and a parked tasklet without a Rescheduler has an owner
+  /// outside (`loose_`), it looks this often whether that owner has let go.
+  static constexpr std::chrono::milliseconds loose_check_interval{50};
   void with(const TaskletPtr& tasklet);
 
   /// When this thread is a synchronous thread (in run()), the requests of the tasklets with rules
@@ -147,6 +154,9 @@ class SchedulerImpl final {
 
   std::mutex parked_mutex_;
   std::unordered_map<Tasklet*, TaskletPtr> parked_;
+  // Parked tasklets without a Rescheduler that had an owner outside when they parked: run() checks
+  // them while it waits (end_lost_tasklets), as nothing tells it when that owner lets go.
+  std::atomic<std::size_t> loose_{0};
 
   // Touched by the synchronous thread only: async phases it started, submitted in batches, and
   // the sync tasklets taken from the queue for one turn of the loop.
@@ -229,7 +239,12 @@ class SchedulerImpl final {
   void let_rules_catch_up(CatchUp& state, Waiting&& waiting);
   // Takes `holds` out of holds_ or sync_holds_, waking whoever waits for that count.
   static void count_out(std::atomic<std::size_t>& count, std::size_t holds) noexcept;
-  void park(TaskletPtr tasklet, std::uint64_t expected, std::uint64_t parked_word);
+  // Parks a tasklet that no Rescheduler can resume; with no owner outside, it is lost (TaskletLost).
+  void park_unarmed(TaskletPtr tasklet) noexcept;
+  void end_lost(TaskletPtr tasklet) noexcept;
+  void note_loose() noexcept;
+  // Ends the parked tasklets without a Rescheduler whose outside owners have let go; recounts loose_.
+  void end_lost_tasklets() noexcept;
   void forget_deliveries_here() noexcept;
   void finish(TaskletPtr tasklet, std::exception_ptr error) noexcept;
   // One tasklet fewer in active_ (nothing for a background scheduler); the last wakes run().
@@ -279,6 +294,21 @@ inline void SchedulerImpl::spawn(Task&& task) {
     workers_.arena().enqueue(group_.defer(std::forward<Task>(task)));
   }
 }
+
+/// What every copy of a Rescheduler shares: the suspension it names. The last copy going ends the
+/// suspension unless it was used (SchedulerImpl::end_suspension).
+class Suspension {
+ public:
+  Suspension(std::weak_ptr<Scheduler> of, std::weak_ptr<Tasklet> suspended, std::uint32_t number) noexcept
+      : scheduler(std::move(of)), tasklet(std::move(suspended)), generation(number) {}
+  ~Suspension();
+  Suspension(const Suspension&) = delete;
+  Suspension& operator=(const Suspension&) = delete;
+
+  std::weak_ptr<Scheduler> scheduler;
+  std::weak_ptr<Tasklet> tasklet;
+  std::uint32_t generation;
+};
 
 /// What api::configure and the implicit scheduler keep per thread.
 struct ThreadOptions {

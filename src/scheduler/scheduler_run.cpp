@@ -151,7 +151,16 @@ bool detail::SchedulerImpl::drain_sync_queue_once() {
         return false;
       }
       sleeping_ = true;
-      wake_.wait(lock);
+      if (loose_.load(std::memory_order_acquire) == 0) {
+        wake_.wait(lock);
+      } else if (wake_.wait_for(lock, loose_check_interval) == std::cv_status::timeout) {
+        // Parked tasklets without a Rescheduler: their owners outside may have let go since.
+        sleeping_ = false;
+        lock.unlock();
+        end_lost_tasklets();
+        lock.lock();
+        continue;
+      }
       sleeping_ = false;
     }
     sync_batch_.swap(sync_queue_);

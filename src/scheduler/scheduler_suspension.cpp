@@ -98,4 +98,116 @@ void detail::SchedulerImpl::resume(const TaskletPtr& tasklet, std::uint32_t gene
   }
 }
 
+void detail::SchedulerImpl::end_suspension(TaskletPtr tasklet, std::uint32_t generation) noexcept {
+  auto& state = TaskletAccess::state(*tasklet);
+  std::uint64_t word = state.load(std::memory_order_acquire);
+  for (;;) {
+    if (!(word & st::armed) || (word & st::resumed) || st::generation(word) != generation ||
+        TaskletAccess::scheduler(*tasklet) != &self_) {
+      return;  // used, or over already
+    }
+    if (st::phase(word) != st::parked) {
+      // Its phase has not returned: if it returns wait, it parks unarmed (park_unarmed decides).
+      if (state.compare_exchange_weak(word, word & ~st::armed, std::memory_order_acq_rel)) return;
+      continue;
+    }
+    TaskletPtr lost;
+    {
+      std::lock_guard lock(parked_mutex_);
+      auto entry = parked_.find(tasklet.get());
+      if (entry == parked_.end()) return;  // being dropped with its scheduler
+      // Owned by parked_ and by `tasklet` only: nobody can suspend it again.
+      const bool owned_outside = entry->second.use_count() > 2;
+      const std::uint64_t next =
+          owned_outside ? word & ~st::armed : st::with_generation(st::active, st::generation(word));
+      if (!state.compare_exchange_strong(word, next, std::memory_order_acq_rel)) continue;
+      if (!owned_outside) {
+        lost = std::move(entry->second);
+        parked_.erase(entry);
+      }
+    }
+    tasklet.reset();
+    if (lost) {
+      end_lost(std::move(lost));
+    } else {
+      note_loose();
+    }
+    return;
+  }
+}
+
+void detail::SchedulerImpl::park_unarmed(TaskletPtr tasklet) noexcept {
+  auto& state = TaskletAccess::state(*tasklet);
+  if (tasklet.use_count() == 1 && !background_) {
+    end_lost(std::move(tasklet));
+    return;
+  }
+  {
+    std::lock_guard lock(parked_mutex_);
+    state.store(st::with_generation(st::parked, st::generation(state.load())), std::memory_order_release);
+    Tasklet* key = tasklet.get();
+    parked_.emplace(key, std::move(tasklet));
+  }
+  if (!background_) note_loose();
+}
+
+void detail::SchedulerImpl::end_lost(TaskletPtr tasklet) noexcept {
+  std::exception_ptr error;
+  try {
+    error = std::make_exception_ptr(TaskletLost(
+        tasklet->name() +
+        " was parked in wait with no Rescheduler alive and no owner outside its scheduler, " +
+        "so nothing could resume it; it has been ended. Suspend it (Scheduler::suspend) in the phase that " +
+        "returns wait and keep the Rescheduler until you resume it"));
+  } catch (...) {
+    error = std::current_exception();  // out of memory: the tasklet still ends, with bad_alloc
+  }
+  finish(std::move(tasklet), std::move(error));
+}
+
+void detail::SchedulerImpl::note_loose() noexcept {
+  if (loose_.fetch_add(1, std::memory_order_acq_rel) != 0) return;
+  bool sleeping = false;
+  {
+    std::lock_guard lock(mutex_);
+    sleeping = sleeping_;
+  }
+  if (sleeping) wake_.notify_all();  // run() sleeps without a time limit: it is to check from now on
+}
+
+void detail::SchedulerImpl::end_lost_tasklets() noexcept {
+  std::vector<TaskletPtr> lost;
+  std::size_t loose = 0;
+  {
+    std::lock_guard lock(parked_mutex_);
+    for (auto entry = parked_.begin(); entry != parked_.end();) {
+      auto& state = TaskletAccess::state(*entry->first);
+      std::uint64_t word = state.load(std::memory_order_acquire);
+      if (st::phase(word) != st::parked || (word & st::armed)) {
+        ++entry;
+        continue;
+      }
+      if (entry->second.use_count() > 1 ||
+          !state.compare_exchange_strong(word, st::with_generation(st::active, st::generation(word)),
+                                         std::memory_order_acq_rel)) {
+        ++loose;  // still owned outside (or suspended again this instant): checked next time
+        ++entry;
+        continue;
+      }
+      try {
+        lost.push_back(std::move(entry->second));
+      } catch (...) {
+        // Out of memory: put it back as it was, for the next check.
+        state.store(word, std::memory_order_release);
+        ++loose;
+        ++entry;
+        continue;
+      }
+      entry = parked_.erase(entry);
+    }
+    loose_.store(loose, std::memory_order_release);
+  }
+  for (TaskletPtr& tasklet : lost) end_lost(std::move(tasklet));
+}
+
 }  // namespace tasklet

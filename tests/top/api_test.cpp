@@ -66,7 +66,8 @@ TEST_F(ApiTest, ImplicitSchedulerRethrowsPhaseExceptionsFromSchedule) {
 
 TEST_F(ApiTest, ImplicitSchedulerKeepsItsInlineModeAfterRun) {
   Scheduler& implicit = api::current();
-  implicit.schedule(make_tasklet([] { return Directive::async; }), Directive::wait);  // parked, then
+  auto parked = make_tasklet([] { return Directive::async; });  // owned here, so it stays parked
+  implicit.schedule(parked, Directive::wait);
   EXPECT_EQ(implicit.active_count(), 1u);
   api::reset();  // dropped with the implicit scheduler
   bool ran = false;
