@@ -45,7 +45,6 @@ void Wakeup::wake() noexcept {
 void Wakeup::reset() noexcept {
   done_ = false;
   suspended_ = nullptr;
-  alarm_armed = false;
 }
 
 void TaskCondition::notify_all() noexcept {

@@ -4,18 +4,15 @@
 // the worker runs other work meanwhile (Eclipse grows its worker pool for the same reason).
 #pragma once
 
-#include <chrono>
 #include <condition_variable>
-#include <map>
 #include <mutex>
-#include <optional>
 #include <vector>
 
 #include <oneapi/tbb/task.h>
 
-namespace tasklet::detail {
+#include "timer.hpp"
 
-using Clock = std::chrono::steady_clock;
+namespace tasklet::detail {
 
 /// One wait of the calling code until wake(). On an ordinary thread it blocks on a condition
 /// variable; in one of our oneTBB tasks it suspends the task (the worker runs other work until the
@@ -30,27 +27,11 @@ class Wakeup {
   /// uncontended begin_rule path).
   void reset() noexcept;
 
-  /// Set while a WaitTimer holds an alarm for it; guarded by the timer's lock.
-  bool alarm_armed = false;
-
  private:
   std::mutex mutex_;
   std::condition_variable woken_;
   bool done_ = false;
   oneapi::tbb::task::suspend_point suspended_ = nullptr;
-};
-
-/// Wakes suspended timed waits when their time is up (a job manager's timer thread serves them).
-class WaitTimer {
- public:
-  using Alarms = std::multimap<Clock::time_point, Wakeup*>;
-  /// Arms an alarm; nullopt when the timer has stopped (the waiter then blocks its thread).
-  virtual std::optional<Alarms::iterator> wake_at(Clock::time_point when, Wakeup& wakeup) = 0;
-  /// Disarms it unless it has fired.
-  virtual void cancel_wake(Wakeup& wakeup, Alarms::iterator alarm) noexcept = 0;
-
- protected:
-  ~WaitTimer() = default;
 };
 
 /// True when waits of the calling code suspend a oneTBB task rather than block the thread.
@@ -65,10 +46,11 @@ class TaskCondition {
 
   /// With `lock` held on entry and on return: waits until `done()` or until `deadline`
   /// (Clock::time_point::max() for none); false when the time ran out first. A suspended task's
-  /// timed wait needs `timer`; without one it blocks its thread.
+  /// timed wait needs `timer` (a manager's) to wake it; without one, or once that timer has
+  /// stopped, it blocks its thread.
   template <class Predicate>
   bool wait_until(std::unique_lock<std::mutex>& lock, Clock::time_point deadline, Predicate done,
-                  WaitTimer* timer = nullptr);
+                  Timer* timer = nullptr);
 
   template <class Predicate>
   void wait(std::unique_lock<std::mutex>& lock, Predicate done) {
@@ -82,7 +64,7 @@ class TaskCondition {
 
 template <class Predicate>
 bool TaskCondition::wait_until(std::unique_lock<std::mutex>& lock, Clock::time_point deadline, Predicate done,
-                               WaitTimer* timer) {
+                               Timer* timer) {
   const bool timed = deadline != Clock::time_point::max();
   bool suspend = waits_suspend() && (!timed || timer != nullptr);
   for (;;) {
@@ -99,13 +81,22 @@ bool TaskCondition::wait_until(std::unique_lock<std::mutex>& lock, Clock::time_p
     Wakeup wakeup;
     tasks_.push_back(&wakeup);
     lock.unlock();
-    std::optional<WaitTimer::Alarms::iterator> alarm;
-    if (timed && timer != nullptr) alarm = timer->wake_at(deadline, wakeup);
-    if (!timed || alarm) wakeup.wait();
-    if (alarm && timer != nullptr) timer->cancel_wake(wakeup, *alarm);
+    struct WakeAlarm final : Timer::Alarm {
+      explicit WakeAlarm(Wakeup& woken) : wakeup(woken) {}
+      void ring() noexcept override { wakeup.wake(); }
+      Wakeup& wakeup;
+    } alarm(wakeup);
+    bool set = false;
+    try {
+      set = timed && timer != nullptr && timer->set(alarm, deadline);
+    } catch (...) {
+      // No room for the alarm: this wait blocks the thread instead (below).
+    }
+    if (!timed || set) wakeup.wait();
+    if (set) timer->cancel(alarm);  // waits for a ring in progress: the wakeup is ours until then
     lock.lock();
     std::erase(tasks_, &wakeup);
-    if (timed && !alarm) suspend = false;  // the timer has stopped: block the thread from now on
+    if (timed && !set) suspend = false;  // the timer has stopped: block the thread from now on
   }
 }
 

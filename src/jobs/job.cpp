@@ -245,14 +245,14 @@ bool JobGroup::join(std::chrono::milliseconds timeout) {
   std::unique_lock lock(core_->mutex);
   // A job (or another task of ours) joining a group waits without holding its worker; the timer of
   // the manager of one of the group's jobs ends a timed wait.
-  std::shared_ptr<detail::Jobs> timer;
+  std::shared_ptr<detail::Jobs> jobs;
   if (!core_->active.empty()) {
-    timer = core_->active.front()->shared_jobs();
+    jobs = core_->active.front()->shared_jobs();
   } else if (const detail::JobCore* current = detail::running_job(); current != nullptr) {
-    timer = current->shared_jobs();
+    jobs = current->shared_jobs();
   }
   return core_->changed.wait_until(
-      lock, deadline, [this] { return core_->state == State::none; }, timer.get());
+      lock, deadline, [this] { return core_->state == State::none; }, jobs ? jobs->timer() : nullptr);
 }
 
 std::vector<std::shared_ptr<Job>> JobGroup::active_jobs() const {

@@ -84,16 +84,15 @@ Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
              : now + timeout;
 }
 
-Jobs::Jobs(Scheduler& scheduler) : scheduler_(&scheduler) {}
+Jobs::Jobs(Scheduler& scheduler) : scheduler_(&scheduler), timer_(impl(scheduler).domain_.timer_) {}
 
 Jobs::~Jobs() {
-  // The manager shut us down before it let go; this is only the timer thread's last chance.
+  // The manager shut us down before it let go; this is only the alarm's last chance.
   {
     std::lock_guard lock(mutex);
-    timer_stopping_ = true;
+    timer_closed_ = true;
   }
-  timer_changed_.notify_all();
-  if (timer_.joinable()) timer_.join();
+  timer_->cancel(due_alarm_);
 }
 
 void Jobs::shutdown() noexcept {
@@ -101,10 +100,9 @@ void Jobs::shutdown() noexcept {
   {
     std::lock_guard lock(mutex);
     if (stopping_.exchange(true)) return;
-    timer_stopping_ = true;
+    timer_closed_ = true;
   }
-  timer_changed_.notify_all();
-  if (timer_.joinable()) timer_.join();
+  timer_->cancel(due_alarm_);  // waits for a ring in progress, which finds the timer closed
   try {
     pending = find(nullptr);
   } catch (...) {
@@ -333,7 +331,7 @@ void Jobs::submit_run(JobCore& job, std::shared_ptr<JobRun> run) {
     end = finish_run(job, Status::cancel(), let_in);
   }
   start(let_in);
-  if (timer_thread_of == this) {
+  if (timer_->runs_here()) {
     complete_off_timer(std::move(end));
   } else {
     complete(std::move(end));

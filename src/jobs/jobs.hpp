@@ -91,7 +91,7 @@ struct RunEnd {
   std::uint64_t group_generation = 0;  // the group's generation at this end
 };
 
-class Jobs final : public WaitTimer {
+class Jobs final {
  public:
   explicit Jobs(Scheduler& scheduler);
   ~Jobs();
@@ -148,9 +148,8 @@ class Jobs final : public WaitTimer {
   /// Cancels the group's jobs, unless `generation` is given and the group was over since.
   void group_cancel(GroupCore& group, std::optional<std::uint64_t> generation = std::nullopt);
 
-  // WaitTimer: alarms for suspended timed waits, on the timer thread.
-  std::optional<Alarms::iterator> wake_at(Clock::time_point when, Wakeup& wakeup) override;
-  void cancel_wake(Wakeup& wakeup, Alarms::iterator alarm) noexcept override;
+  /// The manager's timer, for the timed waits of suspended tasks.
+  Timer* timer() const noexcept { return timer_.get(); }
 
   /// The manager's job lock (see the top of this file).
   mutable std::mutex mutex;
@@ -192,11 +191,10 @@ class Jobs final : public WaitTimer {
   void wake_joiners();
   void drop_rerun(JobCore& job);
 
-  // Timer: delayed schedules and wake-ups, on one thread, sleeping until the earliest is due.
+  // Delayed schedules and wake-ups: one alarm on the manager's timer, set for the earliest.
   void arm_timer(JobCore& job, Clock::time_point when);
   void disarm_timer(JobCore& job);
-  void start_timer_thread();
-  void timer_loop();
+  void timer_rang() noexcept;
 
   Scheduler* scheduler_;  // null once detached
   std::atomic<bool> stopping_{false};
@@ -238,10 +236,13 @@ class Jobs final : public WaitTimer {
   std::atomic<bool> has_provider_{false};
 
   std::multimap<Clock::time_point, JobCore*> timers_;
-  Alarms alarms_;
-  std::condition_variable timer_changed_;
-  std::thread timer_;
-  bool timer_stopping_ = false;
+  std::shared_ptr<Timer> timer_;
+  struct DueAlarm final : Timer::Alarm {
+    explicit DueAlarm(Jobs& owner) : jobs(owner) {}
+    void ring() noexcept override { jobs.timer_rang(); }
+    Jobs& jobs;
+  } due_alarm_{*this};
+  bool timer_closed_ = false;  // shut down: the alarm is not set again
   // Set by destroy_after_this_run: the manager's remains and the job whose run they wait for.
   std::shared_ptr<Domain> dying_;
   std::atomic<const JobCore*> dying_after_{nullptr};  // read by every run without the lock
@@ -254,8 +255,5 @@ void Jobs::for_each_listed(Visit&& visit) const {
     for (JobCore* job = shard.head; job != nullptr; job = job->next) visit(*job);
   }
 }
-
-/// The Jobs whose timer thread this is (Jobs::timer_loop sets it): no user code runs there.
-inline thread_local const Jobs* timer_thread_of = nullptr;
 
 }  // namespace tasklet::detail

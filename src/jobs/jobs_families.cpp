@@ -75,7 +75,7 @@ bool Jobs::join(Family family, std::chrono::milliseconds timeout) {
     if (!busy) return true;
     std::unique_lock lock(mutex);
     if (!changed_.wait_until(
-            lock, deadline, [&] { return changes_ != seen; }, this))
+            lock, deadline, [&] { return changes_ != seen; }, timer_.get()))
       return false;
   }
 }

@@ -252,7 +252,7 @@ bool Jobs::join(JobCore& job, std::chrono::milliseconds timeout) {
   std::unique_lock lock(join_mutex_);
   if (over(job.word.fetch_or(jw::joined, std::memory_order_acq_rel))) return true;
   return joined_.wait_until(
-      lock, deadline_after(timeout), [&] { return over(job.load()); }, this);
+      lock, deadline_after(timeout), [&] { return over(job.load()); }, timer_.get());
 }
 
 bool Jobs::sleep(JobCore& job) {

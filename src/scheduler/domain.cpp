@@ -140,9 +140,10 @@ std::string end_frames_above(TaskState& ctx, std::size_t base) noexcept {
 
 Domain::Domain(JobManager& self, JobManager::Options options)
     : self_(self),
-      workers_(options.workers ? std::move(options.workers) : Workers::create(options.concurrency)) {}
+      workers_(options.workers ? std::move(options.workers) : Workers::create(options.concurrency)),
+      timer_(std::make_shared<Timer>()) {}
 
-Domain::~Domain() = default;
+Domain::~Domain() { timer_->stop(); }
 
 void Domain::shut_down() noexcept {
   // What the extension (the jobs) has not started is canceled and what runs waited for; then every
@@ -154,6 +155,7 @@ void Domain::shut_down() noexcept {
   table_.cancel_all_waiting();
   if (extension_) extension_->let_go();
   background_.reset();
+  timer_->stop();  // its thread goes; timed waits left go on as threads' waits
 }
 
 std::shared_ptr<Scheduler> Domain::make_background() {

@@ -121,6 +121,9 @@ class Domain : public std::enable_shared_from_this<Domain> {
   JobManager& self_;
   std::shared_ptr<Workers> workers_;
   RuleTable table_;
+  // The manager's one timer (delayed jobs, tasklets and resumes, timed waits); stopped when the
+  // manager goes. Shared: the jobs' state may outlive the domain.
+  std::shared_ptr<Timer> timer_;
 
  private:
   // Made on first use under `making_` rather than std::call_once: making them may throw (out of
