@@ -8,6 +8,7 @@
 // before their first phase and hold them until done.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -60,6 +61,13 @@ class Rescheduler {
   /// active (the tasklet then stays parked). Does not block.
   void resume(Directive directive) const;
 
+  /// Resumes with `directive` once `delay` has passed, on the job manager's timer, unless the
+  /// suspension was resumed or ended before then: an earlier resume() wins and this one then does
+  /// nothing (a timeout). Keeps the suspension going until then. Throws as resume() does when the
+  /// suspension is over already or for `async` while run() is not active; std::bad_alloc. A delay
+  /// of zero or less resumes at once. Does not block.
+  void resume_after(std::chrono::steady_clock::duration delay, Directive directive) const;
+
   /// False for a default-constructed Rescheduler.
   explicit operator bool() const noexcept { return suspension_ != nullptr; }
 
@@ -100,6 +108,17 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   /// which none was let through (they may be waiting for this very thread), and then holds back
   /// again only once 512 more were let through.
   Scheduler& schedule(std::shared_ptr<Tasklet> tasklet, Directive directive);
+
+  /// Starts `tasklet` with `directive` once `delay` has passed, on the job manager's one timer (no
+  /// thread of its own). The tasklet is active from now on (run() waits for it) and requests its
+  /// rule when the delay is over; tasklets due at the same moment start in the order they were
+  /// scheduled. A delay of zero or less is schedule(). On the implicit scheduler a delayed `sync`
+  /// tasklet waits for run() or for that thread's next schedule(). Throws what schedule() throws
+  /// (AlreadyScheduled, SchedulerNotRunning for `async` while run() is not active,
+  /// std::invalid_argument, std::bad_alloc). Destroying the scheduler drops it unrun. Thread-safe;
+  /// does not block.
+  Scheduler& schedule_after(std::chrono::steady_clock::duration delay, std::shared_ptr<Tasklet> tasklet,
+                            Directive directive);
 
   /// Suspends `tasklet`: an idle tasklet becomes parked; a tasklet calling this from its own
   /// phase parks when that phase returns `wait`; a parked tasklet gets a new Rescheduler.

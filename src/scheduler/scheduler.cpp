@@ -69,6 +69,7 @@ detail::SchedulerImpl::SchedulerImpl(Scheduler& self, SchedulerOptions options)
       workers_(detail::impl(*options_.workers)) {}
 
 detail::SchedulerImpl::~SchedulerImpl() {
+  close_delays();  // first: no delay starts a tasklet while the rest is taken apart
   // What a run() that ended abnormally left: requests not entered yet end unrun (with the async
   // batch, in drop_pending), and the counts taken ahead go back.
   for (std::size_t i = 0; i < entering_.size(); ++i) {
@@ -322,6 +323,12 @@ Scheduler& Scheduler::schedule(std::shared_ptr<Tasklet> tasklet, Directive direc
   return *this;
 }
 
+Scheduler& Scheduler::schedule_after(std::chrono::steady_clock::duration delay,
+                                     std::shared_ptr<Tasklet> tasklet, Directive directive) {
+  detail::impl(*this).schedule_after(delay, std::move(tasklet), directive);
+  return *this;
+}
+
 Rescheduler Scheduler::suspend(Tasklet& tasklet) {
   const std::uint32_t generation = detail::impl(*this).suspend(tasklet);
   using Made = detail::Suspension;
@@ -378,16 +385,31 @@ const std::shared_ptr<JobManager>& Scheduler::manager() const noexcept {
   return detail::impl(*this).options_.manager;
 }
 
+namespace {
+
+// The scheduler and tasklet a Rescheduler names, for `action`; throws AlreadyResumed when either
+// is gone (or it names nothing).
+std::pair<std::shared_ptr<Scheduler>, std::shared_ptr<Tasklet>> resumable(
+    const detail::Suspension* suspension, const char* action, Directive directive) {
+  const std::string call = std::string(action) + "(" + std::string(to_string(directive)) + "): ";
+  if (suspension == nullptr) throw AlreadyResumed(call + "an empty Rescheduler");
+  std::shared_ptr<Scheduler> scheduler = suspension->scheduler.lock();
+  std::shared_ptr<Tasklet> tasklet = suspension->tasklet.lock();
+  if (!scheduler || !tasklet)
+    throw AlreadyResumed(call + "the suspended tasklet or its scheduler no longer exists");
+  return {std::move(scheduler), std::move(tasklet)};
+}
+
+}  // namespace
+
 void Rescheduler::resume(Directive directive) const {
-  if (!suspension_)
-    throw AlreadyResumed("resume(" + std::string(to_string(directive)) + "): an empty Rescheduler");
-  const std::shared_ptr<Scheduler> scheduler = suspension_->scheduler.lock();
-  const std::shared_ptr<Tasklet> tasklet = suspension_->tasklet.lock();
-  if (!scheduler || !tasklet) {
-    throw AlreadyResumed("resume(" + std::string(to_string(directive)) +
-                         "): the suspended tasklet or its scheduler no longer exists");
-  }
+  const auto [scheduler, tasklet] = resumable(suspension_.get(), "resume", directive);
   detail::impl(*scheduler).resume(tasklet, suspension_->generation, directive);
+}
+
+void Rescheduler::resume_after(std::chrono::steady_clock::duration delay, Directive directive) const {
+  const auto [scheduler, tasklet] = resumable(suspension_.get(), "resume_after", directive);
+  detail::impl(*scheduler).resume_after(tasklet, suspension_, delay, directive);
 }
 
 detail::Suspension::~Suspension() {

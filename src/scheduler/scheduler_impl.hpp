@@ -42,6 +42,21 @@
 
 namespace tasklet::detail {
 
+/// What every copy of a Rescheduler shares: the suspension it names. The last copy going ends the
+/// suspension unless it was used (SchedulerImpl::end_suspension).
+class Suspension {
+ public:
+  Suspension(std::weak_ptr<Scheduler> of, std::weak_ptr<Tasklet> suspended, std::uint32_t number) noexcept
+      : scheduler(std::move(of)), tasklet(std::move(suspended)), generation(number) {}
+  ~Suspension();
+  Suspension(const Suspension&) = delete;
+  Suspension& operator=(const Suspension&) = delete;
+
+  std::weak_ptr<Scheduler> scheduler;
+  std::weak_ptr<Tasklet> tasklet;
+  std::uint32_t generation;
+};
+
 class SchedulerImpl final {
  public:
   using TaskletPtr = std::shared_ptr<Tasklet>;
@@ -54,6 +69,11 @@ class SchedulerImpl final {
   /// Scheduler::suspend: the suspension's generation, for its Rescheduler.
   std::uint32_t suspend(Tasklet& tasklet);
   void resume(const TaskletPtr& tasklet, std::uint32_t generation, Directive directive);
+  /// Scheduler::schedule_after and Rescheduler::resume_after, on the manager's timer
+  /// (scheduler_timer.cpp).
+  void schedule_after(Clock::duration delay, TaskletPtr tasklet, Directive directive);
+  void resume_after(const TaskletPtr& tasklet, std::shared_ptr<const Suspension> suspension,
+                    Clock::duration delay, Directive directive);
   /// The last Rescheduler of a suspension is gone: unless it was used, the suspension ends (see
   /// park_unarmed for a tasklet it leaves parked).
   void end_suspension(TaskletPtr tasklet, std::uint32_t generation) noexcept;
@@ -154,6 +174,23 @@ class SchedulerImpl final {
 
   std::mutex parked_mutex_;
   std::unordered_map<Tasklet*, TaskletPtr> parked_;
+  // Delayed starts and resumes, in time order (ties in arrival order), with one alarm of the
+  // manager's timer set for the earliest. Closed when the scheduler goes.
+  struct Delayed {
+    TaskletPtr tasklet;                            // a start (schedule_after), or
+    std::shared_ptr<const Suspension> suspension;  // a resume (resume_after)
+    Directive directive;
+  };
+  struct DelayAlarm final : Timer::Alarm {
+    explicit DelayAlarm(SchedulerImpl& owner) : impl(owner) {}
+    void ring() noexcept override { impl.delays_due(); }
+    SchedulerImpl& impl;
+  };
+  std::mutex delayed_mutex_;
+  std::multimap<Clock::time_point, Delayed> delayed_;
+  bool delays_closed_ = false;
+  DelayAlarm delay_alarm_{*this};
+
   // Parked tasklets without a Rescheduler that had an owner outside when they parked: run() checks
   // them while it waits (end_lost_tasklets), as nothing tells it when that owner lets go.
   std::atomic<std::size_t> loose_{0};
@@ -239,6 +276,13 @@ class SchedulerImpl final {
   void let_rules_catch_up(CatchUp& state, Waiting&& waiting);
   // Takes `holds` out of holds_ or sync_holds_, waking whoever waits for that count.
   static void count_out(std::atomic<std::size_t>& count, std::size_t holds) noexcept;
+  void check_resumable(const Tasklet& tasklet, std::uint64_t word, std::uint32_t generation,
+                       Directive directive) const;
+  void add_delayed(Clock::time_point when, Delayed entry);
+  void delays_due() noexcept;
+  void fire(Delayed& entry) noexcept;
+  // The scheduler is going: drops what waits for its delay (tasklets end idle, unrun).
+  void close_delays() noexcept;
   // Parks a tasklet that no Rescheduler can resume; with no owner outside, it is lost (TaskletLost).
   void park_unarmed(TaskletPtr tasklet) noexcept;
   void end_lost(TaskletPtr tasklet) noexcept;
@@ -294,21 +338,6 @@ inline void SchedulerImpl::spawn(Task&& task) {
     workers_.arena().enqueue(group_.defer(std::forward<Task>(task)));
   }
 }
-
-/// What every copy of a Rescheduler shares: the suspension it names. The last copy going ends the
-/// suspension unless it was used (SchedulerImpl::end_suspension).
-class Suspension {
- public:
-  Suspension(std::weak_ptr<Scheduler> of, std::weak_ptr<Tasklet> suspended, std::uint32_t number) noexcept
-      : scheduler(std::move(of)), tasklet(std::move(suspended)), generation(number) {}
-  ~Suspension();
-  Suspension(const Suspension&) = delete;
-  Suspension& operator=(const Suspension&) = delete;
-
-  std::weak_ptr<Scheduler> scheduler;
-  std::weak_ptr<Tasklet> tasklet;
-  std::uint32_t generation;
-};
 
 /// What api::configure and the implicit scheduler keep per thread.
 struct ThreadOptions {

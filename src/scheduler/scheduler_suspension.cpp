@@ -57,24 +57,29 @@ std::uint32_t detail::SchedulerImpl::suspend(Tasklet& tasklet) {
   }
 }
 
+void detail::SchedulerImpl::check_resumable(const Tasklet& tasklet, std::uint64_t word,
+                                            std::uint32_t generation, Directive directive) const {
+  if (!(word & st::armed) || st::generation(word) != generation ||
+      TaskletAccess::scheduler(tasklet) != &self_) {
+    throw AlreadyResumed("resume(" + std::string(to_string(directive)) + "): the suspension of " +
+                         tasklet.name() + " was already resumed or has ended");
+  }
+  if (word & st::resumed) {
+    throw AlreadyResumed("resume(" + std::string(to_string(directive)) + "): " + tasklet.name() +
+                         " was already resumed with " + std::string(to_string(st::resume_directive(word))));
+  }
+  // The tasklet counts in active_, so run() cannot stop between this check and the dispatch.
+  if (directive == Directive::async && !running_.load(std::memory_order_acquire)) {
+    throw SchedulerNotRunning("resume(async) of " + tasklet.name() +
+                              ": the scheduler's run() is not active; the tasklet stays parked");
+  }
+}
+
 void detail::SchedulerImpl::resume(const TaskletPtr& tasklet, std::uint32_t generation, Directive directive) {
   auto& state = TaskletAccess::state(*tasklet);
   std::uint64_t word = state.load(std::memory_order_acquire);
   for (;;) {
-    if (!(word & st::armed) || st::generation(word) != generation ||
-        TaskletAccess::scheduler(*tasklet) != &self_) {
-      throw AlreadyResumed("resume(" + std::string(to_string(directive)) + "): the suspension of " +
-                           tasklet->name() + " was already resumed or has ended");
-    }
-    if (word & st::resumed) {
-      throw AlreadyResumed("resume(" + std::string(to_string(directive)) + "): " + tasklet->name() +
-                           " was already resumed with " + std::string(to_string(st::resume_directive(word))));
-    }
-    // The tasklet counts in active_, so run() cannot stop between this check and the dispatch.
-    if (directive == Directive::async && !running_.load(std::memory_order_acquire)) {
-      throw SchedulerNotRunning("resume(async) of " + tasklet->name() +
-                                ": the scheduler's run() is not active; the tasklet stays parked");
-    }
+    check_resumable(*tasklet, word, generation, directive);
     if (st::phase(word) == st::parked) {
       TaskletPtr owned;
       {
