@@ -330,17 +330,12 @@ Scheduler& Scheduler::schedule_after(std::chrono::steady_clock::duration delay,
 }
 
 Rescheduler Scheduler::suspend(Tasklet& tasklet) {
-  const std::uint32_t generation = detail::impl(*this).suspend(tasklet);
+  // Made first: out of memory, nothing is suspended.
   using Made = detail::Suspension;
-  try {
-    return Rescheduler(std::allocate_shared<const Made>(detail::Allocator<Made>{}, weak_from_this(),
-                                                        tasklet.weak_from_this(), generation));
-  } catch (...) {
-    // Out of memory: the suspension is left with nobody to resume it, so it ends here.
-    if (auto owned = tasklet.weak_from_this().lock())
-      detail::impl(*this).end_suspension(std::move(owned), generation);
-    throw;
-  }
+  auto made =
+      std::allocate_shared<Made>(detail::Allocator<Made>{}, weak_from_this(), tasklet.weak_from_this(), 0);
+  made->generation = detail::impl(*this).suspend(tasklet);
+  return Rescheduler(std::move(made));
 }
 
 Scheduler::KeepAlive Scheduler::keep_alive() {
@@ -413,6 +408,7 @@ void Rescheduler::resume_after(std::chrono::steady_clock::duration delay, Direct
 }
 
 detail::Suspension::~Suspension() {
+  if (generation == 0) return;  // suspend() refused: no suspension was made
   const std::shared_ptr<Scheduler> owner = scheduler.lock();
   if (!owner) return;
   if (std::shared_ptr<Tasklet> suspended = tasklet.lock())

@@ -118,13 +118,24 @@ void detail::SchedulerImpl::continue_after_phase(TaskletPtr tasklet, Directive d
       continue;
     }
     if (directive == Directive::wait) {
-      std::lock_guard lock(parked_mutex_);
+      std::unique_lock lock(parked_mutex_);
       const std::uint64_t parked = st::with_generation(st::parked | st::armed, st::generation(word));
-      if (state.compare_exchange_strong(word, parked, std::memory_order_acq_rel)) {
-        Tasklet* key = tasklet.get();
-        parked_.emplace(key, std::move(tasklet));
+      std::unordered_map<Tasklet*, TaskletPtr>::iterator entry;
+      try {
+        entry = parked_.emplace(tasklet.get(), nullptr).first;
+      } catch (...) {
+        // No room to park it: it ends (its Rescheduler then finds the suspension over).
+        lock.unlock();
+        state.compare_exchange_strong(word, st::with_generation(st::active, st::generation(word)),
+                                      std::memory_order_acq_rel);
+        abandon(std::move(tasklet), std::current_exception());
         return;
       }
+      if (state.compare_exchange_strong(word, parked, std::memory_order_acq_rel)) {
+        entry->second = std::move(tasklet);
+        return;
+      }
+      parked_.erase(entry);
       continue;  // a resume arrived meanwhile
     }
     // The phase chose another directive: the suspension ends unused.

@@ -54,7 +54,7 @@ class Suspension {
 
   std::weak_ptr<Scheduler> scheduler;
   std::weak_ptr<Tasklet> tasklet;
-  std::uint32_t generation;
+  std::uint32_t generation;  // 0 until suspend() succeeded
 };
 
 class SchedulerImpl final {

@@ -23,17 +23,20 @@ std::uint32_t detail::SchedulerImpl::suspend(Tasklet& tasklet) {
       throw AlreadyScheduled("suspend: " + tasklet.name() +
                              " is already suspended; resume its outstanding Rescheduler");
     }
-    const std::uint32_t generation = st::generation(word) + 1;
+    // Never 0, which names no suspension (see ~Suspension).
+    const std::uint32_t generation = st::generation(word) + 1 == 0 ? 1 : st::generation(word) + 1;
     switch (st::phase(word)) {
       case st::idle: {
         std::lock_guard lock(parked_mutex_);
+        const auto entry = parked_.emplace(&tasklet, nullptr).first;  // out of memory: nothing changed
         if (!state.compare_exchange_strong(word, st::with_generation(st::parked | st::armed, generation),
                                            std::memory_order_acq_rel)) {
+          parked_.erase(entry);
           continue;
         }
         TaskletAccess::set_scheduler(tasklet, &self_);
         if (!background_) active_.fetch_add(1, std::memory_order_relaxed);
-        parked_.emplace(&tasklet, std::move(owned));
+        entry->second = std::move(owned);
         return generation;
       }
       case st::active:
@@ -147,11 +150,14 @@ void detail::SchedulerImpl::park_unarmed(TaskletPtr tasklet) noexcept {
     end_lost(std::move(tasklet));
     return;
   }
-  {
+  try {
     std::lock_guard lock(parked_mutex_);
-    state.store(st::with_generation(st::parked, st::generation(state.load())), std::memory_order_release);
     Tasklet* key = tasklet.get();
-    parked_.emplace(key, std::move(tasklet));
+    parked_.emplace(key, std::move(tasklet));  // takes it only once its place is made
+    state.store(st::with_generation(st::parked, st::generation(state.load())), std::memory_order_release);
+  } catch (...) {
+    abandon(std::move(tasklet), std::current_exception());  // no room to park it
+    return;
   }
   if (!background_) note_loose();
 }

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -221,6 +222,92 @@ TEST_F(FaultInjectionTest, SchedulingATaskletWithARule) {
                                    expect_table_clear(n);
                                  });
   EXPECT_GE(allocations, 3);
+}
+
+// suspend() and resume_after() of an idle tasklet, then schedule_after() of another: out of
+// memory, each leaves nothing behind that could keep run() waiting.
+TEST_F(FaultInjectionTest, SuspendingAndDelayingTasklets) {
+  auto scheduler = Scheduler::create(SchedulerOptions{manager_, nullptr, 0});
+  int runs = 0;
+  std::shared_ptr<Tasklet> suspended;
+  bool delayed = false;
+  const auto counted = [&runs] {
+    return make_tasklet([&runs] {
+      ++runs;
+      return Directive::done;
+    });
+  };
+  const long allocations = sweep(
+      [&] {
+        suspended = counted();
+        delayed = false;
+      },
+      [&] {
+        scheduler->suspend(*suspended).resume_after(1ms, Directive::sync);
+        delayed = true;
+        scheduler->schedule_after(1ms, counted(), Directive::sync);
+      },
+      [&](long n, bool threw, bool fired) {
+        EXPECT_EQ(threw, fired) << "allocation " << n;
+        const int before = runs;
+        // A failed resume_after leaves it parked without a Rescheduler: lost once we let go.
+        suspended.reset();
+        bool lost = false;
+        try {
+          scheduler->run();
+        } catch (const TaskletLost&) {
+          lost = true;
+        }
+        if (!threw) {
+          EXPECT_EQ(runs, before + 2) << "allocation " << n;
+        } else {
+          EXPECT_EQ(runs, before + (delayed ? 1 : 0)) << "allocation " << n;
+          EXPECT_FALSE(delayed && lost) << "allocation " << n;
+        }
+        EXPECT_EQ(scheduler->active_count(), 0u) << "allocation " << n;
+      });
+  EXPECT_GE(allocations, 3);
+}
+
+// A phase that suspends itself and returns wait, run here by api::with: out of memory, it ends
+// (its Rescheduler finds the suspension over, run() reports the failure) or it parks and resumes.
+TEST_F(FaultInjectionTest, ParkingATaskletThatSuspendedItself) {
+  auto scheduler = Scheduler::create(SchedulerOptions{manager_, nullptr, 0});
+  std::optional<Rescheduler> kept;
+  int resumed = 0;
+  const long allocations = sweep([&] { kept.reset(); },
+                                 [&] {
+                                   api::with(*scheduler, make_tasklet([&, phase = 0](Tasklet& self) mutable {
+                                     if (phase++ > 0) {
+                                       ++resumed;
+                                       return Directive::done;
+                                     }
+                                     kept = api::current().suspend(self);
+                                     return Directive::wait;
+                                   }));
+                                 },
+                                 [&](long n, bool threw, bool) {
+                                   const int before = resumed;
+                                   bool parked = false;
+                                   if (kept) {
+                                     try {
+                                       kept->resume(Directive::sync);
+                                       parked = true;
+                                     } catch (const AlreadyResumed&) {
+                                     }
+                                   }
+                                   bool failed = false;
+                                   try {
+                                     scheduler->run();
+                                   } catch (const std::bad_alloc&) {
+                                     failed = true;
+                                   }
+                                   EXPECT_EQ(resumed, before + (parked ? 1 : 0)) << "allocation " << n;
+                                   EXPECT_TRUE(parked || failed || threw)
+                                       << "allocation " << n << ": it neither ran on nor failed";
+                                   EXPECT_EQ(scheduler->active_count(), 0u) << "allocation " << n;
+                                 });
+  EXPECT_GE(allocations, 2);
 }
 
 // SerialExecutor::post.
