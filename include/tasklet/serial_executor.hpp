@@ -6,10 +6,12 @@
 // joins the same serial order. A waiting task holds no thread.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <exception>
 #include <future>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -23,11 +25,16 @@ namespace tasklet {
 class JobManager;
 namespace detail {
 class SerialTask;
-}
+class Repeat;
+class RepeatBody;
+}  // namespace detail
 
 class SerialExecutor {
  public:
-  /// Identifies a posted task, for cancel(). Cheap to copy; does not keep the task alive.
+  using Duration = std::chrono::steady_clock::duration;
+
+  /// Identifies a posted task (or a repeating one), for cancel(). Cheap to copy; does not keep the
+  /// task alive.
   class Handle {
    public:
     Handle() = default;
@@ -35,7 +42,9 @@ class SerialExecutor {
    private:
     friend class SerialExecutor;
     explicit Handle(std::weak_ptr<Tasklet> task) : task_(std::move(task)) {}
+    explicit Handle(std::weak_ptr<detail::Repeat> repeat) : repeat_(std::move(repeat)) {}
     std::weak_ptr<Tasklet> task_;
+    std::weak_ptr<detail::Repeat> repeat_;
   };
 
   /// A strand on `manager`'s workers (the global manager when null); `name` names its mutex rule.
@@ -52,6 +61,23 @@ class SerialExecutor {
   requires std::is_invocable_v < std::decay_t<F>
   & > Handle post(F&& task);
 
+  /// As post(), once `delay` has passed: the task waits on the manager's one timer (the executor
+  /// has no thread), then joins the serial order. Tasks due at the same moment run in the order
+  /// they were posted. cancel() and cancel_all() remove it at once. Thread-safe; does not block.
+  template <class F>
+  requires std::is_invocable_v < std::decay_t<F>
+  & > Handle post_after(Duration delay, F&& task);
+
+  /// Runs `task()` first once `initial_delay` has passed, then at a fixed rate: the n-th run is due
+  /// `initial_delay + n * period` after this call, whatever the runs before it took (a late run
+  /// does not move the later ones; runs never overlap, and one due while another runs waits for
+  /// it). Repeats until cancel() of the handle, cancel_all(), the executor's destruction, or a run
+  /// that throws (its exception is kept for wait()). wait() waits for it to be cancelled.
+  /// Throws std::invalid_argument for a period that is not positive. Thread-safe; does not block.
+  template <class F>
+  requires std::is_invocable_v < std::decay_t<F>
+  & > Handle post_at_fixed_rate(Duration initial_delay, Duration period, F&& task);
+
   /// As post(), handing back the task's outcome: the future holds what `task()` returned, or the
   /// exception it threw (which wait() then does not rethrow). A task cancelled before it ran (by
   /// cancel_all() or the executor's destruction) leaves the future broken: get() throws
@@ -60,10 +86,13 @@ class SerialExecutor {
   requires std::is_invocable_v < std::decay_t<F>
   & > std::future<std::invoke_result_t<std::decay_t<F>&>> submit(F&& task);
 
-  /// Removes a task that has not started; it will never run. False when it has started, finished
-  /// or was cancelled already. Thread-safe.
+  /// Removes a task that has not started (waiting for its delay or its turn); it will never run.
+  /// False when it has started, finished or was cancelled already. For a repeating task: no run
+  /// starts from now on (the pending one is removed, a running one finishes); false when it was
+  /// over already. Thread-safe.
   bool cancel(const Handle& handle);
-  /// Removes every task that has not started; returns how many. Thread-safe.
+  /// Removes every task that has not started, delayed ones included, and ends every repeating task
+  /// (as cancel() does); returns how many tasks were removed. Thread-safe.
   std::size_t cancel_all();
 
   /// Blocks until every task posted so far has finished or been cancelled, then rethrows the first
@@ -81,7 +110,9 @@ class SerialExecutor {
   struct State;
 
  private:
-  Handle post_task(std::shared_ptr<detail::SerialTask> task);
+  friend class detail::Repeat;
+  Handle post_task(std::shared_ptr<detail::SerialTask> task, Duration delay = Duration::zero());
+  Handle post_repeating(std::shared_ptr<detail::RepeatBody> body, Duration initial_delay, Duration period);
 
   std::shared_ptr<JobManager> manager_;
   Rule rule_;
@@ -117,6 +148,23 @@ class SerialTaskOf final : public SerialTask {
   F fn_;
 };
 
+/// The body of a task posted at a fixed rate (private): each run is a SerialTask of its own.
+class RepeatBody {
+ public:
+  virtual ~RepeatBody() = default;
+  virtual void run() = 0;
+};
+
+template <class F>
+class RepeatBodyOf final : public RepeatBody {
+ public:
+  explicit RepeatBodyOf(F fn) : fn_(std::move(fn)) {}
+  void run() override { fn_(); }
+
+ private:
+  F fn_;
+};
+
 }  // namespace detail
 
 template <class F>
@@ -124,6 +172,25 @@ requires std::is_invocable_v < std::decay_t<F>
 & > SerialExecutor::Handle SerialExecutor::post(F&& task) {
   using Task = detail::SerialTaskOf<std::decay_t<F>>;
   return post_task(std::allocate_shared<Task>(detail::Allocator<Task>{}, *state_, std::forward<F>(task)));
+}
+
+template <class F>
+requires std::is_invocable_v < std::decay_t<F>
+& > SerialExecutor::Handle SerialExecutor::post_after(Duration delay, F&& task) {
+  using Task = detail::SerialTaskOf<std::decay_t<F>>;
+  return post_task(std::allocate_shared<Task>(detail::Allocator<Task>{}, *state_, std::forward<F>(task)),
+                   delay);
+}
+
+template <class F>
+requires std::is_invocable_v < std::decay_t<F>
+& > SerialExecutor::Handle SerialExecutor::post_at_fixed_rate(Duration initial_delay, Duration period,
+                                                              F&& task) {
+  if (period <= Duration::zero())
+    throw std::invalid_argument("post_at_fixed_rate: the period must be positive");
+  using Body = detail::RepeatBodyOf<std::decay_t<F>>;
+  return post_repeating(std::allocate_shared<Body>(detail::Allocator<Body>{}, std::forward<F>(task)),
+                        initial_delay, period);
 }
 
 template <class F>

@@ -225,6 +225,7 @@ void detail::SchedulerImpl::schedule(TaskletPtr tasklet, Directive directive) {
 }
 
 bool detail::SchedulerImpl::withdraw(Tasklet& tasklet) {
+  if (withdraw_delayed([&](const Tasklet& delayed) { return &delayed == &tasklet; }) != 0) return true;
   const Rule& rule = tasklet.rule();
   if (rule && domain_.table_.withdraw_waiting(*rule, [&](const detail::RuleRequest& request) {
         return request.owner() == &tasklet;

@@ -94,7 +94,8 @@ class SchedulerImpl final {
   void make_implicit_for_this_thread();
   /// A manager's background scheduler: no synchronous thread, async phases always allowed.
   void make_background();
-  /// Withdraws a tasklet still waiting for its rule and ends it unrun; false when it has started.
+  /// Withdraws a tasklet still waiting for its delay or its rule and ends it unrun; false when it
+  /// has started.
   bool withdraw(Tasklet& tasklet);
   /// Withdraws every tasklet waiting for exactly `rule` that `matches` (called under the rule
   /// table's lock) and ends them unrun; returns how many.
@@ -104,6 +105,30 @@ class SchedulerImpl final {
       const auto* tasklet = static_cast<const Tasklet*>(request.owner());
       return tasklet != nullptr && matches(*tasklet);
     });
+  }
+  /// Takes the delayed starts (schedule_after) of the tasklets that `matches` out of the delays
+  /// and ends them unrun; returns how many.
+  template <class Predicate>
+  std::size_t withdraw_delayed(Predicate&& matches) {
+    std::vector<TaskletPtr> taken;
+    {
+      std::lock_guard lock(delayed_mutex_);
+      std::size_t count = 0;
+      for (const auto& [when, entry] : delayed_) {
+        if (entry.tasklet && matches(*entry.tasklet)) ++count;
+      }
+      taken.reserve(count);  // out of memory: nothing taken
+      for (auto at = delayed_.begin(); at != delayed_.end();) {
+        if (at->second.tasklet && matches(*at->second.tasklet)) {
+          taken.push_back(std::move(at->second.tasklet));
+          at = delayed_.erase(at);
+        } else {
+          ++at;
+        }
+      }
+    }
+    for (TaskletPtr& tasklet : taken) finish(std::move(tasklet), nullptr);
+    return taken.size();
   }
   /// Async phases wait in deadline order (earliest first; ties in arrival order) instead of going
   /// straight to the arena. `order` gives a phase's lane and deadline; within a lane, deadlines

@@ -99,7 +99,7 @@ void detail::SchedulerImpl::fire(Delayed& entry) noexcept {
     try {
       start(entry.tasklet, entry.directive);
     } catch (...) {
-      finish(std::move(entry.tasklet), std::current_exception());  // out of memory taking its rule
+      abandon(std::move(entry.tasklet), std::current_exception());  // out of memory taking its rule
     }
     return;
   }
