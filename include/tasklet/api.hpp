@@ -18,7 +18,8 @@ std::shared_ptr<Scheduler> new_scheduler();
 /// A new scheduler with explicit options; empty members inherit as in new_scheduler().
 std::shared_ptr<Scheduler> new_scheduler(SchedulerOptions options);
 
-/// The calling thread's current scheduler (see the header comment). Never throws.
+/// The calling thread's current scheduler (see the header comment). Throws only std::bad_alloc,
+/// when it makes the implicit scheduler.
 Scheduler& current();
 
 /// Runs tasklet->task() on the calling thread with `scheduler` as its current scheduler, then
@@ -26,6 +27,9 @@ Scheduler& current();
 /// (AlreadyScheduled); its rule is acquired first, blocking the caller while it conflicts.
 /// An exception from that phase ends the tasklet and is rethrown here; so does a phase that
 /// returns `async` while the scheduler's run() is not active (SchedulerNotRunning, naming it).
+/// Also throws std::invalid_argument for a null tasklet, IllegalState when the manager shuts down
+/// while it waits for the rule, and std::bad_alloc; on the implicit scheduler's own thread, the
+/// exceptions of the `sync` phases that then run inline.
 void with(Scheduler& scheduler, const std::shared_ptr<Tasklet>& tasklet);
 
 /// Sets the options new schedulers on this thread use (and the implicit scheduler, when it is

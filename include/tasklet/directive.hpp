@@ -10,7 +10,8 @@ namespace tasklet {
 enum class Directive : std::uint8_t {
   sync,   ///< next phase on the scheduler's synchronous thread (the thread inside run())
   async,  ///< next phase on a worker thread, never on the synchronous thread
-  wait,   ///< parked until a Rescheduler resumes it; run() does not return meanwhile
+  wait,   ///< parked until a Rescheduler resumes it; run() does not return meanwhile, unless
+          ///< nothing can resume it any more (it then ends with TaskletLost)
   done,   ///< finished: the scheduler drops its references and releases the tasklet's rule
 };
 

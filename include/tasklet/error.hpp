@@ -22,14 +22,17 @@ class SchedulerNotRunning : public Error {
   using Error::Error;
 };
 
-/// A tasklet was scheduled while already scheduled, running, waiting for its rule or parked, or
-/// suspended by a thread that does not own it.
+/// A tasklet was scheduled while already scheduled, running, waiting for its rule or parked;
+/// suspended by a thread that does not own it, again while its Rescheduler is outstanding, or
+/// while it is parked in another scheduler.
 class AlreadyScheduled : public Error {
  public:
   using Error::Error;
 };
 
-/// A Rescheduler was resumed twice, or after its suspension had ended.
+/// A Rescheduler was resumed twice, or after its suspension had ended; or (as a tasklet's failure)
+/// a tasklet resumed before its phase returned was continued by that phase with something other
+/// than wait.
 class AlreadyResumed : public Error {
  public:
   using Error::Error;
@@ -42,7 +45,8 @@ class TaskletLost : public Error {
   using Error::Error;
 };
 
-/// A tasklet's rule or name was changed while the tasklet was active.
+/// A tasklet's rule or name was changed while the tasklet was active, or a job's settings that
+/// need it (its name, rule, group, system and user flags) while the job was not in state none.
 class TaskletActive : public Error {
  public:
   using Error::Error;
@@ -54,7 +58,8 @@ class RuleNotContained : public Error {
   using Error::Error;
 };
 
-/// end_rule named a rule other than the most recent begin_rule on this thread.
+/// end_rule named a rule other than the most recent begin_rule on this thread; or (as the failure
+/// of a phase or a job's run) rules it began were still open at its end (they are released).
 class RuleMismatch : public Error {
  public:
   using Error::Error;

@@ -75,15 +75,16 @@ class Job : public std::enable_shared_from_this<Job> {
 
   /// The job's name, for people (messages, listeners, a UI). Not synchronised with set_name().
   const std::string& name() const noexcept { return name_; }
-  /// Renames the job. Only in state none, as its other settings (TaskletActive otherwise); not
-  /// while another thread reads name() (a listener still handling the job's last event, say).
+  /// Renames the job. Only in state none, as its rule, group and kind (TaskletActive otherwise);
+  /// not while another thread reads name() (a listener still handling the job's last event, say).
   void set_name(std::string name);
 
   /// Queues the job: waiting at once, or sleeping for `delay`. A running job runs once more after
   /// it ends (with the last delay given), and so does a waiting one that a cancel() has left to its
   /// run to end; any other waiting or sleeping job is left as it is. Calls
-  /// should_schedule() first. Thread-safe. Throws IllegalState for a negative delay, and when the
-  /// job's manager is shutting down or has been destroyed.
+  /// should_schedule() first (an exception from it is passed on). Thread-safe. Throws IllegalState
+  /// for a negative delay, and when the job's manager is shutting down or has been destroyed;
+  /// std::bad_alloc (the job is then back in state none).
   void schedule(std::chrono::milliseconds delay = std::chrono::milliseconds{0});
 
   /// Waiting or sleeping: removed, done with a cancel result, returns true. Waiting, but its run
@@ -121,7 +122,8 @@ class Job : public std::enable_shared_from_this<Job> {
   Rule rule() const;
   void set_priority(Priority priority);
   Priority priority() const;
-  /// System jobs are internal; user jobs were started by the user (a UI would show them).
+  /// System jobs are internal; user jobs were started by the user (a UI would show them). Both
+  /// flags are set in state none only (TaskletActive otherwise); priority and properties anytime.
   void set_system(bool system);
   bool is_system() const;
   void set_user(bool user);
@@ -141,7 +143,8 @@ class Job : public std::enable_shared_from_this<Job> {
 
   /// Lets a waiting job whose rule conflicts with this one's go first, then takes the rule back.
   /// Call it from the job's own run(). Returns true when somebody was let through; false (at once)
-  /// when nobody was waiting. Throws IllegalState outside the job's run.
+  /// when nobody was waiting or the job has no rule. Throws IllegalState outside the job's run or
+  /// when the manager shuts down while it takes the rule back, and std::bad_alloc.
   bool yield_rule();
 
   /// Family membership; override it. The default belongs to no family.

@@ -55,9 +55,9 @@ class JobManager {
   /// (in a job, the job frees its worker meanwhile).
   /// A null rule pushes a no-op scope. The push happens before any check, so every begin_rule,
   /// even one that throws (RuleNotContained, InvalidRule, IllegalState for nesting across
-  /// managers), must be balanced by end_rule; prefer RuleScope. The exception is std::bad_alloc:
-  /// out of memory, nothing stays pushed and there is nothing to end. Rules begun in a tasklet
-  /// phase must be ended in that phase.
+  /// managers or when the manager shuts down while the thread waits), must be balanced by end_rule; prefer
+  /// RuleScope. The exception is std::bad_alloc: out of memory, nothing stays pushed and there is nothing to
+  /// end. Rules begun in a tasklet phase must be ended in that phase.
   void begin_rule(const Rule& rule);
 
   /// Ends the most recent begin_rule on this thread, which must name the same rule object (else

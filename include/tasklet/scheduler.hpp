@@ -48,7 +48,8 @@ class Suspension;
 
 /// Puts a suspended tasklet back. Cheap to copy; every copy names the same suspension, which can
 /// be resumed once. Thread-safe: resume() may be called from any thread, even before the
-/// tasklet's phase has returned `wait` (the resume is then applied when it does). When the last
+/// tasklet's phase has returned `wait` (the resume is then applied when it does; if that phase
+/// returns anything else, the tasklet ends with AlreadyResumed). When the last
 /// copy is destroyed unused, the suspension ends: a tasklet parked by it that nothing else can
 /// suspend again (no owner outside its scheduler) ends with TaskletLost (see Scheduler::suspend).
 class Rescheduler {
@@ -57,8 +58,10 @@ class Rescheduler {
 
   /// Continues the tasklet with `directive`. Throws AlreadyResumed when this suspension was
   /// resumed already or has ended (the tasklet returned something other than wait, or its
-  /// scheduler is gone), and SchedulerNotRunning for `async` while the scheduler's run() is not
-  /// active (the tasklet then stays parked). Does not block.
+  /// scheduler is gone; also for an empty Rescheduler), and SchedulerNotRunning for `async` while
+  /// the scheduler's run() is not active (the tasklet then stays parked). Does not block, except
+  /// that resume(sync) on the implicit scheduler's own thread runs the phases inline as schedule()
+  /// does (and rethrows their exceptions).
   void resume(Directive directive) const;
 
   /// Resumes with `directive` once `delay` has passed, on the job manager's timer, unless the
@@ -100,13 +103,15 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   /// SchedulerNotRunning for `async` while run() is not active, std::invalid_argument for a null
   /// tasklet, and std::bad_alloc (the tasklet then was not scheduled). On the implicit scheduler
   /// (api::current() of a thread with none) a `sync` tasklet scheduled from its own thread runs
-  /// inline before schedule() returns, and an exception from those phases is rethrown here.
-  /// Thread-safe. Blocks to acquire the tasklet's rule when it runs inline, and waits for flow
-  /// control: on the synchronous thread inside run(), while more than 1,024 of the tasklets with
-  /// rules that this thread started wait for their rules, scheduling more of them (at every 16th)
-  /// waits until the workers have let all but 512 through. It goes on when a millisecond passes in
-  /// which none was let through (they may be waiting for this very thread), and then holds back
-  /// again only once 512 more were let through.
+  /// inline before schedule() returns, and an exception from those phases is rethrown here; one
+  /// whose rule is not free does not wait for it, but runs at that thread's next schedule(),
+  /// resume(sync) or run().
+  /// Thread-safe. Waits for flow control when tasklets with rules pile up in the rule table: the
+  /// synchronous thread inside run() (counting its own, at every 16th) and any thread that is not
+  /// a worker (counting those of every thread but the synchronous one, at every call), while more
+  /// than 1,024 wait for their rules, wait until the workers have let all but 512 through. They go
+  /// on when a millisecond passes in which none was let through (they may be waiting for this very
+  /// thread), and then hold back again only once 512 more were let through.
   Scheduler& schedule(std::shared_ptr<Tasklet> tasklet, Directive directive);
 
   /// Starts `tasklet` with `directive` once `delay` has passed, on the job manager's one timer (no
@@ -129,9 +134,9 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   /// forever. The scheduler notices at once when the tasklet parks or its last Rescheduler goes,
   /// and otherwise, while run() has nothing else to do, within a tenth of a second of the last
   /// owner letting go.
-  /// Throws AlreadyScheduled when the tasklet is queued or running elsewhere, or already has an
-  /// outstanding Rescheduler, and IllegalState when it is not owned by a std::shared_ptr.
-  /// Thread-safe; does not block.
+  /// Throws AlreadyScheduled when the tasklet is queued or running elsewhere, parked in another
+  /// scheduler, or already has an outstanding Rescheduler; IllegalState when it is not owned by a
+  /// std::shared_ptr; std::bad_alloc (nothing is suspended then). Thread-safe; does not block.
   Rescheduler suspend(Tasklet& tasklet);
 
   /// Keeps run() going while it lives, with or without tasklets to run: for work that other
@@ -158,7 +163,9 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
 
   /// True while run() is active.
   bool is_running() const noexcept;
-  /// Tasklets queued, running, parked or waiting for their rule (KeepAlive guards not included).
+  /// Tasklets queued, running, parked, delayed or waiting for their rule (KeepAlive guards not
+  /// included). While run() is active it may count up to 63 more: the synchronous thread counts
+  /// the tasklets with rules it starts in blocks of 64.
   std::size_t active_count() const noexcept;
   /// Every phase exception of the last run() (or inline schedule()), first one first, after those
   /// of tasklets that ended while no run() was active before it (which that run() rethrows).

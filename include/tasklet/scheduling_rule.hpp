@@ -98,9 +98,10 @@ class SchedulingRule {
 std::string describe(const Rule& rule);
 std::string describe(const SchedulingRule* rule);
 
-/// Checks the laws that can be checked cheaply: the rule contains and conflicts with itself
-/// (shared rules are exempt from self-conflict), and neither conflicts with nor contains a private
-/// sentinel rule it cannot know. Multi rules are checked child by child. Null rules are valid.
+/// Checks the laws that can be checked cheaply: the rule contains and conflicts with itself (only
+/// shared path rules are exempt from self-conflict), and neither conflicts with nor contains a
+/// private sentinel rule it cannot know. Multi rules are checked child by child. Rules whose key
+/// says identity or path are trusted as the built-in ones, not checked. Null rules are valid.
 /// Throws InvalidRule naming the rule. Thread-safe.
 void validate_rule(const Rule& rule);
 

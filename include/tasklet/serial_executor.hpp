@@ -55,15 +55,17 @@ class SerialExecutor {
   SerialExecutor& operator=(const SerialExecutor&) = delete;
 
   /// Runs `task()` after every task posted before it has finished, never beside another of this
-  /// executor's tasks (nor beside a holder of rule()). Thread-safe; does not block. An exception
-  /// from the task is kept and rethrown by wait().
+  /// executor's tasks (nor beside a holder of rule()); delayed tasks join that order only once
+  /// they are due. An exception from the task is kept and rethrown by wait(). Thread-safe; waits
+  /// only for flow control (as Scheduler::schedule does) while more than 1,024 tasks wait.
   template <class F>
   requires std::is_invocable_v < std::decay_t<F>
   & > Handle post(F&& task);
 
   /// As post(), once `delay` has passed: the task waits on the manager's one timer (the executor
   /// has no thread), then joins the serial order. Tasks due at the same moment run in the order
-  /// they were posted. cancel() and cancel_all() remove it at once. Thread-safe; does not block.
+  /// they were posted. cancel() and cancel_all() remove it at once. Thread-safe; with a delay of
+  /// zero or less it is post().
   template <class F>
   requires std::is_invocable_v < std::decay_t<F>
   & > Handle post_after(Duration delay, F&& task);
@@ -73,7 +75,8 @@ class SerialExecutor {
   /// does not move the later ones; runs never overlap, and one due while another runs waits for
   /// it). Repeats until cancel() of the handle, cancel_all(), the executor's destruction, or a run
   /// that throws (its exception is kept for wait()). wait() waits for it to be cancelled.
-  /// Throws std::invalid_argument for a period that is not positive. Thread-safe; does not block.
+  /// Throws std::invalid_argument for a period that is not positive. Thread-safe; as post() when
+  /// the first run is due at once.
   template <class F>
   requires std::is_invocable_v < std::decay_t<F>
   & > Handle post_at_fixed_rate(Duration initial_delay, Duration period, F&& task);
@@ -81,7 +84,7 @@ class SerialExecutor {
   /// As post(), handing back the task's outcome: the future holds what `task()` returned, or the
   /// exception it threw (which wait() then does not rethrow). A task cancelled before it ran (by
   /// cancel_all() or the executor's destruction) leaves the future broken: get() throws
-  /// std::future_error with std::future_errc::broken_promise. Thread-safe; does not block.
+  /// std::future_error with std::future_errc::broken_promise. Thread-safe; waits as post() does.
   template <class F>
   requires std::is_invocable_v < std::decay_t<F>
   & > std::future<std::invoke_result_t<std::decay_t<F>&>> submit(F&& task);
