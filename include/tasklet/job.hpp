@@ -141,6 +141,13 @@ class Job : public std::enable_shared_from_this<Job> {
   /// threads. Called from inside that listener's own call, it does not wait for that call.
   void remove_listener(const std::shared_ptr<JobListener>& listener);
 
+  /// Ends the run that returned Status::finish_later(): the job releases its rule and ends with
+  /// `result`, as if run() had returned it (its monitor is told done(), listeners, joiners, its
+  /// group and the manager's shutdown waited for this). Thread-safe; from any thread. Throws
+  /// IllegalState, naming the job, when no run of it is finishing later (it did not ask to, or
+  /// done() was called already).
+  void done(Status result);
+
   /// Lets a waiting job whose rule conflicts with this one's go first, then takes the rule back.
   /// Call it from the job's own run(). Returns true when somebody was let through; false (at once)
   /// when nobody was waiting or the job has no rule. Throws IllegalState outside the job's run or

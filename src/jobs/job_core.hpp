@@ -47,7 +47,8 @@ inline constexpr std::uint32_t joined = 1u << 6;            // a join() waits fo
 inline constexpr std::uint32_t rerun_pending = 1u << 7;     // none, and its re-run is not queued yet
 inline constexpr std::uint32_t started = 1u << 8;           // waiting: its run has begun (should_run, events)
 inline constexpr std::uint32_t ending = 1u << 9;            // none, its done event not told yet
-inline constexpr std::uint32_t one_end = 1u << 10;          // bits 10-31 count the ends, for join()
+inline constexpr std::uint32_t done_called = 1u << 10;      // running: done() came before run() returned
+inline constexpr std::uint32_t one_end = 1u << 11;          // bits 11-31 count the ends, for join()
 
 constexpr JobState phase(std::uint32_t word) noexcept { return static_cast<JobState>(word & phase_mask); }
 constexpr std::uint32_t with_phase(std::uint32_t word, JobState phase) noexcept {
@@ -104,6 +105,11 @@ struct JobExtras {
   bool delivering = false;
   bool has_timer = false;
   std::multimap<Clock::time_point, JobCore*>::iterator timer;
+  // A run that finishes later (Status::finish_later()): it is parked in its suspension until
+  // done() hands over its result.
+  std::shared_ptr<Tasklet> finishing;
+  std::uint32_t finishing_suspension = 0;
+  Status finished_with;
 };
 
 /// A tasklet of the job scheduler, with its place in that scheduler's order: a lane (priority) and
@@ -123,6 +129,10 @@ class JobTasklet : public Tasklet {
     static_cast<JobTasklet&>(tasklet).abandoned(std::move(error));
   }
   virtual void abandoned(std::exception_ptr error) noexcept = 0;
+
+  /// A job's run: set while it finishes later (its next phase ends it with the result done()
+  /// gave). Here, beside the priority, it takes no room of its own.
+  bool finishing = false;
 
  private:
   Priority priority_ = Priority::interactive;

@@ -19,8 +19,11 @@ namespace tasklet::detail {
 namespace jw = job_word;
 
 Directive JobRun::task() {
-  core_.jobs().run(core_, *this);
-  return Directive::done;
+  if (finishing) {
+    core_.jobs().finish_run_later(core_, *this);
+    return Directive::done;
+  }
+  return core_.jobs().run(core_, *this) ? Directive::done : Directive::wait;
 }
 
 void JobRun::abandoned(std::exception_ptr error) noexcept {

@@ -138,8 +138,13 @@ class Jobs final {
   void remove_listener(const std::shared_ptr<JobListener>& listener);
   void set_progress_provider(JobManager::ProgressProvider provider);
 
-  /// One run of a job, as its JobRun's only phase.
-  void run(JobCore& job, Tasklet& run) noexcept;
+  /// One run of a job, as its JobRun's phase: false when the run finishes later (the phase then
+  /// returns wait, and its next phase is finish_run_later()).
+  bool run(JobCore& job, JobRun& run) noexcept;
+  /// Job::done(): hands the result to the run that finishes later and resumes it.
+  void done(JobCore& job, Status result);
+  /// The phase after done(): ends the run with the result done() gave.
+  void finish_run_later(JobCore& job, JobRun& run) noexcept;
   /// Ends a job whose run the engine will not start (its rule could not be entered) with `result`.
   void end_unrun(JobCore& job, Tasklet& run, Status result) noexcept;
   /// The part of a run's end that runs user code (group hooks, listeners), then the re-run.
@@ -166,6 +171,11 @@ class Jobs final {
   void release_group_slot(JobCore& job, ToStart& to_start);
   static void take_admissible(GroupCore& group, ToStart& let_in) noexcept;
   RunEnd finish_run(JobCore& job, Status result, ToStart& to_start);
+  // The end of a run that has started: its rule released, the word ended, the group told.
+  void end_started_run(JobCore& job, Status result) noexcept;
+  // Parks the run in a suspension of its own until done(), and returns nothing; or returns the
+  // result to end with now: the one a done() gave already, or out of memory.
+  std::optional<Status> finish_later(JobCore& job, JobRun& run) noexcept;
   RunEnd end_word(JobCore& job, Status result);
   void finish_group(JobCore& job, RunEnd& end, ToStart& to_start);
   void complete_run(RunEnd& end);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "jobs.hpp"
+#include "tasklet/error.hpp"
 
 namespace tasklet::detail {
 
@@ -59,6 +60,18 @@ RunEnd Jobs::end_word(JobCore& job, Status result) {
   {
     std::lock_guard job_lock(job.lock);
     old = job.load();
+    if ((old & jw::done_called) != 0) {
+      // done() came while this run was in run(), which then did not return finish_later().
+      try {
+        result = Status::error("done() was called on job '" + job.job().name() +
+                                   "' while its run() was running, and run() did not return "
+                                   "Status::finish_later()",
+                               std::make_exception_ptr(IllegalState("done() without finish_later()")));
+        kept.reset(new Status(result));
+      } catch (...) {
+        kept.reset(&kept_out_of_memory);
+      }
+    }
     end.rerun = (old & jw::rerun) != 0 && !stopping_.load(std::memory_order_relaxed);
     end.rerun_delay = job.rerun_delay;
     end.monitor = std::move(job.monitor);  // a provider's monitor may run user code as it goes
@@ -68,7 +81,8 @@ RunEnd Jobs::end_word(JobCore& job, Status result) {
     std::uint32_t next = 0;
     do {
       next = jw::with_phase(old, JobState::none) + jw::one_end;
-      next &= ~(jw::taken | jw::started | jw::canceled | jw::rerun | jw::canceling_called | jw::joined);
+      next &= ~(jw::taken | jw::started | jw::canceled | jw::rerun | jw::canceling_called | jw::joined |
+                jw::done_called);
       if (end.rerun) next |= jw::rerun_pending;
       if (told) next |= jw::ending;
     } while (

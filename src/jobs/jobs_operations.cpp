@@ -332,7 +332,7 @@ void Jobs::end_unrun(JobCore& job, Tasklet& run, Status result) noexcept {
 
 // The run's end holds the job (RunEnd::owner) until complete() is done with it; the registry holds it
 // until then too, and complete() unlists it last.
-void Jobs::run(JobCore& job, Tasklet& run) noexcept {
+bool Jobs::run(JobCore& job, JobRun& run) noexcept {
   bool canceled = false;  // before the run started
   // Nothing starts once the manager shuts down: a run the shutdown's cancels have not reached yet
   // (a runner freed by canceling a running job takes the next one) ends unrun too.
@@ -340,7 +340,7 @@ void Jobs::run(JobCore& job, Tasklet& run) noexcept {
   {
     std::unique_lock job_lock(job.lock);
     const std::uint32_t word = job.load();
-    if (job.run != &run || jw::phase(word) != JobState::waiting) return;  // taken back meanwhile
+    if (job.run != &run || jw::phase(word) != JobState::waiting) return true;  // taken back meanwhile
     job.run = nullptr;
     canceled = (word & jw::canceled) != 0 || stopping;
     const bool suspended = suspended_.load(std::memory_order_acquire);
@@ -373,7 +373,7 @@ void Jobs::run(JobCore& job, Tasklet& run) noexcept {
         }
       }
       start(let_in);
-      if (!canceled) return;
+      if (!canceled) return true;
     }
   }
 
@@ -446,7 +446,7 @@ void Jobs::run(JobCore& job, Tasklet& run) noexcept {
     }
     start(to_start);
     complete(std::move(ended));
-    return;
+    return true;
   }
   if (told) {
     try {
@@ -469,10 +469,6 @@ void Jobs::run(JobCore& job, Tasklet& run) noexcept {
   } catch (...) {
     result = Status::error("unknown exception", std::current_exception());
   }
-  try {
-    running_monitor->done();
-  } catch (...) {
-  }
   TaskState& after = state();  // the run may have moved to another thread (begin_rule, yield_rule)
   after.job = outer;
   // Rules begun in run() and left open are released now, before join() can return, and fail the run.
@@ -483,7 +479,93 @@ void Jobs::run(JobCore& job, Tasklet& run) noexcept {
                                 "(they have been released)";
     result = Status::error(message, std::make_exception_ptr(RuleMismatch(message)));
   }
-  release_rule();
+  if (result.finishes_later()) {
+    std::optional<Status> now = finish_later(job, run);
+    if (!now) return false;
+    result = std::move(*now);
+  }
+  end_started_run(job, std::move(result));
+  return true;
+}
+
+std::optional<Status> Jobs::finish_later(JobCore& job, JobRun& run) noexcept {
+  try {
+    // The phase's own suspension: no Rescheduler, done() resumes it. The engine keeps the run
+    // parked, holding its rule, on no worker.
+    std::shared_ptr<Tasklet> owned =
+        &run == &job.own_run ? std::shared_ptr<Tasklet>(job.owned(), &job.own_run) : run.shared_from_this();
+    std::lock_guard lock(mutex);
+    JobExtras& extras = job.extras();
+    {
+      std::lock_guard job_lock(job.lock);
+      if ((job.load() & jw::done_called) != 0) {
+        job.change(JobState::running, 0, jw::done_called);
+        return std::move(extras.finished_with);  // done() came first: end with its result now
+      }
+    }
+    extras.finishing_suspension = impl(*scheduler_).suspend(run);
+    extras.finishing = std::move(owned);
+    run.finishing = true;
+    return std::nullopt;
+  } catch (...) {
+    return out_of_memory_result();  // the run ends now, with that error
+  }
+}
+
+void Jobs::done(JobCore& job, Status result) {
+  if (result.finishes_later()) {
+    throw IllegalState("done(" + job.job().name() + "): a run's result cannot be to finish later");
+  }
+  std::shared_ptr<Tasklet> run;
+  std::uint32_t suspension = 0;
+  {
+    std::lock_guard lock(mutex);
+    JobExtras& extras = job.extras();
+    if (!extras.finishing) {
+      // Its run may still be in run(), about to return finish_later(): the result waits for it.
+      std::lock_guard job_lock(job.lock);
+      const std::uint32_t word = job.load();
+      if (jw::phase(word) != JobState::running || (word & jw::done_called) != 0) {
+        throw IllegalState("done(): job '" + job.job().name() +
+                           "' has no run finishing later (its run did not return Status::finish_later(), "
+                           "or done() was called already)");
+      }
+      extras.finished_with = std::move(result);
+      job.change(JobState::running, jw::done_called);
+      return;
+    }
+    {
+      std::lock_guard job_lock(job.lock);
+      job.change(JobState::running, jw::done_called);  // a second done() is refused
+    }
+    extras.finished_with = std::move(result);
+    run = std::move(extras.finishing);
+    suspension = extras.finishing_suspension;
+  }
+  // Perhaps before the run's phase has returned: the resume then waits for it (the sticky resume).
+  impl(*scheduler_).resume(run, suspension, Directive::async);
+}
+
+void Jobs::finish_run_later(JobCore& job, JobRun& run) noexcept {
+  run.finishing = false;
+  Status result;
+  {
+    std::lock_guard lock(mutex);
+    result = std::move(job.extras().finished_with);
+    std::lock_guard job_lock(job.lock);
+    job.change(JobState::running, 0, jw::done_called);  // this done() was for a run finishing later
+  }
+  end_started_run(job, std::move(result));
+}
+
+void Jobs::end_started_run(JobCore& job, Status result) noexcept {
+  try {
+    if (job.monitor) job.monitor->done();
+  } catch (...) {
+  }
+  // The run is over before the job says so: its rule is free by the time join() returns.
+  const TaskState& here = state();
+  if (here.phase_of != nullptr && here.tasklet != nullptr) here.phase_of->release_rule(*here.tasklet);
 
   ToStart to_start;
   RunEnd ended;

@@ -14,8 +14,9 @@ using detail::TaskletAccess;
 namespace st = detail::word;
 
 std::uint32_t detail::SchedulerImpl::suspend(Tasklet& tasklet) {
-  TaskletPtr owned = tasklet.weak_from_this().lock();
-  if (!owned) throw IllegalState("suspend: " + tasklet.name() + " is not owned by a std::shared_ptr");
+  // An idle tasklet is parked here, so the scheduler must be able to own it; an active one (its own
+  // phase suspends it) is owned already, perhaps by an aliasing pointer (a job's own run).
+  TaskletPtr owned;
   auto& state = TaskletAccess::state(tasklet);
   std::uint64_t word = state.load(std::memory_order_acquire);
   for (;;) {
@@ -27,6 +28,8 @@ std::uint32_t detail::SchedulerImpl::suspend(Tasklet& tasklet) {
     const std::uint32_t generation = st::generation(word) + 1 == 0 ? 1 : st::generation(word) + 1;
     switch (st::phase(word)) {
       case st::idle: {
+        if (!owned) owned = tasklet.weak_from_this().lock();
+        if (!owned) throw IllegalState("suspend: " + tasklet.name() + " is not owned by a std::shared_ptr");
         std::lock_guard lock(parked_mutex_);
         const auto entry = parked_.emplace(&tasklet, nullptr).first;  // out of memory: nothing changed
         if (!state.compare_exchange_strong(word, st::with_generation(st::parked | st::armed, generation),
