@@ -133,6 +133,15 @@ class Job : public std::enable_shared_from_this<Job> {
   void set_group(std::shared_ptr<JobGroup> group);
   std::shared_ptr<JobGroup> group() const;
 
+  /// Reports this job's progress into `group`, a monitor that stands for a batch of jobs (Eclipse's
+  /// progress groups): each run's monitor is a part of `group` worth `work` of its units (as
+  /// ProgressMonitor::split() makes), instead of one from the manager's progress provider; so
+  /// begin_task() on the group with the sum of the jobs' shares, and one bar shows the batch.
+  /// Canceling the group cancels its jobs' runs. Null stops it. Only in state none (TaskletActive
+  /// otherwise); std::invalid_argument for negative work.
+  void set_progress_group(std::shared_ptr<ProgressMonitor> group, int work);
+  std::shared_ptr<ProgressMonitor> progress_group() const;
+
   void set_property(const std::string& key, std::any value);
   std::any property(const std::string& key) const;
 

@@ -168,6 +168,24 @@ std::shared_ptr<JobGroup> Job::group() const {
   return extras != nullptr ? extras->group : nullptr;
 }
 
+void Job::set_progress_group(std::shared_ptr<ProgressMonitor> group, int work) {
+  if (work < 0) throw std::invalid_argument("set_progress_group(" + name() + "): negative work");
+  std::lock_guard manager_lock(core_->jobs().mutex);
+  std::lock_guard lock(core_->lock);
+  require_none(*this, *core_, "the progress group");
+  if (group == nullptr && core_->made_extras() == nullptr) return;
+  detail::JobExtras& extras = core_->extras();
+  core_->reports_to_group = group != nullptr;
+  extras.progress_group = std::move(group);
+  extras.progress_work = work;
+}
+
+std::shared_ptr<ProgressMonitor> Job::progress_group() const {
+  std::lock_guard lock(core_->jobs().mutex);
+  const detail::JobExtras* extras = core_->made_extras();
+  return extras != nullptr ? extras->progress_group : nullptr;
+}
+
 void Job::set_property(const std::string& key, std::any value) {
   std::lock_guard lock(core_->jobs().mutex);
   auto& properties = core_->extras().properties;

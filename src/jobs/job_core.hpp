@@ -105,6 +105,9 @@ struct JobExtras {
   bool delivering = false;
   bool has_timer = false;
   std::multimap<Clock::time_point, JobCore*>::iterator timer;
+  // The progress group each run reports into, for `progress_work` of its units (set in state none).
+  std::shared_ptr<ProgressMonitor> progress_group;
+  int progress_work = 0;
   // A run that finishes later (Status::finish_later()): it is parked in its suspension until
   // done() hands over its result.
   std::shared_ptr<Tasklet> finishing;
@@ -183,6 +186,7 @@ class JobCore {
   // Registered with its group for this scheduling (manager's lock): schedule() saw the group. A
   // job that set_group() put in a group after schedule() decided it had none is not counted.
   bool grouped = false;
+  bool reports_to_group = false;  // has a progress group (JobExtras); set in state none
   std::atomic<std::uint32_t> word{0};
   Priority priority = Priority::long_job;
   std::chrono::milliseconds rerun_delay{0};

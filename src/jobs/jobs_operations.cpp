@@ -396,11 +396,25 @@ bool Jobs::run(JobCore& job, JobRun& run) noexcept {
       deliver_before_run(job);
     }
     JobManager::ProgressProvider provider;
-    if (has_provider_) {
+    std::shared_ptr<ProgressMonitor> group;
+    int group_work = 0;
+    if (has_provider_ || job.reports_to_group) {
       std::lock_guard lock(mutex);
       provider = provider_;
+      if (const JobExtras* extras = job.made_extras(); extras != nullptr && job.reports_to_group) {
+        group = extras->progress_group;
+        group_work = extras->progress_work;
+      }
     }
-    if (provider) {
+    if (group) {
+      // A part of the group's monitor, which it keeps alive (the provider is not asked).
+      try {
+        ProgressMonitor* part = group->split(group_work).release();
+        monitor = std::shared_ptr<ProgressMonitor>(part, [group](ProgressMonitor* made) { delete made; });
+      } catch (...) {
+        // Out of memory: the plain monitor below.
+      }
+    } else if (provider) {
       try {
         monitor = provider(job.job());
       } catch (...) {
