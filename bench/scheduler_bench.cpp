@@ -5,8 +5,9 @@
 //                  by run(), against raw tbb::task_group::run of the same lambdas       (<= 1.5x)
 //   round trip     one tasklet alternating sync -> async -> sync, against two threads
 //                  ping-ponging through a std::mutex and std::condition_variable          (<= 2x)
-//   memory         bytes per tasklet queued for sync or parked in wait, beyond the user's
-//                  callable (growth of resident memory, each row in a fresh child process)
+//   memory         bytes per tasklet queued for sync or parked in wait (with the block its
+//                  Rescheduler shares), beyond the user's callable (growth of resident memory,
+//                  each row in a fresh child process)
 //                                                                                         (<= 256)
 //
 // Usage: tasklet_bench_scheduler [--repeats=K] [--max-n=N] [--quick] [--only=WORD] [--csv=FILE]
@@ -218,11 +219,16 @@ void bench_memory(Report& report, const Options& options) {
   });
   report.add(figure_row("memory: queued for sync, per tasklet", n, queued, "bytes", 256.0));
   const double parked = tasklet::bench::in_child_process([n] {
-    // Parked with wait; the scheduler's destructor drops them.
+    // Parked by suspend(), each with the Rescheduler that will resume it (kept by the user, in room
+    // made before measuring); the scheduler's destructor drops them.
     const auto scheduler = tasklet::Scheduler::create();
+    std::vector<tasklet::Rescheduler> reschedulers;
+    reschedulers.reserve(n);
     const std::size_t before = tasklet::bench::resident_bytes();
-    for (std::size_t i = 0; i < n; ++i)
-      scheduler->schedule(tasklet::make_tasklet(trivial_job), Directive::wait);
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto parked_tasklet = tasklet::make_tasklet(trivial_job);
+      reschedulers.push_back(scheduler->suspend(*parked_tasklet));
+    }
     const std::size_t after = tasklet::bench::resident_bytes();
     if (scheduler->active_count() != n) fail("not every tasklet was parked");
     return per_tasklet(before, after, n);
