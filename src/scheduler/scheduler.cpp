@@ -179,6 +179,18 @@ bool detail::SchedulerImpl::run_is_active_for_caller() {
   return true;
 }
 
+void detail::SchedulerImpl::count_claimed(Tasklet& tasklet, Directive directive, const char* action) {
+  if (directive != Directive::async) {
+    if (!background_) active_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  if (run_is_active_for_caller()) return;
+  unclaim(tasklet);
+  throw SchedulerNotRunning(std::string(action) + "(" + tasklet.name() +
+                            ", async): the scheduler's run() is not active, so no synchronous thread could "
+                            "take the tasklet back");
+}
+
 void detail::SchedulerImpl::schedule(TaskletPtr tasklet, Directive directive) {
   if (!tasklet) throw std::invalid_argument("schedule: null tasklet");
   if (directive == Directive::done) {
@@ -198,15 +210,8 @@ void detail::SchedulerImpl::schedule(TaskletPtr tasklet, Directive directive) {
     } else {
       ++uncounted_in_batch_;
     }
-  } else if (directive == Directive::async) {
-    if (!run_is_active_for_caller()) {
-      unclaim(*tasklet);
-      throw SchedulerNotRunning("schedule(" + tasklet->name() +
-                                ", async): the scheduler's run() is not active, so no synchronous thread "
-                                "could take the tasklet back");
-    }
-  } else if (!background_) {
-    active_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    count_claimed(*tasklet, directive, "schedule");
   }
   try {
     start(tasklet, directive);

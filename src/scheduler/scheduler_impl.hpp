@@ -280,6 +280,9 @@ class SchedulerImpl final {
   void claim(Tasklet& tasklet, const char* action);
   void unclaim(Tasklet& tasklet) noexcept;
   bool run_is_active_for_caller();
+  // Counts a tasklet just claimed for `action` in active_; for `async` only while run() is active,
+  // else unclaims it and throws SchedulerNotRunning.
+  void count_claimed(Tasklet& tasklet, Directive directive, const char* action);
   // The synchronous thread's count for one more tasklet, out of `reserved` (refilled in blocks).
   static void take_reserved(std::atomic<std::size_t>& counter, std::size_t& reserved) noexcept;
   // Out of memory, `tasklet` is left with the caller and nothing changed.

@@ -24,17 +24,7 @@ void detail::SchedulerImpl::schedule_after(Clock::duration delay, TaskletPtr tas
   }
   const Clock::time_point when = Clock::now() + delay;
   claim(*tasklet, "schedule_after");
-  if (directive == Directive::async) {
-    // Counted now, so run() cannot return before the delay is over and the tasklet has run.
-    if (!run_is_active_for_caller()) {
-      unclaim(*tasklet);
-      throw SchedulerNotRunning("schedule_after(" + tasklet->name() +
-                                ", async): the scheduler's run() is not active, so no synchronous thread "
-                                "could take the tasklet back");
-    }
-  } else if (!background_) {
-    active_.fetch_add(1, std::memory_order_relaxed);
-  }
+  count_claimed(*tasklet, directive, "schedule_after");  // now: run() waits for the delay and the run
   try {
     add_delayed(when, Delayed{tasklet, nullptr, directive});
   } catch (...) {
