@@ -19,14 +19,8 @@ oracle_scale="${TASKLET_LONG_SCALE:-150}"
 storm_scale="${TASKLET_STORM_SCALE:-50}"
 storm_repeat="${TASKLET_STORM_REPEAT:-3}"
 
-step_start=$SECONDS
-step() {
-  local now=$SECONDS
-  [ -n "${step_name:-}" ] && echo "stress lane: ${step_name} took $((now - step_start)) s"
-  step_name="$1"
-  step_start=$now
-  echo "== stress lane: $1"
-}
+lane="stress lane"
+source scripts/lane_steps.sh
 
 step "build the oracle under TSan"
 TASKLET_TSAN_TBB_JOBS="$jobs" bash scripts/build-tsan-tbb.sh

@@ -18,14 +18,8 @@ export TASKLET_STRESS_SCALE="${TASKLET_STRESS_SCALE:-2}"
 # positive (false positives go to tests/tsan.supp with their reason), and named here with it.
 exclude="${TASKLET_TSAN_EXCLUDE-}"
 
-step_start=$SECONDS
-step() {
-  local now=$SECONDS
-  [ -n "${step_name:-}" ] && echo "tsan lane: ${step_name} took $((now - step_start)) s"
-  step_name="$1"
-  step_start=$now
-  echo "== tsan lane: $1"
-}
+lane="tsan lane"
+source scripts/lane_steps.sh
 
 step "oneTBB with -DTBB_SANITIZE=thread"
 TASKLET_TSAN_TBB_JOBS="$jobs" bash scripts/build-tsan-tbb.sh
