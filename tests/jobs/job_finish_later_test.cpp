@@ -4,6 +4,7 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -175,6 +176,35 @@ TEST_F(FinishLaterTest, AJobFinishingLaterHoldsNoWorker) {
   ASSERT_TRUE(finisher->join(patience));
   ASSERT_TRUE(later->join(patience));
   EXPECT_TRUE(later->result().is_ok());
+}
+
+TEST_F(FinishLaterTest, DoneFromAnotherThreadRacesTheRunsReturnAndEachJobEndsOnce) {
+  // done() comes from a thread the run starts, before or after run() has returned.
+  constexpr std::size_t jobs_count = 200;
+  std::vector<std::thread> finishers;
+  std::mutex finishers_mutex;
+  std::vector<std::shared_ptr<Job>> jobs;
+  std::atomic<std::size_t> runs{0};
+  for (std::size_t i = 0; i < jobs_count; ++i) {
+    auto self = std::make_shared<std::weak_ptr<Job>>();  // weak: the job's callable must not own it
+    auto made = job("racer " + std::to_string(i), [&, self, i](ProgressMonitor&) {
+      runs.fetch_add(1);
+      std::lock_guard lock(finishers_mutex);
+      finishers.emplace_back(
+          [job = self->lock(), i] { job->done(i % 2 == 0 ? Status::ok() : Status::cancel()); });
+      return Status::finish_later();
+    });
+    *self = made;
+    jobs.push_back(made);
+  }
+  for (auto& j : jobs) j->schedule();
+  for (std::size_t i = 0; i < jobs_count; ++i) {
+    ASSERT_TRUE(jobs[i]->join(patience)) << jobs[i]->name();
+    EXPECT_EQ(jobs[i]->result().is_ok(), i % 2 == 0) << jobs[i]->name() << ": " << jobs[i]->result().message;
+  }
+  EXPECT_EQ(runs.load(), jobs_count);
+  std::lock_guard lock(finishers_mutex);
+  for (auto& finisher : finishers) finisher.join();
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Delays on the manager's timer: schedule_after starts a tasklet, resume_after resumes one, once
 // their delay has passed.
 #include <chrono>
+#include <future>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -154,6 +155,34 @@ TEST_P(DelayTest, ZeroDelaysStartAndResumeAtOnce) {
   });
   scheduler().schedule_after(0ms, std::move(tasklet), Directive::sync).run();
   EXPECT_EQ(phases, 2);
+}
+
+TEST_P(DelayTest, ATimeoutAndAResumeRacingResumeItOnce) {
+  // A timeout of 0-2 ms against a resume from another thread: exactly one continues the tasklet.
+  for (int round = 0; round < 100; ++round) {
+    std::atomic<int> continued{0};
+    std::promise<Rescheduler> handed;
+    auto tasklet = make_tasklet([&, phase = 0](Tasklet& self) mutable {
+      if (phase++ == 0) {
+        Rescheduler later = api::current().suspend(self);
+        later.resume_after(std::chrono::microseconds{round * 20}, Directive::sync);
+        handed.set_value(later);
+        return Directive::wait;
+      }
+      continued.fetch_add(1);
+      return Directive::done;
+    });
+    std::thread event([future = handed.get_future()]() mutable {
+      try {
+        future.get().resume(Directive::sync);
+      } catch (const AlreadyResumed&) {
+        // the timeout came first
+      }
+    });
+    scheduler().schedule(std::move(tasklet), Directive::sync).run();
+    event.join();
+    ASSERT_EQ(continued.load(), 1) << "round " << round;
+  }
 }
 
 }  // namespace
