@@ -155,8 +155,8 @@ void detail::SchedulerImpl::park_unarmed(TaskletPtr tasklet) noexcept {
   }
   try {
     std::lock_guard lock(parked_mutex_);
-    Tasklet* key = tasklet.get();
-    parked_.emplace(key, std::move(tasklet));  // takes it only once its place is made
+    // Its place first: out of memory, the tasklet is still ours (a node made from it would go).
+    parked_.emplace(tasklet.get(), nullptr).first->second = std::move(tasklet);
     state.store(st::with_generation(st::parked, st::generation(state.load())), std::memory_order_release);
   } catch (...) {
     abandon(std::move(tasklet), std::current_exception());  // no room to park it
