@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "tasklet/job.hpp"
@@ -59,6 +60,19 @@ class JobManager {
   /// RuleScope. The exception is std::bad_alloc: out of memory, nothing stays pushed and there is nothing to
   /// end. Rules begun in a tasklet phase must be ended in that phase.
   void begin_rule(const Rule& rule);
+
+  /// Hands the rule this thread began (its outermost, with nothing begun inside it still open) to
+  /// `destination`, which then holds it as if it had begun it: it ends it with end_rule, and may
+  /// begin rules it contains inside it. The rule never becomes free in between. The destination
+  /// takes it at its next begin_rule or end_rule on this manager; one waiting in begin_rule for a
+  /// rule this one contains takes it at once and holds both (it ends the one it asked for, then
+  /// the handed one). Nothing for a null rule or this thread. Throws RuleMismatch when `rule` is
+  /// not this thread's outermost rule of this manager, IllegalState when rules begun inside it are
+  /// open, when it is the rule of the running tasklet or job, when the destination has not taken
+  /// a rule handed to it earlier, or waits for a rule this one does not contain; std::bad_alloc.
+  /// A destination that holds a rule of its own when it would take this one gets IllegalState
+  /// there, and the handed rule is released. Does not block.
+  void transfer_rule(const Rule& rule, std::thread::id destination);
 
   /// Ends the most recent begin_rule on this thread, which must name the same rule object (else
   /// RuleMismatch, and nothing changes). Ending the outermost rule releases it. Never blocks.

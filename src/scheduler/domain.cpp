@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdio>
 #include <new>
 #include <string>
@@ -96,12 +97,13 @@ void ThreadHold::recycle(ThreadHold* hold) noexcept {
 }
 
 void ThreadHold::reset() noexcept {
+  handed = false;
   wakeup_.reset();
   answer_ = Answer::cancelled;
   answered_here_ = false;
 }
 
-ThreadHold::Answer ThreadHold::enter(RuleTable& table) {
+ThreadHold::Answer ThreadHold::enter(RuleTable& table, Domain* waits_in) {
   struct Entering {
     explicit Entering(const ThreadHold* hold) noexcept { entering_here = hold; }
     ~Entering() { entering_here = nullptr; }
@@ -110,7 +112,18 @@ ThreadHold::Answer ThreadHold::enter(RuleTable& table) {
     const Entering entering(this);
     table.enter(*this);
   }
-  if (!answered_here_) wakeup_.wait();
+  if (answered_here_) return answer_;
+  bool noted = false;
+  if (waits_in != nullptr) {
+    try {
+      waits_in->note_waiting(*this);
+      noted = true;
+    } catch (...) {
+      // Out of memory: it waits unnoted (a transfer to this thread then waits for its next call).
+    }
+  }
+  wakeup_.wait();
+  if (noted) waits_in->note_waited();
   return answer_;
 }
 
@@ -178,6 +191,7 @@ Scheduler& Domain::background() {
 
 void Domain::begin_rule(const Rule& rule) {
   auto& ctx = detail::state();
+  if (handed_count_.load(std::memory_order_acquire) != 0) take_handed(ctx);
   ctx.rule_stack.push_back(detail::RuleFrame{rule, this, nullptr});  // out of memory: nothing pushed
   if (!rule) return;
   detail::ThreadHold* hold = nullptr;
@@ -191,13 +205,34 @@ void Domain::begin_rule(const Rule& rule) {
   }
   if (hold == nullptr) return;  // nested in the rule this thread holds
   ctx.rule_stack.back().hold = hold;
-  switch (hold->enter(table_)) {
+  switch (hold->enter(table_, this)) {
     case detail::ThreadHold::Answer::granted:
       return;
-    case detail::ThreadHold::Answer::cancelled:
+    case detail::ThreadHold::Answer::cancelled: {
       ctx.rule_stack.back().hold = nullptr;
+      const bool handed = hold->handed;
       detail::ThreadHold::recycle(hold);
-      throw IllegalState("begin_rule(" + describe(rule) + "): the job manager shut down while waiting");
+      if (!handed)
+        throw IllegalState("begin_rule(" + describe(rule) + "): the job manager shut down while waiting");
+      // A rule containing this one was handed to this thread while it waited: it becomes the
+      // outermost, and this begin_rule nests in it.
+      detail::RuleFrame mine = std::move(ctx.rule_stack.back());
+      ctx.rule_stack.pop_back();
+      try {
+        take_handed(ctx);
+      } catch (...) {
+        ctx.rule_stack.push_back(std::move(mine));  // the frame stays for end_rule
+        throw;
+      }
+      ctx.rule_stack.push_back(std::move(mine));  // room: the popped frame's
+      const Rule& handed_rule = ctx.rule_stack[ctx.phase_base].rule;
+      if (!handed_rule->contains(*rule)) {
+        throw RuleNotContained("begin_rule(" + describe(rule) + ") does not match the rule " +
+                               describe(handed_rule) +
+                               " handed to this thread by transfer_rule while it waited");
+      }
+      return;
+    }
     case detail::ThreadHold::Answer::refused:
       // Out of memory, as above: nothing stays pushed.
       ctx.rule_stack.pop_back();
@@ -247,6 +282,7 @@ detail::ThreadHold* Domain::hold_for(detail::TaskState& ctx, const Rule& rule) {
 
 void Domain::end_rule(const Rule& rule) {
   auto& ctx = detail::state();
+  if (handed_count_.load(std::memory_order_acquire) != 0) take_handed(ctx);
   if (ctx.rule_stack.size() <= ctx.phase_base) {
     throw RuleMismatch("end_rule(" + describe(rule) + ") without a matching begin_rule on this thread" +
                        (ctx.phase_of != nullptr ? " in this phase" : ""));
@@ -262,6 +298,95 @@ void Domain::end_rule(const Rule& rule) {
   const Rule held = std::move(top.rule);  // alive until the table is done with the request
   ctx.rule_stack.pop_back();
   detail::ThreadHold::finish(hold, table_);
+}
+
+void Domain::transfer_rule(const Rule& rule, std::thread::id destination) {
+  if (!rule || destination == std::this_thread::get_id()) return;  // nothing to hand over
+  auto& ctx = detail::state();
+  const std::string what = "transfer_rule(" + describe(rule) + "): ";
+  if (ctx.phase_rule != nullptr && *ctx.phase_rule && ctx.phase_rule->get() == rule.get()) {
+    throw IllegalState(what + "it is the rule of the tasklet or job running here, which only a thread's " +
+                       "begin_rule can hand over");
+  }
+  std::size_t outer = ctx.rule_stack.size();
+  for (std::size_t i = ctx.phase_base; i < ctx.rule_stack.size(); ++i) {
+    if (ctx.rule_stack[i].rule) {
+      outer = i;
+      break;
+    }
+  }
+  if (outer == ctx.rule_stack.size() || ctx.rule_stack[outer].rule.get() != rule.get() ||
+      ctx.rule_stack[outer].domain != this || ctx.rule_stack[outer].hold == nullptr) {
+    throw RuleMismatch(what + "it is not the outermost rule this thread began on this job manager" +
+                       (outer == ctx.rule_stack.size()
+                            ? std::string(" (it holds none)")
+                            : " (that is " + describe(ctx.rule_stack[outer].rule) + ")"));
+  }
+  if (outer + 1 != ctx.rule_stack.size()) {
+    throw IllegalState(what + "end the rules begun inside it first");
+  }
+  {
+    std::lock_guard lock(handing_);
+    if (handed_.contains(destination)) {
+      throw IllegalState(what + "the destination thread has not taken the rule handed to it before");
+    }
+    const auto waiting = waiting_.find(destination);
+    ThreadHold* waiter = waiting != waiting_.end() ? waiting->second : nullptr;
+    if (waiter != nullptr && !rule->contains(*waiter->rule())) {
+      throw IllegalState(what + "the destination thread waits in begin_rule for " +
+                         waiter->rule()->to_string() + ", which this rule does not contain");
+    }
+    handed_.emplace(destination, ctx.rule_stack[outer]);  // out of memory: nothing changed
+    ctx.rule_stack.pop_back();
+    handed_count_.fetch_add(1, std::memory_order_release);
+    if (waiter != nullptr) {
+      // It waits for a part of this rule, which now is its own: its request goes, and it takes the rule.
+      waiter->handed = true;
+      table_.withdraw_waiting(*waiter->rule(),
+                              [waiter](const RuleRequest& request) { return &request == waiter; });
+    }
+  }
+}
+
+void Domain::note_waiting(ThreadHold& hold) {
+  std::lock_guard lock(handing_);
+  const std::thread::id here = std::this_thread::get_id();
+  waiting_[here] = &hold;
+  if (handed_.contains(here)) {
+    // Handed a rule between its last look and now: it takes it instead of waiting.
+    hold.handed = true;
+    table_.withdraw_waiting(*hold.rule(), [&hold](const RuleRequest& request) { return &request == &hold; });
+  }
+}
+
+void Domain::note_waited() noexcept {
+  std::lock_guard lock(handing_);
+  waiting_.erase(std::this_thread::get_id());
+}
+
+void Domain::take_handed(detail::TaskState& ctx) {
+  detail::RuleFrame frame;
+  {
+    std::lock_guard lock(handing_);
+    const auto handed = handed_.find(std::this_thread::get_id());
+    if (handed == handed_.end()) return;
+    frame = std::move(handed->second);
+    handed_.erase(handed);
+    handed_count_.fetch_sub(1, std::memory_order_release);
+  }
+  const bool holds = (ctx.phase_rule != nullptr && *ctx.phase_rule) ||
+                     std::any_of(ctx.rule_stack.begin(), ctx.rule_stack.end(),
+                                 [](const detail::RuleFrame& held) { return static_cast<bool>(held.rule); });
+  try {
+    if (holds) {
+      throw IllegalState("transfer_rule(" + describe(frame.rule) +
+                         ") handed the rule to a thread that holds a rule already; it has been released");
+    }
+    ctx.rule_stack.insert(ctx.rule_stack.begin() + static_cast<std::ptrdiff_t>(ctx.phase_base), frame);
+  } catch (...) {
+    detail::ThreadHold::finish(frame.hold, table_);  // nobody may hold it: it goes back to the table
+    throw;
+  }
 }
 
 Rule Domain::current_rule() const {
@@ -311,6 +436,9 @@ const std::shared_ptr<JobManager>& JobManager::global() {
 
 void JobManager::begin_rule(const Rule& rule) { detail::domain(*this).begin_rule(rule); }
 void JobManager::end_rule(const Rule& rule) { detail::domain(*this).end_rule(rule); }
+void JobManager::transfer_rule(const Rule& rule, std::thread::id destination) {
+  detail::domain(*this).transfer_rule(rule, destination);
+}
 Rule JobManager::current_rule() const { return detail::domain(*this).current_rule(); }
 
 JobManager::RuleStats JobManager::rule_stats() const {

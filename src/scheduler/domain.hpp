@@ -8,6 +8,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <unordered_map>
 
 #include "context.hpp"
 #include "rule_table.hpp"
@@ -37,8 +39,12 @@ class ThreadHold final : public InlineRuleRequest<4> {
   /// How enter() ended: granted, cancelled (the manager shut down while it waited) or refused (the
   /// table ran out of memory entering it; it never was in the table).
   enum class Answer { granted, cancelled, refused };
-  /// Enters the request in `table` and returns once it is answered.
-  Answer enter(RuleTable& table);
+  /// Enters the request in `table` and returns once it is answered. While it waits, `waits_in`
+  /// knows (a transfer_rule may hand this thread a rule meanwhile).
+  Answer enter(RuleTable& table, Domain* waits_in = nullptr);
+  /// Set (under the domain's handing lock) when this waiting request was withdrawn because a rule
+  /// containing it was handed to its thread: `cancelled` then means that.
+  bool handed = false;
   void granted() noexcept override { wake(Answer::granted); }
   void cancelled() noexcept override { wake(Answer::cancelled); }
   void refused() noexcept override { wake(Answer::refused); }
@@ -95,6 +101,11 @@ class Domain : public std::enable_shared_from_this<Domain> {
   void begin_rule(const Rule& rule);
   detail::ThreadHold* hold_for(detail::TaskState& ctx, const Rule& rule);
   void end_rule(const Rule& rule);
+  /// JobManager::transfer_rule.
+  void transfer_rule(const Rule& rule, std::thread::id destination);
+  /// ThreadHold::enter: a thread starts or stops waiting in begin_rule.
+  void note_waiting(ThreadHold& hold);
+  void note_waited() noexcept;
   Rule current_rule() const;
 
   /// The manager's own scheduler for work with no synchronous thread (serial executors):
@@ -133,6 +144,16 @@ class Domain : public std::enable_shared_from_this<Domain> {
   std::shared_ptr<Scheduler> background_;
   std::atomic<DomainExtension*> made_extension_{nullptr};
   std::shared_ptr<DomainExtension> extension_;
+
+  // transfer_rule: rules handed to threads that have not taken them yet, and the threads waiting
+  // in begin_rule (a transfer to one of them wakes it). Rarely used: begin_rule and end_rule look
+  // only while `handed_count_` is not zero.
+  std::mutex handing_;
+  std::unordered_map<std::thread::id, RuleFrame> handed_;
+  std::unordered_map<std::thread::id, ThreadHold*> waiting_;
+  std::atomic<std::size_t> handed_count_{0};
+  // The rule handed to this thread, if any, becomes its outermost rule (at `ctx.phase_base`).
+  void take_handed(TaskState& ctx);
 };
 
 /// The concrete JobManager: a handle on its domain.

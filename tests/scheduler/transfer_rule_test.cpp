@@ -1,0 +1,199 @@
+// transfer_rule: a thread hands the rule it began to another thread, which ends it or nests in it
+// (Eclipse's IJobManager.transferRule and its tests, written anew).
+#include <future>
+#include <latch>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "support/test_support.hpp"
+#include "tasklet/rules/rules.hpp"
+#include "tasklet/tasklet.hpp"
+
+namespace tasklet {
+namespace {
+
+class TransferRuleTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    EXPECT_EQ(manager_->rule_stats().held, 0u);
+    EXPECT_EQ(manager_->rule_stats().waiting, 0u);
+  }
+  std::shared_ptr<JobManager> manager_ = JobManager::create(JobManager::Options{.concurrency = 2});
+};
+
+// A thread that waits to be told what to do with the manager, and reports what happened.
+class Destination {
+ public:
+  template <class F>
+  explicit Destination(F work)
+      : thread_([this, work = std::move(work)]() mutable {
+          id_.set_value(std::this_thread::get_id());
+          go_.get_future().wait();
+          work();
+        }) {}
+  ~Destination() {
+    if (thread_.joinable()) thread_.join();
+  }
+  std::thread::id id() { return id_future_.get(); }
+  void go() { go_.set_value(); }
+  void join() { thread_.join(); }
+
+ private:
+  std::promise<std::thread::id> id_;
+  std::shared_future<std::thread::id> id_future_ = id_.get_future().share();
+  std::promise<void> go_;
+  std::thread thread_;
+};
+
+TEST_F(TransferRuleTest, TheDestinationEndsTheRuleItWasHanded) {
+  const Rule rule = rules::path("/tree");
+  std::promise<Rule> seen;
+  Destination destination([&] {
+    manager_->begin_rule(rules::path("/tree/leaf"));  // nests in the handed rule, without waiting
+    seen.set_value(manager_->current_rule());
+    manager_->end_rule(manager_->current_rule());
+    manager_->end_rule(rule);
+  });
+  manager_->begin_rule(rule);
+  manager_->transfer_rule(rule, destination.id());
+  EXPECT_EQ(manager_->current_rule(), nullptr) << "the caller no longer holds it";
+  EXPECT_EQ(manager_->rule_stats().held, 1u) << "it was never free in between";
+  EXPECT_THROW(manager_->end_rule(rule), RuleMismatch);
+  destination.go();
+  EXPECT_EQ(seen.get_future().get()->to_string(), "path(/tree/leaf)");
+  destination.join();
+}
+
+TEST_F(TransferRuleTest, AThreadWaitingForAPartOfTheRuleTakesItAtOnce) {
+  const Rule rule = rules::path("/a");
+  const Rule part = rules::path("/a/b");
+  std::latch waiting(1);
+  std::promise<void> ended;
+  manager_->begin_rule(rule);
+  Destination destination([&] {
+    waiting.count_down();
+    manager_->begin_rule(part);  // waits: this thread's rule holds /a
+    manager_->end_rule(part);
+    manager_->end_rule(rule);  // the handed one
+    ended.set_value();
+  });
+  destination.go();
+  waiting.wait();
+  // It may not wait yet: the transfer then finds it when it does, or at its begin_rule.
+  manager_->transfer_rule(rule, destination.id());
+  ended.get_future().wait();
+  destination.join();
+}
+
+TEST_F(TransferRuleTest, SomeoneWaitingForTheRuleGetsItWhenTheDestinationEndsIt) {
+  const Rule rule = rules::mutex("handed");
+  manager_->begin_rule(rule);
+  std::promise<void> other_got_it;
+  std::thread other([&] {
+    manager_->begin_rule(rule);  // waits for the rule, whoever holds it
+    other_got_it.set_value();
+    manager_->end_rule(rule);
+  });
+  Destination destination([&] { manager_->end_rule(rule); });
+  manager_->transfer_rule(rule, destination.id());
+  destination.go();
+  other_got_it.get_future().wait();
+  other.join();
+}
+
+TEST_F(TransferRuleTest, OnlyTheOutermostRuleWithNothingOpenInsideCanBeHanded) {
+  const Rule rule = rules::path("/x");
+  const Rule inner = rules::path("/x/y");
+  Destination destination([] {});
+  const std::thread::id there = destination.id();
+  EXPECT_THROW(manager_->transfer_rule(rule, there), RuleMismatch) << "not held";
+  manager_->begin_rule(rule);
+  manager_->begin_rule(inner);
+  EXPECT_THROW(manager_->transfer_rule(inner, there), RuleMismatch) << "not the outermost";
+  try {
+    manager_->transfer_rule(rule, there);
+    FAIL() << "handed with a rule open inside it";
+  } catch (const IllegalState& error) {
+    EXPECT_NE(std::string(error.what()).find("path(/x)"), std::string::npos) << error.what();
+  }
+  manager_->end_rule(inner);
+  manager_->transfer_rule(rule, std::this_thread::get_id());  // to itself: nothing happens
+  EXPECT_EQ(manager_->current_rule(), rule);
+  manager_->end_rule(rule);
+  destination.go();
+}
+
+TEST_F(TransferRuleTest, ADestinationThatHasNotTakenItsRuleYetIsRefusedAnother) {
+  const Rule first = rules::mutex("first");
+  const Rule second = rules::mutex("second");
+  Destination destination([&] { manager_->end_rule(first); });
+  manager_->begin_rule(first);
+  manager_->transfer_rule(first, destination.id());
+  std::promise<void> done;
+  std::thread other([&] {
+    manager_->begin_rule(second);
+    EXPECT_THROW(manager_->transfer_rule(second, destination.id()), IllegalState);
+    EXPECT_EQ(manager_->current_rule(), second) << "a refused transfer leaves the rule where it was";
+    manager_->end_rule(second);
+    done.set_value();
+  });
+  done.get_future().wait();
+  other.join();
+  destination.go();
+}
+
+TEST_F(TransferRuleTest, RulesTheDestinationBeginsMustNestInTheHandedRule) {
+  const Rule handed = rules::path("/handed");
+  const Rule elsewhere = rules::path("/elsewhere");
+  std::promise<bool> refused;
+  Destination destination([&] {
+    try {
+      manager_->begin_rule(elsewhere);  // takes the handed rule first, then nests in it: no
+      refused.set_value(false);
+    } catch (const RuleNotContained&) {
+      refused.set_value(true);
+    }
+    manager_->end_rule(elsewhere);  // begin_rule's frame is ended even when it threw
+    manager_->end_rule(handed);
+  });
+  manager_->begin_rule(handed);
+  manager_->transfer_rule(handed, destination.id());
+  destination.go();
+  EXPECT_TRUE(refused.get_future().get());
+}
+
+TEST_F(TransferRuleTest, ADestinationHoldingARuleOfItsOwnGetsTheErrorAndTheHandedRuleIsReleased) {
+  const Rule handed = rules::mutex("handed");
+  const Rule own = rules::mutex("own");
+  std::latch holds(1);
+  std::promise<std::string> error;
+  std::promise<void> handed_over;
+  Destination destination([&] {
+    manager_->begin_rule(own);
+    holds.count_down();
+    handed_over.get_future().wait();
+    try {
+      manager_->end_rule(own);  // takes the handed rule first: it holds one already
+      error.set_value("");
+    } catch (const IllegalState& failure) {
+      error.set_value(failure.what());
+    }
+    manager_->end_rule(own);
+  });
+  destination.go();
+  holds.wait();
+  manager_->begin_rule(handed);
+  manager_->transfer_rule(handed, destination.id());
+  handed_over.set_value();
+  const std::string message = error.get_future().get();
+  EXPECT_NE(message.find("mutex(handed)"), std::string::npos) << message;
+  destination.join();
+  manager_->begin_rule(handed);  // released: free again
+  manager_->end_rule(handed);
+}
+
+}  // namespace
+}  // namespace tasklet
