@@ -71,7 +71,8 @@ class JobManager {
   /// open, when it is the rule of the running tasklet or job, when the destination has not taken
   /// a rule handed to it earlier, or waits for a rule this one does not contain; std::bad_alloc.
   /// A destination that holds a rule of its own when it would take this one gets IllegalState
-  /// there, and the handed rule is released. Does not block.
+  /// there, and the handed rule is released. As with a thread that ends inside begin_rule scopes,
+  /// a destination that ends without taking the rule leaves it held. Does not block.
   void transfer_rule(const Rule& rule, std::thread::id destination);
 
   /// Ends the most recent begin_rule on this thread, which must name the same rule object (else
