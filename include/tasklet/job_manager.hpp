@@ -21,6 +21,32 @@ namespace tasklet {
 
 class Workers;
 
+/// Told when a thread has to wait for a rule in begin_rule (Eclipse's LockListener), so that an
+/// event loop's thread can keep serving its events instead of blocking. One per manager
+/// (JobManager::set_lock_listener); called for begin_rule only, on every thread that has to wait,
+/// outside the library's locks.
+class LockListener {
+ public:
+  virtual ~LockListener() = default;
+  /// What the thread does while it waits.
+  enum class Waiting {
+    /// It blocks (on a worker the task is suspended, and the worker runs other work).
+    block,
+    /// The synchronous thread of a scheduler (inside run(), or an inline drain of the implicit
+    /// scheduler) keeps running that scheduler's sync phases queued meanwhile, each in a phase of
+    /// its own, until it gets the rule. A phase run so that begins a rule conflicting with the one
+    /// its thread waits for gets IllegalState (it would wait for itself). Elsewhere as block.
+    serve,
+  };
+  /// The calling thread's request for `rule` is queued and about to wait. `blockers`: whom it
+  /// waits for, holders first (see RuleBlocker); empty when the rule came free meanwhile. An
+  /// exception withdraws the request and comes out of begin_rule, whose frame still needs end_rule.
+  virtual Waiting about_to_wait(const Rule& rule, const std::vector<RuleBlocker>& blockers) = 0;
+  /// The thread got the rule it waited for; begin_rule returns next. An exception comes out of
+  /// begin_rule, with the rule held (end_rule releases it). Not called when the wait was cancelled.
+  virtual void got_it(const Rule& rule) { static_cast<void>(rule); }
+};
+
 class JobManager {
  public:
   struct Options {
@@ -74,6 +100,10 @@ class JobManager {
   /// there, and the handed rule is released. As with a thread that ends inside begin_rule scopes,
   /// a destination that ends without taking the rule leaves it held. Does not block.
   void transfer_rule(const Rule& rule, std::thread::id destination);
+
+  /// Sets the manager's lock listener (null: none). Thread-safe; a thread waiting already keeps the
+  /// listener it was told by.
+  void set_lock_listener(std::shared_ptr<LockListener> listener);
 
   /// Ends the most recent begin_rule on this thread, which must name the same rule object (else
   /// RuleMismatch, and nothing changes). Ending the outermost rule releases it. Never blocks.

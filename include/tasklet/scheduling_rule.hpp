@@ -94,6 +94,19 @@ class SchedulingRule {
   mutable std::atomic<void*> table_slot_{nullptr};
 };
 
+/// Who a waiting rule request waits for (JobManager's lock listener, Job::blockers).
+struct RuleBlocker {
+  /// "job 'name'", "tasklet 'name'" (or "tasklet@<address>" when unnamed), or "thread <id>".
+  std::string owner;
+  /// The rule it holds or asked for.
+  Rule rule;
+  /// True when it holds a conflicting rule (a hard block); false when it asked earlier for a
+  /// conflicting rule, and strict FIFO puts the waiter behind it (a soft block).
+  bool holds = false;
+  /// "job 'indexer' holds /repo/src", "thread 1402 waits for /repo (earlier)".
+  std::string to_string() const;
+};
+
 /// `rule->to_string()`, or "null" for an empty rule.
 std::string describe(const Rule& rule);
 std::string describe(const SchedulingRule* rule);

@@ -71,6 +71,9 @@ struct TaskState {
   /// The listener calls, and the ends of job runs, that this code is inside of.
   const CallFrame* listener_call = nullptr;
   const CallFrame* completing_run = nullptr;
+  /// The begin_rule requests (ThreadHolds) this thread waits for while it runs sync phases meanwhile
+  /// (a lock listener's `serve`): a phase run then must not wait for a rule that conflicts.
+  const CallFrame* serving_wait = nullptr;
 
   /// The thread's state to go back to when this task leaves the thread.
   TaskState* outer = nullptr;

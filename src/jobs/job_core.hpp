@@ -132,6 +132,9 @@ class JobTasklet : public Tasklet {
     static_cast<JobTasklet&>(tasklet).abandoned(std::move(error));
   }
   virtual void abandoned(std::exception_ptr error) noexcept = 0;
+  /// The job scheduler's describe_tasklets_by hook: "job 'name'" for a job's run.
+  static std::string describe(const Tasklet& tasklet) { return static_cast<const JobTasklet&>(tasklet).describe(); }
+  virtual std::string describe() const { return "the end of a job's run"; }
 
   /// A job's run: set while it finishes later (its next phase ends it with the result done()
   /// gave). Here, beside the priority, it takes no room of its own.
@@ -149,6 +152,7 @@ class JobRun final : public JobTasklet {
   Directive task() override;
   /// The job ends with the error instead.
   void abandoned(std::exception_ptr error) noexcept override;
+  std::string describe() const override;
 
  private:
   JobCore& core_;  // alive while the job is listed, which it is until this run has ended it

@@ -20,6 +20,7 @@ class JobsExtension final : public DomainExtension {
   explicit JobsExtension(Domain& domain) : scheduler_(domain.make_background()) {
     impl(*scheduler_).order_async_phases_by(&JobTasklet::order_of);
     impl(*scheduler_).on_abandoned(&JobTasklet::abandon);
+    impl(*scheduler_).describe_tasklets_by(&JobTasklet::describe);
     jobs_ = std::make_shared<Jobs>(*scheduler_);
   }
 

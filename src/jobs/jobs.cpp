@@ -26,6 +26,8 @@ Directive JobRun::task() {
   return core_.jobs().run(core_, *this) ? Directive::done : Directive::wait;
 }
 
+std::string JobRun::describe() const { return "job '" + core_.job().name() + "'"; }
+
 void JobRun::abandoned(std::exception_ptr error) noexcept {
   core_.jobs().end_unrun(core_, *this, Status::error("out of memory before the job could start", error));
 }

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <new>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -62,6 +63,32 @@ ThreadHold* ThreadHold::parked(const Rule& rule, const RuleTable& table) noexcep
   return hold;
 }
 
+// Whose request a new one is: the tasklet whose phase runs here, else this thread.
+void ThreadHold::reset() noexcept {
+  handed = false;
+  wakeup_.reset();
+  serving_ = nullptr;
+  served_answer_ = false;
+  answer_ = Answer::cancelled;
+  answered_here_ = false;
+  const TaskState& ctx = state();
+  set_owner(ctx.tasklet, ctx.phase_of, std::this_thread::get_id());
+}
+
+RuleBlocker ThreadHold::describe() const {
+  const Tasklet* tasklet = owner_tasklet_.load(std::memory_order_relaxed);
+  const SchedulerImpl* of = owner_of_.load(std::memory_order_relaxed);
+  std::string owner;
+  if (tasklet != nullptr && of != nullptr) {
+    owner = of->describe_tasklet(*tasklet);
+  } else {
+    std::ostringstream text;
+    text << "thread " << owner_thread_.load(std::memory_order_relaxed);
+    owner = std::move(text).str();
+  }
+  return {std::move(owner), last_rule_.lock(), false};
+}
+
 ThreadHold* ThreadHold::take(const Rule& rule, bool parkable) {
   ThreadHold* hold = std::exchange(spare.hold, nullptr);
   if (hold != nullptr && hold->parked_in_ != nullptr) {
@@ -96,23 +123,17 @@ void ThreadHold::recycle(ThreadHold* hold) noexcept {
   }
 }
 
-void ThreadHold::reset() noexcept {
-  handed = false;
-  wakeup_.reset();
-  answer_ = Answer::cancelled;
-  answered_here_ = false;
-}
-
-ThreadHold::Answer ThreadHold::enter(RuleTable& table, Domain* waits_in) {
+bool ThreadHold::try_enter(RuleTable& table) {
   struct Entering {
     explicit Entering(const ThreadHold* hold) noexcept { entering_here = hold; }
     ~Entering() { entering_here = nullptr; }
   };
-  {
-    const Entering entering(this);
-    table.enter(*this);
-  }
-  if (answered_here_) return answer_;
+  const Entering entering(this);
+  table.enter(*this);
+  return answered_here_;
+}
+
+ThreadHold::Answer ThreadHold::wait(Domain* waits_in, bool serve) {
   bool noted = false;
   if (waits_in != nullptr) {
     try {
@@ -122,7 +143,22 @@ ThreadHold::Answer ThreadHold::enter(RuleTable& table, Domain* waits_in) {
       // Out of memory: it waits unnoted (a transfer to this thread then waits for its next call).
     }
   }
-  wakeup_.wait();
+  if (serving_ == nullptr) {
+    wakeup_.wait();
+  } else if (!serve) {
+    serving_->serve_until(served_answer_, false);
+  } else {
+    // The phases run meanwhile start from this thread's stack without the frame that waits (they
+    // hold nothing of it), and must not wait for a rule that conflicts with it.
+    TaskState& ctx = state();
+    RuleFrame waiting = std::move(ctx.rule_stack.back());
+    ctx.rule_stack.pop_back();
+    const CallFrame serving{this, ctx.serving_wait};
+    ctx.serving_wait = &serving;
+    serving_->serve_until(served_answer_, true);
+    ctx.serving_wait = serving.outer;
+    ctx.rule_stack.push_back(std::move(waiting));  // into the room it left: no allocation
+  }
   if (noted) waits_in->note_waited();
   return answer_;
 }
@@ -133,7 +169,12 @@ void ThreadHold::wake(Answer answer) noexcept {
     answered_here_ = true;
     return;
   }
-  wakeup_.wake();  // the waiter may be gone once this returns: touch nothing
+  // The waiter may be gone once this returns: touch nothing.
+  if (serving_ != nullptr) {
+    serving_->answer_server(served_answer_);
+  } else {
+    wakeup_.wake();
+  }
 }
 
 // Ends the frames a phase left open, innermost first; returns their names for the report.
@@ -205,7 +246,7 @@ void Domain::begin_rule(const Rule& rule) {
   }
   if (hold == nullptr) return;  // nested in the rule this thread holds
   ctx.rule_stack.back().hold = hold;
-  switch (hold->enter(table_, this)) {
+  switch (enter_and_wait(*hold, ctx, rule)) {
     case detail::ThreadHold::Answer::granted:
       return;
     case detail::ThreadHold::Answer::cancelled: {
@@ -241,6 +282,36 @@ void Domain::begin_rule(const Rule& rule) {
   }
 }
 
+detail::ThreadHold::Answer Domain::enter_and_wait(detail::ThreadHold& hold, detail::TaskState& ctx,
+                                                  const Rule& rule) {
+  std::shared_ptr<LockListener> listener;
+  if (listening_.load(std::memory_order_acquire)) {
+    std::lock_guard lock(listener_mutex_);
+    listener = lock_listener_;
+  }
+  if (!listener) return hold.enter(table_, this);
+  // A synchronous thread may be told to serve its phases while it waits: its answer must wake it
+  // there, so that it can wait for both.
+  SchedulerImpl* sync_thread_of = ctx.worker_of == nullptr ? ctx.sync_of : nullptr;
+  hold.wake_through(sync_thread_of);
+  if (hold.try_enter(table_)) return hold.answer();
+  LockListener::Waiting choice = LockListener::Waiting::block;
+  try {
+    choice = listener->about_to_wait(rule, table_.blockers(hold));
+  } catch (...) {
+    if (table_.withdraw(hold)) {
+      ctx.rule_stack.back().hold = nullptr;  // the frame stays for end_rule, holding nothing
+      detail::ThreadHold::recycle(&hold);
+    } else {
+      hold.wait(this, false);  // granted meanwhile: held once the answer is here, end_rule releases it
+    }
+    throw;
+  }
+  const auto answer = hold.wait(this, choice == LockListener::Waiting::serve && sync_thread_of != nullptr);
+  if (answer == detail::ThreadHold::Answer::granted) listener->got_it(rule);  // throws with the rule held
+  return answer;
+}
+
 // begin_rule's checks once its frame is pushed: null when `rule` nests in the rule this thread
 // holds, else the request that takes it (not entered yet).
 detail::ThreadHold* Domain::hold_for(detail::TaskState& ctx, const Rule& rule) {
@@ -270,6 +341,13 @@ detail::ThreadHold* Domain::hold_for(detail::TaskState& ctx, const Rule& rule) {
                              " held by this thread: a nested rule must be contained by it");
     }
     return nullptr;
+  }
+  for (const CallFrame* serving = ctx.serving_wait; serving != nullptr; serving = serving->outer) {
+    const auto& waiting = *static_cast<const detail::ThreadHold*>(serving->owner);
+    if (rule->is_conflicting(*waiting.rule())) {
+      throw IllegalState("begin_rule(" + describe(rule) + ") in a sync phase run while this thread waits for " +
+                         describe(waiting.rule()) + " in begin_rule: it would wait for itself");
+    }
   }
   SchedulerImpl::enter_pending_rules(ctx);  // what this thread started before comes first
   detail::ThreadHold* hold = detail::ThreadHold::parked(rule, table_);  // validated before
@@ -337,6 +415,7 @@ void Domain::transfer_rule(const Rule& rule, std::thread::id destination) {
                          waiter->rule()->to_string() + ", which this rule does not contain");
     }
     handed_.emplace(destination, ctx.rule_stack[outer]);  // out of memory: nothing changed
+    ctx.rule_stack[outer].hold->set_owner(nullptr, nullptr, destination);
     ctx.rule_stack.pop_back();
     handed_count_.fetch_add(1, std::memory_order_release);
     if (waiter != nullptr) {
@@ -436,6 +515,16 @@ const std::shared_ptr<JobManager>& JobManager::global() {
 
 void JobManager::begin_rule(const Rule& rule) { detail::domain(*this).begin_rule(rule); }
 void JobManager::end_rule(const Rule& rule) { detail::domain(*this).end_rule(rule); }
+void detail::Domain::set_lock_listener(std::shared_ptr<LockListener> listener) {
+  std::lock_guard lock(listener_mutex_);
+  listening_.store(listener != nullptr, std::memory_order_release);
+  lock_listener_ = std::move(listener);
+}
+
+void JobManager::set_lock_listener(std::shared_ptr<LockListener> listener) {
+  detail::domain(*this).set_lock_listener(std::move(listener));
+}
+
 void JobManager::transfer_rule(const Rule& rule, std::thread::id destination) {
   detail::domain(*this).transfer_rule(rule, destination);
 }

@@ -41,7 +41,26 @@ class ThreadHold final : public InlineRuleRequest<4> {
   enum class Answer { granted, cancelled, refused };
   /// Enters the request in `table` and returns once it is answered. While it waits, `waits_in`
   /// knows (a transfer_rule may hand this thread a rule meanwhile).
-  Answer enter(RuleTable& table, Domain* waits_in = nullptr);
+  Answer enter(RuleTable& table, Domain* waits_in = nullptr) {
+    return try_enter(table) ? answer_ : wait(waits_in, false);
+  }
+  /// enter() in two steps: true when the request was answered at once (answer()), else wait().
+  bool try_enter(RuleTable& table);
+  /// Waits for the answer. With `serve`, a request that wakes a synchronous thread (wake_through)
+  /// runs that scheduler's sync phases meanwhile, out of the frame on top of this thread's stack.
+  Answer wait(Domain* waits_in, bool serve);
+  Answer answer() const noexcept { return answer_; }
+  /// Before it enters: its answer wakes `sync_thread_of`'s synchronous thread (this one) through
+  /// the scheduler's own wake-up, so that it can wait for both (null: the usual wake-up).
+  void wake_through(SchedulerImpl* sync_thread_of) noexcept { serving_ = sync_thread_of; }
+  /// Whose request it is, for diagnostics: the tasklet whose phase (or rule) it is for, else the
+  /// thread. take() and parked() set it from the calling code.
+  void set_owner(const Tasklet* tasklet, const SchedulerImpl* of, std::thread::id thread) noexcept {
+    owner_tasklet_.store(tasklet, std::memory_order_relaxed);
+    owner_of_.store(of, std::memory_order_relaxed);
+    owner_thread_.store(thread, std::memory_order_relaxed);
+  }
+  RuleBlocker describe() const override;
   /// Set (under the domain's handing lock) when this waiting request was withdrawn because a rule
   /// containing it was handed to its thread: `cancelled` then means that.
   bool handed = false;
@@ -57,6 +76,12 @@ class ThreadHold final : public InlineRuleRequest<4> {
   void wake(Answer answer) noexcept;
   void reset() noexcept;
   Wakeup wakeup_;
+  SchedulerImpl* serving_ = nullptr;
+  bool served_answer_ = false;  // under serving_'s mutex
+  // Written by its owner (and transfer_rule), read under the table's lock by blockers().
+  std::atomic<const Tasklet*> owner_tasklet_{nullptr};
+  std::atomic<const SchedulerImpl*> owner_of_{nullptr};
+  std::atomic<std::thread::id> owner_thread_{};
   Answer answer_ = Answer::cancelled;
   bool answered_here_ = false;  // granted or cancelled by the owner's own enter(): nothing to wait for
   bool parkable_ = false;
@@ -101,6 +126,8 @@ class Domain : public std::enable_shared_from_this<Domain> {
   void begin_rule(const Rule& rule);
   detail::ThreadHold* hold_for(detail::TaskState& ctx, const Rule& rule);
   void end_rule(const Rule& rule);
+  /// JobManager::set_lock_listener.
+  void set_lock_listener(std::shared_ptr<LockListener> listener);
   /// JobManager::transfer_rule.
   void transfer_rule(const Rule& rule, std::thread::id destination);
   /// ThreadHold::enter: a thread starts or stops waiting in begin_rule.
@@ -154,6 +181,13 @@ class Domain : public std::enable_shared_from_this<Domain> {
   std::atomic<std::size_t> handed_count_{0};
   // The rule handed to this thread, if any, becomes its outermost rule (at `ctx.phase_base`).
   void take_handed(TaskState& ctx);
+
+  // The lock listener, read by begin_rule only when it has to wait and `listening_` says so.
+  std::mutex listener_mutex_;
+  std::shared_ptr<LockListener> lock_listener_;
+  std::atomic<bool> listening_{false};
+  // begin_rule's request enters and waits, telling the lock listener if there is one.
+  ThreadHold::Answer enter_and_wait(ThreadHold& hold, TaskState& ctx, const Rule& rule);
 };
 
 /// The concrete JobManager: a handle on its domain.

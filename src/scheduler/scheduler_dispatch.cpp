@@ -258,6 +258,11 @@ void detail::SchedulerImpl::enqueue_async_or_throw(TaskletPtr& tasklet) {
 
 void detail::SchedulerImpl::order_async_phases_by(OrderOf order) { order_ = order; }
 
+std::string detail::SchedulerImpl::describe_tasklet(const Tasklet& tasklet) const {
+  if (describe_ != nullptr) return describe_(tasklet);
+  return TaskletAccess::has_name(tasklet) ? "tasklet '" + tasklet.name() + "'" : tasklet.name();
+}
+
 // The hook is told on a worker: an abandonment comes from a grant or a refusal, which the table
 // delivers wherever it was entered or released, perhaps under a lock of the layer above (a job's
 // cancel() withdraws under its manager's lock), and the hook takes that layer's locks. Out of

@@ -150,6 +150,16 @@ class SchedulerImpl final {
   /// with no failure recorded. Without it the error is recorded as the tasklet's failure.
   using Abandoned = void (*)(Tasklet&, std::exception_ptr) noexcept;
   void on_abandoned(Abandoned abandoned) noexcept { abandoned_.store(abandoned, std::memory_order_release); }
+  /// How diagnostics name this scheduler's tasklets ("job 'name'" for the jobs'); by default
+  /// "tasklet 'name'", or "tasklet@<address>" for an unnamed one. Set before use; must not throw
+  /// but for std::bad_alloc, nor take locks (it runs under the rule table's).
+  /// The synchronous thread waits in begin_rule until `answered` (set by answer_server, under
+  /// mutex_), running the sync phases queued meanwhile when `run_phases`.
+  void serve_until(const bool& answered, bool run_phases);
+  void answer_server(bool& answered) noexcept;
+  using DescribeTasklet = std::string (*)(const Tasklet&);
+  void describe_tasklets_by(DescribeTasklet describe) noexcept { describe_ = describe; }
+  std::string describe_tasklet(const Tasklet& tasklet) const;
   /// Ends a tasklet whose next phase cannot be started for lack of memory (see on_abandoned).
   void abandon(TaskletPtr tasklet, std::exception_ptr error) noexcept;
   void tell_abandoned(TaskletPtr tasklet, std::exception_ptr error) noexcept;
@@ -235,6 +245,7 @@ class SchedulerImpl final {
   std::vector<RuleRequest*> entering_;
   std::vector<TaskletPtr*> entering_tasklets_;  // their TaskletHold::tasklet (for the destructor)
   std::vector<TaskletPtr> sync_batch_;
+  std::size_t sync_next_ = 0;  // the next of sync_batch_ to run
   // Flow control of a thread's requests (let_rules_catch_up): the holds it started, how many of
   // them must have been delivered before it holds back again after giving up, and how often it held
   // back and gave up doing so (for tests and diagnostics).
@@ -259,6 +270,7 @@ class SchedulerImpl final {
   };
   OrderOf order_ = nullptr;
   std::atomic<Abandoned> abandoned_{nullptr};
+  DescribeTasklet describe_ = nullptr;
   oneapi::tbb::mutex ready_mutex_;  // held for a queue step: spins briefly, then waits
   // Blocks pushed by the posting thread are freed by the workers: glibc's allocator would make them
   // contend for its arena lock, the scalable allocator frees into the owner thread's pool.
@@ -334,6 +346,7 @@ class SchedulerImpl final {
   void run_async_phase(TaskletPtr tasklet) noexcept;
   void run_sync_phase(TaskletPtr tasklet) noexcept;
   bool drain_sync_queue_once();
+  void run_sync_batch() noexcept;
   void drain_inline();
   void drop_pending() noexcept;
 };

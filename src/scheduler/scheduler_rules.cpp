@@ -100,7 +100,8 @@ thread_local detail::SchedulerImpl::Delivery* detail::SchedulerImpl::Delivery::i
 template <std::size_t N>
 struct detail::SchedulerImpl::TaskletHold final : detail::InlineRuleRequest<N>, detail::PooledObject {
   // `by_sync_thread`: counted in sync_holds_ (started by the synchronous thread), else in holds_.
-  TaskletHold(TaskletPtr waiting, Directive first, bool by_sync_thread) : tasklet(std::move(waiting)) {
+  TaskletHold(TaskletPtr waiting, Directive first, bool by_sync_thread)
+      : tasklet(std::move(waiting)), named(tasklet.get()) {
     this->set_rule(tasklet->rule().get());  // the tasklet's rule cannot change while it is active
     static_assert(static_cast<int>(Directive::done) < 4, "the first directive is kept in 2 bits");
     this->set_own_bits(static_cast<std::uint8_t>(static_cast<unsigned>(first) | (by_sync_thread ? 4u : 0u)));
@@ -111,6 +112,11 @@ struct detail::SchedulerImpl::TaskletHold final : detail::InlineRuleRequest<N>, 
     return (this->own_bits() & 4u) != 0 ? impl.sync_holds_ : impl.holds_;
   }
   const void* owner() const noexcept override { return tasklet.get(); }
+  // `named`, not `tasklet`: the grant moves the tasklet out while blockers() may be reading.
+  RuleBlocker describe() const override { return {scheduler_of(*named).describe_tasklet(*named), named->rule(), false}; }
+  static SchedulerImpl& scheduler_of(const Tasklet& held) noexcept {
+    return detail::impl(*TaskletAccess::scheduler(held));
+  }
   SchedulerImpl& scheduler() const noexcept { return detail::impl(*TaskletAccess::scheduler(*tasklet)); }
   void granted() noexcept override {
     SchedulerImpl& impl = scheduler();
@@ -135,6 +141,7 @@ struct detail::SchedulerImpl::TaskletHold final : detail::InlineRuleRequest<N>, 
   }
 
   TaskletPtr tasklet;
+  const Tasklet* named;  // the tasklet, held or not (alive while the hold is in the table)
 };
 
 void detail::SchedulerImpl::forget_deliveries_here() noexcept {
@@ -153,23 +160,25 @@ void detail::SchedulerImpl::start(TaskletPtr& tasklet, Directive directive) {
     dispatch(std::move(tasklet), directive);
     return;
   }
+  static_assert(sizeof(TaskletHold<1>) <= 80 && sizeof(TaskletHold<3>) <= 96 && sizeof(TaskletHold<5>) <= 112 &&
+                    sizeof(TaskletHold<7>) <= 128,
+                "TaskletHold outgrew its block of the scalable allocator (memory per queued tasklet)");
   const std::size_t entries = detail::entry_count_hint(*tasklet->rule());
   // A mutex rule takes 1 entry, a path rule of depth d up to d + 1 (with the root's intent); larger
-  // rules (deep paths, multi rules) get 8 in place and the rest on the heap.
+  // rules (deep paths, multi rules) get 7 in place and the rest on the heap. Odd counts fill the
+  // scalable allocator's blocks (80, 96, 112 and 128 bytes).
   switch (entries) {
     case 0:
     case 1:
       return start_holding<1>(tasklet, directive);
     case 2:
-      return start_holding<2>(tasklet, directive);
     case 3:
       return start_holding<3>(tasklet, directive);
     case 4:
-      return start_holding<4>(tasklet, directive);
     case 5:
       return start_holding<5>(tasklet, directive);
     default:
-      return start_holding<8>(tasklet, directive);
+      return start_holding<7>(tasklet, directive);
   }
 }
 

@@ -6,7 +6,9 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "context.hpp"
 #include "domain.hpp"
@@ -165,9 +167,55 @@ bool detail::SchedulerImpl::drain_sync_queue_once() {
     }
     sync_batch_.swap(sync_queue_);
   }
-  for (TaskletPtr& tasklet : sync_batch_) run_sync_phase(std::move(tasklet));
-  sync_batch_.clear();
+  run_sync_batch();
   return true;
+}
+
+// A phase of the batch may wait in begin_rule and run the rest of it meanwhile (serve_until):
+// both go by the one cursor.
+void detail::SchedulerImpl::run_sync_batch() noexcept {
+  while (sync_next_ < sync_batch_.size()) run_sync_phase(std::move(sync_batch_[sync_next_++]));
+  sync_batch_.clear();
+  sync_next_ = 0;
+}
+
+void detail::SchedulerImpl::serve_until(const bool& answered, bool run_phases) {
+  for (;;) {
+    if (run_phases) {
+      try {
+        flush_async_batch();
+        if (domain_.table_.has_submitted()) {
+          domain_.table_.drain();
+          flush_async_batch();
+        }
+      } catch (...) {
+        // Out of memory: the batch stays for the next turn.
+      }
+    }
+    {
+      // First the rest of the turn this wait is nested in (queued before what came since).
+      std::unique_lock lock(mutex_);
+      const auto batch_done = [this] { return sync_next_ == sync_batch_.size(); };
+      while (!answered && (!run_phases || (batch_done() && sync_queue_.empty()))) {
+        const bool was_sleeping = std::exchange(sleeping_, true);
+        wake_.wait(lock);
+        sleeping_ = was_sleeping;
+      }
+      if (answered) return;
+      if (batch_done()) {
+        sync_batch_.clear();
+        sync_next_ = 0;
+        sync_batch_.swap(sync_queue_);
+      }
+    }
+    run_sync_phase(std::move(sync_batch_[sync_next_++]));
+  }
+}
+
+void detail::SchedulerImpl::answer_server(bool& answered) noexcept {
+  std::lock_guard lock(mutex_);
+  answered = true;
+  wake_.notify_all();
 }
 
 void detail::SchedulerImpl::run() {
@@ -224,8 +272,7 @@ void detail::SchedulerImpl::drain_inline() {
       if (sync_queue_.empty()) break;
       sync_batch_.swap(sync_queue_);
     }
-    for (TaskletPtr& tasklet : sync_batch_) run_sync_phase(std::move(tasklet));
-    sync_batch_.clear();
+    run_sync_batch();
   }
   report_failures();
 }
@@ -240,6 +287,7 @@ void detail::SchedulerImpl::with(const TaskletPtr& tasklet) {
     try {
       enter_pending_rules();
       hold = detail::ThreadHold::take(rule, false);
+      hold->set_owner(tasklet.get(), this, std::this_thread::get_id());
     } catch (...) {
       finish(tasklet, nullptr);  // out of memory: ended unrun, as if never given
       throw;

@@ -63,6 +63,7 @@ class tasklet::Tasklet::Engine {
     return static_cast<detail::RuleRequest*>(tasklet.hold_);
   }
   static void set_hold(Tasklet& tasklet, detail::RuleRequest* hold) noexcept { tasklet.hold_ = hold; }
+  static bool has_name(const Tasklet& tasklet) noexcept { return tasklet.name_ != nullptr; }
   /// Sets the rule without validating it, for a rule the library validated already (an inactive
   /// tasklet).
   static void set_trusted_rule(Tasklet& tasklet, Rule rule) noexcept { tasklet.rule_ = std::move(rule); }

@@ -150,6 +150,9 @@ class RuleRequest {
   virtual void refused() noexcept { cancelled(); }
   /// Who asked (a tasklet, for instance), so that its request can be found and withdrawn.
   virtual const void* owner() const noexcept { return nullptr; }
+  /// Who asked and for which rule, for diagnostics (RuleTable::blockers). Called under the table's
+  /// lock: the rule is a strong reference, so that the caller can print it outside.
+  virtual RuleBlocker describe() const { return {"a request", nullptr, false}; }
   /// Whether leave() may park this request (see the top of rule_table.hpp) instead of releasing it;
   /// asked when it is entered. Its owner then keeps it until it enters it again or discards it.
   virtual bool parkable() const noexcept { return false; }

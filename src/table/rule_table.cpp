@@ -8,6 +8,7 @@
 #include <atomic>
 #include <bit>
 #include <cassert>
+#include <exception>
 #include <vector>
 
 namespace tasklet::detail {
@@ -398,6 +399,41 @@ bool RuleTable::has_conflicting_waiter_locked(const RuleRequest& held) const noe
     if (!waiter->held_ && conflicts_pairwise(held, *waiter)) return true;
   }
   return false;
+}
+
+std::vector<RuleBlocker> RuleTable::blockers(const RuleRequest& waiting) {
+  std::vector<RuleBlocker> found;
+  std::vector<const RuleRequest*> earlier;
+  Grants grants;
+  std::exception_ptr failed;  // out of memory: the grants the lock delivered go out all the same
+  try {
+    Locked lock(*this, grants);
+    for (const RuleRequest* other : live_) {
+      if (!waiting.in_table_ || waiting.held_) break;
+      // A parked request is idle (a newcomer revokes it), and its rule may be gone.
+      const Park park = other->park_.load(std::memory_order_acquire);
+      if (other == &waiting || (park != Park::none && park != Park::active && park != Park::wanted)) continue;
+      if (!other->held_ && other->ticket_ > waiting.ticket_) continue;
+      if (!conflicting(waiting, *other) && !conflicts_pairwise(waiting, *other)) continue;
+      if (other->held_) {
+        found.push_back(other->describe());
+        found.back().holds = true;
+      } else {
+        earlier.push_back(other);
+      }
+    }
+    std::sort(earlier.begin(), earlier.end(),
+              [](const RuleRequest* a, const RuleRequest* b) { return a->ticket_ < b->ticket_; });
+    for (const RuleRequest* other : earlier) {
+      found.push_back(other->describe());
+      found.back().holds = false;
+    }
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  notify(grants);
+  if (failed) std::rethrow_exception(failed);
+  return found;
 }
 
 bool RuleTable::is_idle() {

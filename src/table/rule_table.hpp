@@ -126,6 +126,11 @@ class RuleTable {
            entering_submitted_.load(std::memory_order_acquire);
   }
 
+  /// Whom `waiting` waits for: the active held requests that conflict with it, then the earlier
+  /// waiting ones it queues behind, in ticket order. Empty once it is granted (or out of the
+  /// table). O(live requests), under the lock (custom rules are asked, as when they are granted).
+  std::vector<RuleBlocker> blockers(const RuleRequest& waiting);
+
   /// Cancels every waiting request (their cancelled() is called). For the owner's shutdown.
   void cancel_all_waiting();
 

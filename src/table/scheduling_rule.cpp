@@ -50,6 +50,10 @@ std::string describe(const SchedulingRule* rule) { return rule ? rule->to_string
 
 std::string describe(const Rule& rule) { return describe(rule.get()); }
 
+std::string RuleBlocker::to_string() const {
+  return owner + (holds ? " holds " : " waits for ") + describe(rule) + (holds ? "" : " (asked earlier)");
+}
+
 void validate_rule(const Rule& rule) {
   if (!rule) return;
   // Built-in kinds keep the laws by construction (their key promises as much); checking them on
