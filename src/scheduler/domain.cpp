@@ -10,6 +10,7 @@
 #include "context.hpp"
 #include "scheduler_impl.hpp"
 #include "tasklet/error.hpp"
+#include "tasklet_state.hpp"
 
 namespace tasklet::detail {
 
@@ -383,8 +384,8 @@ void Domain::transfer_rule(const Rule& rule, std::thread::id destination) {
   auto& ctx = detail::state();
   const std::string what = "transfer_rule(" + describe(rule) + "): ";
   if (ctx.phase_rule != nullptr && *ctx.phase_rule && ctx.phase_rule->get() == rule.get()) {
-    throw IllegalState(what + "it is the rule of the tasklet or job running here, which only a thread's " +
-                       "begin_rule can hand over");
+    transfer_tasklet_rule(ctx, rule, destination, what);
+    return;
   }
   std::size_t outer = ctx.rule_stack.size();
   for (std::size_t i = ctx.phase_base; i < ctx.rule_stack.size(); ++i) {
@@ -403,27 +404,77 @@ void Domain::transfer_rule(const Rule& rule, std::thread::id destination) {
   if (outer + 1 != ctx.rule_stack.size()) {
     throw IllegalState(what + "end the rules begun inside it first");
   }
-  {
+  std::lock_guard lock(handing_);
+  ThreadHold* waiter = destination_waiter(rule, destination, what);
+  handed_.emplace(destination, ctx.rule_stack[outer]);  // out of memory: nothing changed
+  ctx.rule_stack[outer].hold->set_owner(nullptr, nullptr, destination);
+  ctx.rule_stack.pop_back();
+  handed(waiter);
+}
+
+// transfer_rule's checks of the destination, under handing_: it has not taken a rule handed
+// before, and it waits for nothing or for a part of `rule` (returned, or null).
+ThreadHold* Domain::destination_waiter(const Rule& rule, std::thread::id destination, const std::string& what) {
+  if (handed_.contains(destination)) {
+    throw IllegalState(what + "the destination thread has not taken the rule handed to it before");
+  }
+  const auto waiting = waiting_.find(destination);
+  ThreadHold* waiter = waiting != waiting_.end() ? waiting->second : nullptr;
+  if (waiter != nullptr && !rule->contains(*waiter->rule())) {
+    throw IllegalState(what + "the destination thread waits in begin_rule for " + waiter->rule()->to_string() +
+                       ", which this rule does not contain");
+  }
+  return waiter;
+}
+
+// A rule was put in handed_, under handing_.
+void Domain::handed(ThreadHold* waiter) {
+  handed_count_.fetch_add(1, std::memory_order_release);
+  if (waiter != nullptr) {
+    // It waits for a part of this rule, which now is its own: its request goes, and it takes the rule.
+    waiter->handed = true;
+    table_.withdraw_waiting(*waiter->rule(), [waiter](const RuleRequest& request) { return &request == waiter; });
+  }
+}
+
+// The rule of the tasklet (or job) whose phase runs here moves to `destination` as if that thread
+// had begun it; the tasklet holds nothing from now on, and releases nothing at its end.
+void Domain::transfer_tasklet_rule(TaskState& ctx, const Rule& rule, std::thread::id destination,
+                                   const std::string& what) {
+  if (ctx.phase_domain != this) {
+    throw RuleMismatch(what + "it is the rule of the tasklet running here, which belongs to another job manager");
+  }
+  const bool open = std::any_of(ctx.rule_stack.begin(), ctx.rule_stack.end(),
+                                [](const RuleFrame& frame) { return static_cast<bool>(frame.rule); });
+  if (open) throw IllegalState(what + "end the rules begun inside it first");
+  Tasklet& tasklet = *ctx.tasklet;
+  RuleRequest* held = TaskletAccess::hold(tasklet);
+  if (held == nullptr) throw IllegalState(what + tasklet.name() + " does not hold it");
+  // A tasklet that took its rule back (yield_rule) holds it with a thread's request already;
+  // otherwise a thread's request takes its place in the table.
+  auto* moved = dynamic_cast<ThreadHold*>(held);
+  ThreadHold* fresh = moved == nullptr ? ThreadHold::take(rule, false) : nullptr;
+  try {
     std::lock_guard lock(handing_);
-    if (handed_.contains(destination)) {
-      throw IllegalState(what + "the destination thread has not taken the rule handed to it before");
+    ThreadHold* waiter = destination_waiter(rule, destination, what);
+    ThreadHold* hold = moved != nullptr ? moved : fresh;
+    const auto [entry, added] = handed_.emplace(destination, RuleFrame{rule, this, hold});
+    if (fresh != nullptr) {
+      try {
+        table_.hand_over(*held, *fresh);
+      } catch (...) {
+        handed_.erase(entry);
+        throw;
+      }
+      delete held;
     }
-    const auto waiting = waiting_.find(destination);
-    ThreadHold* waiter = waiting != waiting_.end() ? waiting->second : nullptr;
-    if (waiter != nullptr && !rule->contains(*waiter->rule())) {
-      throw IllegalState(what + "the destination thread waits in begin_rule for " +
-                         waiter->rule()->to_string() + ", which this rule does not contain");
-    }
-    handed_.emplace(destination, ctx.rule_stack[outer]);  // out of memory: nothing changed
-    ctx.rule_stack[outer].hold->set_owner(nullptr, nullptr, destination);
-    ctx.rule_stack.pop_back();
-    handed_count_.fetch_add(1, std::memory_order_release);
-    if (waiter != nullptr) {
-      // It waits for a part of this rule, which now is its own: its request goes, and it takes the rule.
-      waiter->handed = true;
-      table_.withdraw_waiting(*waiter->rule(),
-                              [waiter](const RuleRequest& request) { return &request == waiter; });
-    }
+    hold->set_owner(nullptr, nullptr, destination);
+    TaskletAccess::set_hold(tasklet, nullptr);
+    ctx.phase_rule = nullptr;  // the rest of this phase holds nothing
+    handed(waiter);
+  } catch (...) {
+    if (fresh != nullptr) ThreadHold::recycle(fresh);
+    throw;
   }
 }
 

@@ -181,6 +181,9 @@ class Domain : public std::enable_shared_from_this<Domain> {
   std::atomic<std::size_t> handed_count_{0};
   // The rule handed to this thread, if any, becomes its outermost rule (at `ctx.phase_base`).
   void take_handed(TaskState& ctx);
+  ThreadHold* destination_waiter(const Rule& rule, std::thread::id destination, const std::string& what);
+  void handed(ThreadHold* waiter);
+  void transfer_tasklet_rule(TaskState& ctx, const Rule& rule, std::thread::id destination, const std::string& what);
 
   // The lock listener, read by begin_rule only when it has to wait and `listening_` says so.
   std::mutex listener_mutex_;

@@ -37,8 +37,9 @@ class PhaseScope {
     ctx_.current = &impl;
     ctx_.phase_of = &impl;
     ctx_.tasklet = &tasklet;
-    const Rule& rule = tasklet.rule();  // current_rule() may hand it out
-    ctx_.phase_rule = rule ? &rule : nullptr;
+    // current_rule() may hand it out. A tasklet that gave its rule away (transfer_rule) holds none.
+    const Rule& rule = tasklet.rule();
+    ctx_.phase_rule = rule && TaskletAccess::hold(tasklet) != nullptr ? &rule : nullptr;
     ctx_.phase_domain = &impl.domain_;
     ctx_.phase_base = ctx_.rule_stack.size();
   }

@@ -103,6 +103,12 @@ class RuleTable {
   /// already, and the caller still owns it. Lock-free.
   static bool discard(RuleRequest& request) noexcept;
 
+  /// Moves a held request's place to `to`, a request out of every table and not parkable: `to`
+  /// holds the rule from now on, which is never free in between, and `from` is out of the table
+  /// (its owner may delete it). For handing a tasklet's rule to a thread. Throws std::bad_alloc
+  /// (nothing changed).
+  void hand_over(RuleRequest& from, RuleRequest& to);
+
   /// Withdraws a waiting request; false when it was granted meanwhile (its granted() runs or ran).
   bool withdraw(RuleRequest& request);
 

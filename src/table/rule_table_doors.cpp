@@ -251,4 +251,29 @@ bool RuleTable::leave(RuleRequest& request) {
   return parked;
 }
 
+void RuleTable::hand_over(RuleRequest& from, RuleRequest& to) {
+  to.reserve_entries(from.entry_count_);  // out of memory: nothing changed
+  Grants grants;  // none: nothing is released, but the lock may enter what was submitted
+  {
+    Locked lock(*this, grants);
+    assert(from.in_table_ && from.held_ && !from.parkable_ && !to.in_table_ && !to.parkable());
+    std::copy_n(from.entries_, from.entry_count_, to.entries_);
+    to.entry_count_ = from.entry_count_;
+    to.rule_ = from.rule_;
+    to.ticket_ = from.ticket_;
+    to.place_ = from.place_;
+    to.held_ = true;
+    to.in_table_ = true;
+    to.has_custom_ = from.has_custom_;
+    to.custom_blocked_ = false;
+    live_[from.place_.in_table.live_index] = &to;
+    if (from.has_custom_) *std::find(customs_.begin(), customs_.end(), &from) = &to;
+    from.held_ = false;
+    from.in_table_ = false;
+    from.has_custom_ = false;
+    from.clear_entries();
+  }
+  notify(grants);
+}
+
 }  // namespace tasklet::detail

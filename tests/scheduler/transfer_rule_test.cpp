@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -163,6 +164,140 @@ TEST_F(TransferRuleTest, RulesTheDestinationBeginsMustNestInTheHandedRule) {
   manager_->transfer_rule(handed, destination.id());
   destination.go();
   EXPECT_TRUE(refused.get_future().get());
+}
+
+TEST_F(TransferRuleTest, AJobHandsItsRuleToAThreadAndNoLongerReleasesItAtItsEnd) {
+  const Rule rule = rules::path("/job");
+  std::promise<void> ended;
+  Destination destination([&] {
+    manager_->begin_rule(rules::path("/job/part"));  // nests in the handed rule
+    manager_->end_rule(manager_->current_rule());
+    manager_->end_rule(rule);
+    ended.set_value();
+  });
+  Rule after_transfer = rule;
+  auto job = make_job(
+      "giver",
+      [&](ProgressMonitor&) {
+        manager_->transfer_rule(rule, destination.id());
+        after_transfer = manager_->current_rule();
+        manager_->begin_rule(rules::path("/elsewhere"));  // holds nothing now: waits for no one
+        manager_->end_rule(manager_->current_rule());
+      },
+      manager_);
+  job->set_rule(rule);
+  job->schedule();
+  job->join();
+  EXPECT_TRUE(job->result().is_ok()) << job->result().message;
+  EXPECT_EQ(after_transfer, nullptr) << "the run holds nothing once it handed its rule over";
+  EXPECT_EQ(manager_->rule_stats().held, 1u) << "the job's end did not release it";
+
+  auto next = make_job("next", [](ProgressMonitor&) {}, manager_);
+  next->set_rule(rules::path("/job/leaf"));
+  next->schedule();
+  EXPECT_EQ(next->state(), JobState::waiting) << "the destination holds the rule";
+  destination.go();
+  ended.get_future().wait();
+  next->join();
+  EXPECT_TRUE(next->result().is_ok());
+  destination.join();
+}
+
+TEST_F(TransferRuleTest, ATaskletHandsItsRuleAndRunsItsLaterPhasesWithoutIt) {
+  auto scheduler = Scheduler::create(SchedulerOptions{manager_, nullptr, 0});
+  const Rule rule = rules::mutex();
+  Destination destination([&] { manager_->end_rule(rule); });
+  std::vector<bool> holds;
+  int phase = 0;
+  auto tasklet = make_tasklet(
+      [&] {
+        holds.push_back(manager_->current_rule() == rule);
+        if (++phase == 1) {
+          manager_->transfer_rule(rule, destination.id());
+          holds.push_back(manager_->current_rule() == rule);
+          return Directive::async;
+        }
+        return Directive::done;
+      },
+      rule);
+  scheduler->schedule(tasklet, Directive::sync);
+  scheduler->run();
+  EXPECT_EQ(holds, (std::vector<bool>{true, false, false}));
+  EXPECT_EQ(tasklet->rule(), rule) << "the tasklet keeps its rule for its next run";
+  EXPECT_EQ(manager_->rule_stats().held, 1u);
+  destination.go();
+  destination.join();
+  EXPECT_EQ(manager_->rule_stats().held, 0u);
+  // Scheduled again, it takes its rule as before.
+  phase = 1;
+  holds.clear();
+  scheduler->schedule(tasklet, Directive::sync);
+  scheduler->run();
+  EXPECT_EQ(holds, std::vector<bool>{true});
+}
+
+TEST_F(TransferRuleTest, AJobThatTookItsRuleBackAfterYieldingCanHandItOver) {
+  const Rule rule = rules::mutex();
+  struct Waits final : LockListener {
+    std::latch waiting{1};
+    Waiting about_to_wait(const Rule&, const std::vector<RuleBlocker>&) override {
+      waiting.count_down();
+      return Waiting::block;
+    }
+  };
+  auto listener = std::make_shared<Waits>();
+  manager_->set_lock_listener(listener);
+  std::promise<void> ended;
+  Destination destination([&] {
+    manager_->end_rule(rule);
+    ended.set_value();
+  });
+  std::thread other;
+  auto job = make_job(
+      "yielder",
+      [&](ProgressMonitor& monitor) {
+        other = std::thread([&] {
+          manager_->begin_rule(rule);  // waits for the job
+          manager_->end_rule(rule);
+        });
+        listener->waiting.wait();
+        EXPECT_TRUE(manager_->current_job()->yield_rule());  // the thread goes first, then the job again
+        manager_->transfer_rule(rule, destination.id());
+        static_cast<void>(monitor);
+      },
+      manager_);
+  job->set_rule(rule);
+  job->schedule();
+  job->join();
+  other.join();
+  EXPECT_TRUE(job->result().is_ok()) << job->result().message;
+  EXPECT_EQ(manager_->rule_stats().held, 1u);
+  destination.go();
+  ended.get_future().wait();
+  destination.join();
+}
+
+TEST_F(TransferRuleTest, AJobWithRulesOpenInsideItsOwnCannotHandItsRule) {
+  const Rule rule = rules::path("/open");
+  std::string refused;
+  auto job = make_job(
+      "nester",
+      [&](ProgressMonitor&) {
+        const Rule inner = rules::path("/open/inner");
+        manager_->begin_rule(inner);
+        try {
+          manager_->transfer_rule(rule, std::thread::id{});
+        } catch (const IllegalState& error) {
+          refused = error.what();
+        }
+        manager_->end_rule(inner);
+      },
+      manager_);
+  job->set_rule(rule);
+  job->schedule();
+  job->join();
+  EXPECT_NE(refused.find("end the rules begun inside it first"), std::string::npos) << refused;
+  EXPECT_EQ(manager_->rule_stats().held, 0u) << "the job kept its rule and released it at its end";
 }
 
 TEST_F(TransferRuleTest, ADestinationHoldingARuleOfItsOwnGetsTheErrorAndTheHandedRuleIsReleased) {
