@@ -92,10 +92,11 @@ class JobManager {
   /// begin rules it contains inside it. The rule never becomes free in between. The destination
   /// takes it at its next begin_rule or end_rule on this manager; one waiting in begin_rule for a
   /// rule this one contains takes it at once and holds both (it ends the one it asked for, then
-  /// the handed one). Nothing for a null rule or this thread. Throws RuleMismatch when `rule` is
-  /// not this thread's outermost rule of this manager, IllegalState when rules begun inside it are
-  /// open, when it is the rule of the running tasklet or job, when the destination has not taken
-  /// a rule handed to it earlier, or waits for a rule this one does not contain; std::bad_alloc.
+  /// the handed one). Called in a phase of a tasklet or job that holds `rule` as its own, it hands
+  /// that: the rest of the tasklet holds nothing, and its end releases nothing. Nothing for a null
+  /// rule or this thread. Throws RuleMismatch when `rule` is not this thread's outermost rule of
+  /// this manager, IllegalState when rules begun inside it are open, when the destination has not
+  /// taken a rule handed to it earlier, or waits for a rule this one does not contain; std::bad_alloc.
   /// A destination that holds a rule of its own when it would take this one gets IllegalState
   /// there, and the handed rule is released. As with a thread that ends inside begin_rule scopes,
   /// a destination that ends without taking the rule leaves it held. Does not block.

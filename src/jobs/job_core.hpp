@@ -133,7 +133,9 @@ class JobTasklet : public Tasklet {
   }
   virtual void abandoned(std::exception_ptr error) noexcept = 0;
   /// The job scheduler's describe_tasklets_by hook: "job 'name'" for a job's run.
-  static std::string describe(const Tasklet& tasklet) { return static_cast<const JobTasklet&>(tasklet).describe(); }
+  static std::string describe(const Tasklet& tasklet) {
+    return static_cast<const JobTasklet&>(tasklet).describe();
+  }
   virtual std::string describe() const { return "the end of a job's run"; }
 
   /// A job's run: set while it finishes later (its next phase ends it with the result done()

@@ -346,8 +346,9 @@ detail::ThreadHold* Domain::hold_for(detail::TaskState& ctx, const Rule& rule) {
   for (const CallFrame* serving = ctx.serving_wait; serving != nullptr; serving = serving->outer) {
     const auto& waiting = *static_cast<const detail::ThreadHold*>(serving->owner);
     if (rule->is_conflicting(*waiting.rule())) {
-      throw IllegalState("begin_rule(" + describe(rule) + ") in a sync phase run while this thread waits for " +
-                         describe(waiting.rule()) + " in begin_rule: it would wait for itself");
+      throw IllegalState("begin_rule(" + describe(rule) +
+                         ") in a sync phase run while this thread waits for " + describe(waiting.rule()) +
+                         " in begin_rule: it would wait for itself");
     }
   }
   SchedulerImpl::enter_pending_rules(ctx);  // what this thread started before comes first
@@ -414,15 +415,16 @@ void Domain::transfer_rule(const Rule& rule, std::thread::id destination) {
 
 // transfer_rule's checks of the destination, under handing_: it has not taken a rule handed
 // before, and it waits for nothing or for a part of `rule` (returned, or null).
-ThreadHold* Domain::destination_waiter(const Rule& rule, std::thread::id destination, const std::string& what) {
+ThreadHold* Domain::destination_waiter(const Rule& rule, std::thread::id destination,
+                                       const std::string& what) {
   if (handed_.contains(destination)) {
     throw IllegalState(what + "the destination thread has not taken the rule handed to it before");
   }
   const auto waiting = waiting_.find(destination);
   ThreadHold* waiter = waiting != waiting_.end() ? waiting->second : nullptr;
   if (waiter != nullptr && !rule->contains(*waiter->rule())) {
-    throw IllegalState(what + "the destination thread waits in begin_rule for " + waiter->rule()->to_string() +
-                       ", which this rule does not contain");
+    throw IllegalState(what + "the destination thread waits in begin_rule for " +
+                       waiter->rule()->to_string() + ", which this rule does not contain");
   }
   return waiter;
 }
@@ -433,7 +435,8 @@ void Domain::handed(ThreadHold* waiter) {
   if (waiter != nullptr) {
     // It waits for a part of this rule, which now is its own: its request goes, and it takes the rule.
     waiter->handed = true;
-    table_.withdraw_waiting(*waiter->rule(), [waiter](const RuleRequest& request) { return &request == waiter; });
+    table_.withdraw_waiting(*waiter->rule(),
+                            [waiter](const RuleRequest& request) { return &request == waiter; });
   }
 }
 
@@ -442,7 +445,8 @@ void Domain::handed(ThreadHold* waiter) {
 void Domain::transfer_tasklet_rule(TaskState& ctx, const Rule& rule, std::thread::id destination,
                                    const std::string& what) {
   if (ctx.phase_domain != this) {
-    throw RuleMismatch(what + "it is the rule of the tasklet running here, which belongs to another job manager");
+    throw RuleMismatch(what +
+                       "it is the rule of the tasklet running here, which belongs to another job manager");
   }
   const bool open = std::any_of(ctx.rule_stack.begin(), ctx.rule_stack.end(),
                                 [](const RuleFrame& frame) { return static_cast<bool>(frame.rule); });

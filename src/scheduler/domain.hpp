@@ -183,7 +183,8 @@ class Domain : public std::enable_shared_from_this<Domain> {
   void take_handed(TaskState& ctx);
   ThreadHold* destination_waiter(const Rule& rule, std::thread::id destination, const std::string& what);
   void handed(ThreadHold* waiter);
-  void transfer_tasklet_rule(TaskState& ctx, const Rule& rule, std::thread::id destination, const std::string& what);
+  void transfer_tasklet_rule(TaskState& ctx, const Rule& rule, std::thread::id destination,
+                             const std::string& what);
 
   // The lock listener, read by begin_rule only when it has to wait and `listening_` says so.
   std::mutex listener_mutex_;

@@ -113,7 +113,9 @@ struct detail::SchedulerImpl::TaskletHold final : detail::InlineRuleRequest<N>, 
   }
   const void* owner() const noexcept override { return tasklet.get(); }
   // `named`, not `tasklet`: the grant moves the tasklet out while blockers() may be reading.
-  RuleBlocker describe() const override { return {scheduler_of(*named).describe_tasklet(*named), named->rule(), false}; }
+  RuleBlocker describe() const override {
+    return {scheduler_of(*named).describe_tasklet(*named), named->rule(), false};
+  }
   static SchedulerImpl& scheduler_of(const Tasklet& held) noexcept {
     return detail::impl(*TaskletAccess::scheduler(held));
   }
@@ -160,8 +162,8 @@ void detail::SchedulerImpl::start(TaskletPtr& tasklet, Directive directive) {
     dispatch(std::move(tasklet), directive);
     return;
   }
-  static_assert(sizeof(TaskletHold<1>) <= 80 && sizeof(TaskletHold<3>) <= 96 && sizeof(TaskletHold<5>) <= 112 &&
-                    sizeof(TaskletHold<7>) <= 128,
+  static_assert(sizeof(TaskletHold<1>) <= 80 && sizeof(TaskletHold<3>) <= 96 &&
+                    sizeof(TaskletHold<5>) <= 112 && sizeof(TaskletHold<7>) <= 128,
                 "TaskletHold outgrew its block of the scalable allocator (memory per queued tasklet)");
   const std::size_t entries = detail::entry_count_hint(*tasklet->rule());
   // A mutex rule takes 1 entry, a path rule of depth d up to d + 1 (with the root's intent); larger

@@ -188,7 +188,8 @@ TEST_P(LockListenerTest, ASynchronousThreadWaitingForARuleKeepsRunningOtherSyncT
   holder->set_name("holder");
   auto bystander = make_tasklet([&] {
     EXPECT_EQ(std::this_thread::get_id(), sync_thread);
-    EXPECT_EQ(manager_->current_rule(), nullptr) << "a phase run meanwhile holds nothing of the waiting thread's";
+    EXPECT_EQ(manager_->current_rule(), nullptr)
+        << "a phase run meanwhile holds nothing of the waiting thread's";
     order.push_back("bystander");
     bystander_ran = true;
     return Directive::done;

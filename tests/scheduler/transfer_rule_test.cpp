@@ -192,7 +192,8 @@ TEST_F(TransferRuleTest, AJobHandsItsRuleToAThreadAndNoLongerReleasesItAtItsEnd)
   EXPECT_EQ(after_transfer, nullptr) << "the run holds nothing once it handed its rule over";
   EXPECT_EQ(manager_->rule_stats().held, 1u) << "the job's end did not release it";
 
-  auto next = make_job("next", [](ProgressMonitor&) {}, manager_);
+  auto next = make_job(
+      "next", [](ProgressMonitor&) {}, manager_);
   next->set_rule(rules::path("/job/leaf"));
   next->schedule();
   EXPECT_EQ(next->state(), JobState::waiting) << "the destination holds the rule";
