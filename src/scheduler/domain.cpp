@@ -134,16 +134,27 @@ bool ThreadHold::try_enter(RuleTable& table) {
   return answered_here_;
 }
 
-ThreadHold::Answer ThreadHold::wait(Domain* waits_in, bool serve) {
-  bool noted = false;
-  if (waits_in != nullptr) {
-    try {
-      waits_in->note_waiting(*this);
-      noted = true;
-    } catch (...) {
-      // Out of memory: it waits unnoted (a transfer to this thread then waits for its next call).
-    }
+ThreadHold::Noted::Noted(ThreadHold& hold, Domain* waits_in) noexcept {
+  if (waits_in == nullptr) return;
+  try {
+    waits_in->note_waiting(hold);
+    domain_ = waits_in;
+  } catch (...) {
+    // Out of memory: it waits unnoted (a transfer to this thread then waits for its next call).
   }
+}
+
+ThreadHold::Noted::~Noted() {
+  if (domain_ != nullptr) domain_->note_waited();
+}
+
+ThreadHold::Answer ThreadHold::wait(Domain* waits_in, bool serve) {
+  const Noted noted(*this, waits_in);
+  await(serve);
+  return answer_;
+}
+
+void ThreadHold::await(bool serve) {
   if (serving_ == nullptr) {
     wakeup_.wait();
   } else if (!serve) {
@@ -160,8 +171,6 @@ ThreadHold::Answer ThreadHold::wait(Domain* waits_in, bool serve) {
     ctx.serving_wait = serving.outer;
     ctx.rule_stack.push_back(std::move(waiting));  // into the room it left: no allocation
   }
-  if (noted) waits_in->note_waited();
-  return answer_;
 }
 
 void ThreadHold::wake(Answer answer) noexcept {
@@ -296,6 +305,7 @@ detail::ThreadHold::Answer Domain::enter_and_wait(detail::ThreadHold& hold, deta
   SchedulerImpl* sync_thread_of = ctx.worker_of == nullptr ? ctx.sync_of : nullptr;
   hold.wake_through(sync_thread_of);
   if (hold.try_enter(table_)) return hold.answer();
+  const detail::ThreadHold::Noted noted(hold, this);  // before the listener hears of it
   LockListener::Waiting choice = LockListener::Waiting::block;
   try {
     choice = listener->about_to_wait(rule, table_.blockers(hold));
@@ -304,11 +314,12 @@ detail::ThreadHold::Answer Domain::enter_and_wait(detail::ThreadHold& hold, deta
       ctx.rule_stack.back().hold = nullptr;  // the frame stays for end_rule, holding nothing
       detail::ThreadHold::recycle(&hold);
     } else {
-      hold.wait(this, false);  // granted meanwhile: held once the answer is here, end_rule releases it
+      hold.await(false);  // granted meanwhile: held once the answer is here, end_rule releases it
     }
     throw;
   }
-  const auto answer = hold.wait(this, choice == LockListener::Waiting::serve && sync_thread_of != nullptr);
+  hold.await(choice == LockListener::Waiting::serve && sync_thread_of != nullptr);
+  const auto answer = hold.answer();
   if (answer == detail::ThreadHold::Answer::granted) listener->got_it(rule);  // throws with the rule held
   return answer;
 }

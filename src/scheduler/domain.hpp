@@ -46,9 +46,23 @@ class ThreadHold final : public InlineRuleRequest<4> {
   }
   /// enter() in two steps: true when the request was answered at once (answer()), else wait().
   bool try_enter(RuleTable& table);
-  /// Waits for the answer. With `serve`, a request that wakes a synchronous thread (wake_through)
-  /// runs that scheduler's sync phases meanwhile, out of the frame on top of this thread's stack.
+  /// Waits for the answer, noted in `waits_in` meanwhile (see Noted). With `serve`, a request that
+  /// wakes a synchronous thread (wake_through) runs that scheduler's sync phases meanwhile, out of
+  /// the frame on top of this thread's stack.
   Answer wait(Domain* waits_in, bool serve);
+  void await(bool serve);
+  /// While it lives, `waits_in` knows that this thread waits for `hold` (a transfer_rule may hand
+  /// the thread a rule meanwhile). Out of memory, the thread waits unnoted.
+  class Noted {
+   public:
+    Noted(ThreadHold& hold, Domain* waits_in) noexcept;
+    ~Noted();
+    Noted(const Noted&) = delete;
+    Noted& operator=(const Noted&) = delete;
+
+   private:
+    Domain* domain_ = nullptr;
+  };
   Answer answer() const noexcept { return answer_; }
   /// Before it enters: its answer wakes `sync_thread_of`'s synchronous thread (this one) through
   /// the scheduler's own wake-up, so that it can wait for both (null: the usual wake-up).

@@ -146,6 +146,47 @@ TEST_F(TransferRuleTest, ADestinationThatHasNotTakenItsRuleYetIsRefusedAnother) 
   destination.go();
 }
 
+TEST_F(TransferRuleTest, ADestinationWaitingForARuleThisOneDoesNotContainIsRefused) {
+  const Rule unrelated = rules::path("/unrelated");
+  const Rule tree = rules::path("/tree");
+  struct Waits final : LockListener {
+    std::latch waiting{1};
+    Waiting about_to_wait(const Rule&, const std::vector<RuleBlocker>&) override {
+      waiting.count_down();  // noted as waiting by now
+      return Waiting::block;
+    }
+  };
+  auto listener = std::make_shared<Waits>();
+  manager_->set_lock_listener(listener);
+  manager_->begin_rule(unrelated);
+  Destination destination([&] {
+    manager_->begin_rule(unrelated);  // waits for the main thread
+    manager_->end_rule(unrelated);
+  });
+  std::thread::id destination_id = destination.id();
+  destination.go();
+  listener->waiting.wait();
+  std::promise<std::string> refusal;
+  std::thread giver([&] {
+    manager_->begin_rule(tree);
+    try {
+      manager_->transfer_rule(tree, destination_id);
+      refusal.set_value("handed over");
+    } catch (const IllegalState& error) {
+      refusal.set_value(error.what());
+    }
+    EXPECT_EQ(manager_->current_rule(), tree) << "a refused transfer leaves the rule where it was";
+    manager_->end_rule(tree);
+  });
+  const std::string refused = refusal.get_future().get();
+  giver.join();
+  EXPECT_NE(refused.find("waits in begin_rule for path(/unrelated), which this rule does not contain"),
+            std::string::npos)
+      << refused;
+  manager_->end_rule(unrelated);
+  destination.join();
+}
+
 TEST_F(TransferRuleTest, RulesTheDestinationBeginsMustNestInTheHandedRule) {
   const Rule handed = rules::path("/handed");
   const Rule elsewhere = rules::path("/elsewhere");
