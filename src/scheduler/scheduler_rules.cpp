@@ -162,25 +162,25 @@ void detail::SchedulerImpl::start(TaskletPtr& tasklet, Directive directive) {
     dispatch(std::move(tasklet), directive);
     return;
   }
-  static_assert(sizeof(TaskletHold<1>) <= 80 && sizeof(TaskletHold<3>) <= 96 &&
-                    sizeof(TaskletHold<5>) <= 112 && sizeof(TaskletHold<7>) <= 128,
+  static_assert(sizeof(TaskletHold<2>) <= 80 && sizeof(TaskletHold<4>) <= 96 && sizeof(TaskletHold<8>) <= 128,
                 "TaskletHold outgrew its block of the scalable allocator (memory per queued tasklet)");
   const std::size_t entries = detail::entry_count_hint(*tasklet->rule());
   // A mutex rule takes 1 entry, a path rule of depth d up to d + 1 (with the root's intent); larger
-  // rules (deep paths, multi rules) get 7 in place and the rest on the heap. Odd counts fill the
-  // scalable allocator's blocks (80, 96, 112 and 128 bytes).
+  // rules (deep paths, multi rules) get 8 in place and the rest on the heap.
   switch (entries) {
     case 0:
     case 1:
       return start_holding<1>(tasklet, directive);
     case 2:
+      return start_holding<2>(tasklet, directive);
     case 3:
       return start_holding<3>(tasklet, directive);
     case 4:
+      return start_holding<4>(tasklet, directive);
     case 5:
       return start_holding<5>(tasklet, directive);
     default:
-      return start_holding<7>(tasklet, directive);
+      return start_holding<8>(tasklet, directive);
   }
 }
 

@@ -10,6 +10,8 @@
 #include <cassert>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <new>
 #include <span>
 #include <vector>
 
@@ -129,9 +131,9 @@ class WaitQueue {
 /// outside the table's lock, and the table does not touch the request afterwards.
 class RuleRequest {
  public:
-  /// `room` entries at `entries` are storage of the subclass (see InlineRuleRequest), kept next to
-  /// the request so that granting it touches one block of memory; more go to the heap.
-  RuleRequest(RuleEntry* entries, std::uint8_t room) noexcept : entries_(entries), entry_room_(room) {}
+  /// `room` (at least 1) entries right behind the request are storage of the subclass (see
+  /// InlineRuleRequest), so that granting it touches one block of memory; more go to the heap.
+  explicit RuleRequest(std::uint8_t room) noexcept : entry_room_(room) {}
   RuleRequest(const RuleRequest&) = delete;
   RuleRequest& operator=(const RuleRequest&) = delete;
 
@@ -141,7 +143,7 @@ class RuleRequest {
   bool is_held() const noexcept { return held_; }
 
   virtual ~RuleRequest() {
-    if (entry_heap_log_ != 0) deallocate_bytes(entries_);
+    if (entry_heap_log_ != 0) deallocate_bytes(entry_data());
   }
   virtual void granted() noexcept = 0;
   virtual void cancelled() noexcept = 0;
@@ -168,8 +170,21 @@ class RuleRequest {
   friend class RuleTable;
   friend class WaitQueue;
 
-  std::span<RuleEntry> entries() noexcept { return {entries_, entry_count_}; }
-  std::span<const RuleEntry> entries() const noexcept { return {entries_, entry_count_}; }
+  // The room in place (right behind the request, see InlineRuleRequest), or, once the entries
+  // moved to the heap, the heap block, whose address is then kept in the room's first word: a
+  // pointer of its own would make every request 8 bytes larger.
+  RuleEntry* room() const noexcept {
+    return std::launder(reinterpret_cast<RuleEntry*>(const_cast<char*>(reinterpret_cast<const char*>(this)) +
+                                                     sizeof(RuleRequest)));
+  }
+  RuleEntry* entry_data() const noexcept {
+    if (entry_heap_log_ == 0) return room();
+    RuleEntry* heap = nullptr;
+    std::memcpy(&heap, static_cast<const void*>(room()), sizeof heap);
+    return heap;
+  }
+  std::span<RuleEntry> entries() noexcept { return {entry_data(), entry_count_}; }
+  std::span<const RuleEntry> entries() const noexcept { return {entry_data(), entry_count_}; }
   std::size_t entry_capacity() const noexcept {
     return entry_heap_log_ != 0 ? std::size_t{1} << entry_heap_log_ : entry_room_;
   }
@@ -177,14 +192,15 @@ class RuleRequest {
     if (count <= entry_capacity()) return;
     const std::size_t capacity = std::bit_ceil(count);
     auto* moved = static_cast<RuleEntry*>(allocate_bytes(capacity * sizeof(RuleEntry)));
-    std::copy_n(entries_, entry_count_, moved);
-    if (entry_heap_log_ != 0) deallocate_bytes(entries_);
-    entries_ = moved;
+    RuleEntry* before = entry_data();
+    std::copy_n(before, entry_count_, moved);
+    if (entry_heap_log_ != 0) deallocate_bytes(before);
+    std::memcpy(static_cast<void*>(room()), &moved, sizeof moved);
     entry_heap_log_ = static_cast<std::uint8_t>(std::countr_zero(capacity));
   }
   RuleEntry& push_entry() {
     reserve_entries(entry_count_ + std::size_t{1});
-    RuleEntry& entry = entries_[entry_count_++];
+    RuleEntry& entry = entry_data()[entry_count_++];
     entry = RuleEntry{};
     return entry;
   }
@@ -192,10 +208,11 @@ class RuleRequest {
   /// The entry at `node` of a queue slot's request (a request has one entry per node); `hint` is
   /// its index, or WaitQueue::scan_hint for "that or more".
   RuleEntry& entry_at(std::size_t hint, const RuleNode& node) noexcept {
-    if (hint < WaitQueue::scan_hint) return entries_[hint];
+    RuleEntry* data = entry_data();
+    if (hint < WaitQueue::scan_hint) return data[hint];
     std::size_t at = hint;
-    while (entries_[at].node() != &node) ++at;
-    return entries_[at];
+    while (data[at].node() != &node) ++at;
+    return data[at];
   }
 
   // Kept small: one of these waits in the table for every queued tasklet with a rule.
@@ -210,7 +227,6 @@ class RuleRequest {
       std::uint32_t live_index;  // position in RuleTable::live_
     } in_table;
   } place_{0};
-  RuleEntry* entries_;  // the subclass's room, or the heap
   std::uint32_t entry_count_ = 0;
   std::atomic<Park> park_{Park::none};
   std::uint8_t entry_room_;          // entries in place
@@ -226,7 +242,8 @@ class RuleRequest {
 
 // A tasklet's hold (this, its entries and the tasklet, its directive in own_bits()) fills a block
 // of the scalable allocator: 80 bytes for a mutex rule, 96 for a path rule up to depth 3.
-static_assert(sizeof(RuleRequest) <= 48, "RuleRequest grew: memory per queued job (DESIGN section 5)");
+static_assert(sizeof(RuleRequest) <= 40, "RuleRequest grew: memory per queued job (DESIGN section 5)");
+static_assert(sizeof(RuleRequest) % alignof(RuleEntry) == 0 && sizeof(RuleEntry) >= sizeof(RuleEntry*));
 
 inline std::uint64_t WaitQueue::ticket_of(Slot slot) noexcept {
   return is_hole(slot) ? slot >> 3 : request_of(slot)->ticket_;
@@ -266,15 +283,20 @@ inline void WaitQueue::advance() noexcept {
 template <std::size_t N>
 struct EntryStorage {
   static_assert(N >= 1 && N < 0xff);
-  std::array<RuleEntry, N> room;
+  std::array<RuleEntry, N> slots;
 };
 
 /// A RuleRequest with room for N entries in place: a mutex rule takes 1, a path rule of depth d
 /// up to d + 1 (d while nobody claims the root), a multi rule the union of its parts.
 template <std::size_t N>
-class InlineRuleRequest : private EntryStorage<N>, public RuleRequest {
+class InlineRuleRequest : public RuleRequest, private EntryStorage<N> {
  protected:
-  InlineRuleRequest() noexcept : RuleRequest(this->room.data(), static_cast<std::uint8_t>(N)) {}
+  InlineRuleRequest() noexcept : RuleRequest(static_cast<std::uint8_t>(N)) {
+    // The room must sit right behind the request (see RuleRequest::room): the first base comes
+    // first, and the request's size is a multiple of an entry's alignment.
+    assert(reinterpret_cast<const char*>(this->slots.data()) ==
+           reinterpret_cast<const char*>(static_cast<RuleRequest*>(this)) + sizeof(RuleRequest));
+  }
 };
 
 /// How many entries a request for `rule` takes, at most (a guide for choosing N above).

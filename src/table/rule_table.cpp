@@ -163,7 +163,7 @@ void RuleTable::give_root_intents() noexcept {
     RuleRequest& request = *live_[at];
     assert(request.entry_count_ < request.entry_capacity());  // reserved when it entered
     add_root_intent(request);
-    RuleEntry& entry = request.entries_[request.entry_count_ - 1];
+    RuleEntry& entry = request.entry_data()[request.entry_count_ - 1];
     entry.set_clear(true);
     const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
     root_.count(mode);
@@ -173,7 +173,7 @@ void RuleTable::give_root_intents() noexcept {
 }
 
 void RuleTable::enqueue(RuleRequest& request, std::size_t index) noexcept {
-  RuleEntry& entry = request.entries_[index];
+  RuleEntry& entry = request.entry_data()[index];
   const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
   entry.node()->make_queue(mode);
   entry.node()->waiting(mode).push_back(request, request.ticket_, index);
@@ -269,7 +269,7 @@ bool RuleTable::put_in(RuleRequest& request, Grants& grants, Orphans& orphans) {
       request.place_.in_table.unclear = unclear;
       request.custom_blocked_ = custom_blocked;
       for (std::size_t index = 0; index < request.entry_count_; ++index) {
-        RuleEntry& entry = request.entries_[index];
+        RuleEntry& entry = request.entry_data()[index];
         if (entry.clear()) {
           const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
           entry.node()->count(mode);

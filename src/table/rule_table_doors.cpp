@@ -257,7 +257,7 @@ void RuleTable::hand_over(RuleRequest& from, RuleRequest& to) {
   {
     Locked lock(*this, grants);
     assert(from.in_table_ && from.held_ && !from.parkable_ && !to.in_table_ && !to.parkable());
-    std::copy_n(from.entries_, from.entry_count_, to.entries_);
+    std::copy_n(from.entry_data(), from.entry_count_, to.entry_data());
     to.entry_count_ = from.entry_count_;
     to.rule_ = from.rule_;
     to.ticket_ = from.ticket_;

@@ -122,7 +122,7 @@ void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom, const
           return;
         }
         // Alone in the request (reserved above): the entries are written in place.
-        RuleEntry* entry = request.entries_ + request.entry_count_;
+        RuleEntry* entry = request.entry_data() + request.entry_count_;
         for (std::size_t i = first; i < count; ++i, ++entry) {
           *entry = RuleEntry{};
           entry->set_node(*note->nodes()[i]);
