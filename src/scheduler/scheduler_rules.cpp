@@ -100,8 +100,7 @@ thread_local detail::SchedulerImpl::Delivery* detail::SchedulerImpl::Delivery::i
 template <std::size_t N>
 struct detail::SchedulerImpl::TaskletHold final : detail::InlineRuleRequest<N>, detail::PooledObject {
   // `by_sync_thread`: counted in sync_holds_ (started by the synchronous thread), else in holds_.
-  TaskletHold(TaskletPtr waiting, Directive first, bool by_sync_thread)
-      : tasklet(std::move(waiting)), named(tasklet.get()) {
+  TaskletHold(TaskletPtr waiting, Directive first, bool by_sync_thread) : tasklet(std::move(waiting)) {
     this->set_rule(tasklet->rule().get());  // the tasklet's rule cannot change while it is active
     static_assert(static_cast<int>(Directive::done) < 4, "the first directive is kept in 2 bits");
     this->set_own_bits(static_cast<std::uint8_t>(static_cast<unsigned>(first) | (by_sync_thread ? 4u : 0u)));
@@ -112,18 +111,16 @@ struct detail::SchedulerImpl::TaskletHold final : detail::InlineRuleRequest<N>, 
     return (this->own_bits() & 4u) != 0 ? impl.sync_holds_ : impl.holds_;
   }
   const void* owner() const noexcept override { return tasklet.get(); }
-  // `named`, not `tasklet`: the grant moves the tasklet out while blockers() may be reading.
   RuleBlocker describe() const override {
-    return {scheduler_of(*named).describe_tasklet(*named), named->rule(), false};
-  }
-  static SchedulerImpl& scheduler_of(const Tasklet& held) noexcept {
-    return detail::impl(*TaskletAccess::scheduler(held));
+    return {scheduler().describe_tasklet(*tasklet), tasklet->rule(), false};
   }
   SchedulerImpl& scheduler() const noexcept { return detail::impl(*TaskletAccess::scheduler(*tasklet)); }
   void granted() noexcept override {
     SchedulerImpl& impl = scheduler();
     const Delivery delivery(impl, count_in(impl));
-    impl.dispatch(std::move(tasklet), pending());
+    // A copy: the hold keeps its reference until the rule is released, so that blockers() can
+    // name the holder without racing with the grant.
+    impl.dispatch(TaskletPtr(tasklet), pending());
   }
   void cancelled() noexcept override {
     SchedulerImpl& impl = scheduler();
@@ -142,8 +139,7 @@ struct detail::SchedulerImpl::TaskletHold final : detail::InlineRuleRequest<N>, 
     impl.abandon(std::move(ended), std::make_exception_ptr(std::bad_alloc()));
   }
 
-  TaskletPtr tasklet;
-  const Tasklet* named;  // the tasklet, held or not (alive while the hold is in the table)
+  TaskletPtr tasklet;  // while it waits, the tasklet's owner; once granted, one of its owners
 };
 
 void detail::SchedulerImpl::forget_deliveries_here() noexcept {

@@ -128,7 +128,7 @@ void detail::SchedulerImpl::end_suspension(TaskletPtr tasklet, std::uint32_t gen
       auto entry = parked_.find(tasklet.get());
       if (entry == parked_.end()) return;  // being dropped with its scheduler
       // Owned by parked_ and by `tasklet` only: nobody can suspend it again.
-      const bool owned_outside = entry->second.use_count() > 2;
+      const bool owned_outside = entry->second.use_count() > 2 + held_rule_references(*entry->second);
       const std::uint64_t next =
           owned_outside ? word & ~st::armed : st::with_generation(st::active, st::generation(word));
       if (!state.compare_exchange_strong(word, next, std::memory_order_acq_rel)) continue;
@@ -147,9 +147,15 @@ void detail::SchedulerImpl::end_suspension(TaskletPtr tasklet, std::uint32_t gen
   }
 }
 
+// The reference a tasklet's granted request keeps (see TaskletHold): an owner inside the engine.
+long detail::SchedulerImpl::held_rule_references(const Tasklet& tasklet) noexcept {
+  const RuleRequest* hold = TaskletAccess::hold(tasklet);
+  return hold != nullptr && hold->owner() == &tasklet ? 1 : 0;
+}
+
 void detail::SchedulerImpl::park_unarmed(TaskletPtr tasklet) noexcept {
   auto& state = TaskletAccess::state(*tasklet);
-  if (tasklet.use_count() == 1 && !background_) {
+  if (tasklet.use_count() == 1 + held_rule_references(*tasklet) && !background_) {
     end_lost(std::move(tasklet));
     return;
   }
@@ -201,7 +207,7 @@ void detail::SchedulerImpl::end_lost_tasklets() noexcept {
         ++entry;
         continue;
       }
-      if (entry->second.use_count() > 1 ||
+      if (entry->second.use_count() > 1 + held_rule_references(*entry->first) ||
           !state.compare_exchange_strong(word, st::with_generation(st::active, st::generation(word)),
                                          std::memory_order_acq_rel)) {
         ++loose;  // still owned outside (or suspended again this instant): checked next time
