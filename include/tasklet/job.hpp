@@ -163,6 +163,12 @@ class Job : public std::enable_shared_from_this<Job> {
   /// when the manager shuts down while it takes the rule back, and std::bad_alloc.
   bool yield_rule();
 
+  /// Whom this job waits for while it waits for its rule: the holders of conflicting rules, then
+  /// the earlier requests it queues behind (see RuleBlocker). Empty when it is not waiting for its
+  /// rule (not scheduled, sleeping, already granted, or without a rule). Thread-safe; a moment's
+  /// picture, taken under the rule table's lock. Throws std::bad_alloc.
+  std::vector<RuleBlocker> blockers() const;
+
   /// Family membership; override it. The default belongs to no family.
   virtual bool belongs_to(Family family) const;
 

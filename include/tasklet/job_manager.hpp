@@ -47,6 +47,32 @@ class LockListener {
   virtual void got_it(const Rule& rule) { static_cast<void>(rule); }
 };
 
+/// Who holds which rules of a manager and who waits for which, and why, at one moment
+/// (JobManager::rule_snapshot).
+struct RuleSnapshot {
+  struct Request {
+    /// As RuleBlocker::owner: "job 'name'", "tasklet 'name'", "thread <id>".
+    std::string owner;
+    Rule rule;
+    /// It holds the rule; otherwise it waits for it.
+    bool held = false;
+    /// It asks for shared access only (read-path rules); otherwise for exclusive access somewhere.
+    bool shared = false;
+    /// A waiter's hard blocks: the holders of conflicting rules (indexes into `requests`).
+    std::vector<std::size_t> blocked_by;
+    /// A waiter's soft blocks: the earlier waiters with conflicting requests that strict FIFO
+    /// puts it behind (indexes into `requests`).
+    std::vector<std::size_t> behind;
+  };
+  /// The holders, then the waiters in the order they asked.
+  std::vector<Request> requests;
+  /// Waiters past the limit rule_snapshot() was given, not listed.
+  std::size_t waiters_left_out = 0;
+  /// One line per request, for a log: "[2] job 'format' waits for path(/repo/src/a.cpp)
+  /// (exclusive): blocked by [0] job 'index'".
+  std::string to_string() const;
+};
+
 class JobManager {
  public:
   struct Options {
@@ -157,6 +183,13 @@ class JobManager {
     std::size_t waiting = 0;
   };
   RuleStats rule_stats() const;
+
+  /// Every holder and waiter of the rule table at one moment (copied under the table's lock, whose
+  /// cost nobody pays until asked), with whom each waiter waits for. Lists the first
+  /// `max_waiters` waiters in FIFO order (the blocks are computed among those listed, outside the
+  /// lock: O(listed²)). Idle requests parked by threads that ended their rule are not listed.
+  /// Thread-safe; throws std::bad_alloc.
+  RuleSnapshot rule_snapshot(std::size_t max_waiters = 1000) const;
 
   /// The workers ASYNC phases of this manager's schedulers use by default.
   const std::shared_ptr<Workers>& workers() const noexcept;

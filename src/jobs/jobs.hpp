@@ -121,6 +121,7 @@ class Jobs final {
   bool sleep(JobCore& job);
   void wake_up(JobCore& job, std::chrono::milliseconds delay);
   bool yield_rule(JobCore& job);
+  std::vector<RuleBlocker> blockers(JobCore& job);
   void add_listener(JobCore& job, std::shared_ptr<JobListener> listener);
   void remove_listener(JobCore& job, const std::shared_ptr<JobListener>& listener);
 

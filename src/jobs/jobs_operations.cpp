@@ -310,6 +310,14 @@ bool Jobs::yield_rule(JobCore& job) {
   return here.phase_of->yield_rule(*here.tasklet);
 }
 
+std::vector<RuleBlocker> Jobs::blockers(JobCore& job) {
+  // Under the job's lock, as cancel's withdrawal: its run cannot be granted and gone meanwhile
+  // without the table's lock, under which its request is looked up by its run.
+  std::lock_guard job_lock(job.lock);
+  if (job.state() != JobState::waiting || job.run == nullptr || scheduler_ == nullptr) return {};
+  return impl(*scheduler_).domain_.table_.blockers_of(static_cast<const Tasklet*>(job.run));
+}
+
 void Jobs::end_unrun(JobCore& job, Tasklet& run, Status result) noexcept {
   {
     std::lock_guard job_lock(job.lock);

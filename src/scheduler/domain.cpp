@@ -596,6 +596,47 @@ void JobManager::transfer_rule(const Rule& rule, std::thread::id destination) {
 }
 Rule JobManager::current_rule() const { return detail::domain(*this).current_rule(); }
 
+RuleSnapshot JobManager::rule_snapshot(std::size_t max_waiters) const {
+  RuleSnapshot snapshot;
+  const auto seen = detail::domain(*this).table_.snapshot(max_waiters, snapshot.waiters_left_out);
+  snapshot.requests.reserve(seen.size());
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    RuleSnapshot::Request request{
+        seen[i].who.owner, seen[i].who.rule, seen[i].who.holds, seen[i].shared, {}, {}};
+    if (!request.held) {
+      for (std::size_t other = 0; other < i; ++other) {
+        if (!detail::RuleTable::conflict(seen[i], seen[other])) continue;
+        (seen[other].who.holds ? request.blocked_by : request.behind).push_back(other);
+      }
+    }
+    snapshot.requests.push_back(std::move(request));
+  }
+  return snapshot;
+}
+
+std::string RuleSnapshot::to_string() const {
+  std::size_t held = 0;
+  for (const Request& request : requests) held += request.held ? 1 : 0;
+  std::string text = "rule table: " + std::to_string(held) + " held, " +
+                     std::to_string(requests.size() - held + waiters_left_out) + " waiting\n";
+  const auto name = [this](std::size_t at) { return "[" + std::to_string(at) + "] " + requests[at].owner; };
+  for (std::size_t at = 0; at < requests.size(); ++at) {
+    const Request& request = requests[at];
+    text += "  " + name(at) + (request.held ? " holds " : " waits for ") + describe(request.rule) +
+            (request.shared ? " (shared)" : " (exclusive)");
+    const auto list = [&](const char* what, const std::vector<std::size_t>& which) {
+      if (which.empty()) return;
+      text += std::string(text.back() == ')' ? ": " : "; ") + what + " ";
+      for (std::size_t i = 0; i < which.size(); ++i) text += (i == 0 ? "" : ", ") + name(which[i]);
+    };
+    list("blocked by", request.blocked_by);
+    list("behind", request.behind);
+    text += "\n";
+  }
+  if (waiters_left_out != 0) text += "  ... and " + std::to_string(waiters_left_out) + " more waiting\n";
+  return text;
+}
+
 JobManager::RuleStats JobManager::rule_stats() const {
   detail::RuleTable& table = detail::domain(*this).table_;
   return RuleStats{table.held_count(), table.waiting_count()};

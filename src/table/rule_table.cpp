@@ -402,19 +402,33 @@ bool RuleTable::has_conflicting_waiter_locked(const RuleRequest& held) const noe
 }
 
 std::vector<RuleBlocker> RuleTable::blockers(const RuleRequest& waiting) {
+  return blockers_if([&waiting](const RuleRequest& request) { return &request == &waiting; });
+}
+
+std::vector<RuleBlocker> RuleTable::blockers_of(const void* owner) {
+  return blockers_if([owner](const RuleRequest& request) { return request.owner() == owner; });
+}
+
+template <class Which>
+std::vector<RuleBlocker> RuleTable::blockers_if(Which&& which) {
   std::vector<RuleBlocker> found;
   std::vector<const RuleRequest*> earlier;
   Grants grants;
   std::exception_ptr failed;  // out of memory: the grants the lock delivered go out all the same
   try {
     Locked lock(*this, grants);
+    const auto waiting = std::find_if(live_.begin(), live_.end(), [&](const RuleRequest* request) {
+      return !request->held_ && which(*request);
+    });
+    const RuleRequest* const mine_at = waiting != live_.end() ? *waiting : nullptr;
     for (const RuleRequest* other : live_) {
-      if (!waiting.in_table_ || waiting.held_) break;
+      if (mine_at == nullptr) break;
+      const RuleRequest& mine = *mine_at;
       // A parked request is idle (a newcomer revokes it), and its rule may be gone.
       const Park park = other->park_.load(std::memory_order_acquire);
-      if (other == &waiting || (park != Park::none && park != Park::active && park != Park::wanted)) continue;
-      if (!other->held_ && other->ticket_ > waiting.ticket_) continue;
-      if (!conflicting(waiting, *other) && !conflicts_pairwise(waiting, *other)) continue;
+      if (other == &mine || (park != Park::none && park != Park::active && park != Park::wanted)) continue;
+      if (!other->held_ && other->ticket_ > mine.ticket_) continue;
+      if (!conflicting(mine, *other) && !conflicts_pairwise(mine, *other)) continue;
       if (other->held_) {
         found.push_back(other->describe());
         found.back().holds = true;
@@ -434,6 +448,71 @@ std::vector<RuleBlocker> RuleTable::blockers(const RuleRequest& waiting) {
   notify(grants);
   if (failed) std::rethrow_exception(failed);
   return found;
+}
+
+std::vector<RuleTable::Seen> RuleTable::snapshot(std::size_t max_waiters, std::size_t& left_out) {
+  std::vector<Seen> seen;
+  std::vector<std::pair<std::uint64_t, const RuleRequest*>> waiting;
+  Grants grants;
+  std::exception_ptr failed;  // out of memory: the grants the lock delivered go out all the same
+  try {
+    Locked lock(*this, grants);
+    const auto see = [&seen](const RuleRequest& request) {
+      Seen one;
+      one.who = request.describe();
+      one.who.holds = request.held_;
+      one.owner = request.owner();
+      one.entries.assign(request.entries().begin(), request.entries().end());
+      one.custom = request.has_custom_;
+      one.shared =
+          !request.has_custom_ && std::all_of(one.entries.begin(), one.entries.end(), [](const RuleEntry& e) {
+            return e.mode() == LockMode::is || e.mode() == LockMode::s;
+          });
+      seen.push_back(std::move(one));
+    };
+    for (const RuleRequest* request : live_) {
+      const Park park = request->park_.load(std::memory_order_acquire);
+      if (park != Park::none && park != Park::active && park != Park::wanted) continue;  // idle, parked
+      if (request->held_) {
+        see(*request);
+      } else {
+        waiting.emplace_back(request->ticket_, request);
+      }
+    }
+    std::sort(waiting.begin(), waiting.end());
+    left_out = waiting.size() > max_waiters ? waiting.size() - max_waiters : 0;
+    waiting.resize(waiting.size() - left_out);
+    for (const auto& [ticket, request] : waiting) see(*request);
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  notify(grants);
+  if (failed) std::rethrow_exception(failed);
+  return seen;
+}
+
+bool RuleTable::conflict(const Seen& a, const Seen& b) noexcept {
+  for (const RuleEntry& mine : a.entries) {
+    for (const RuleEntry& theirs : b.entries) {
+      if (mine.node() == theirs.node() && !compatible[index_of(mine.mode())][index_of(theirs.mode())])
+        return true;
+    }
+  }
+  if (!a.custom && !b.custom) return false;
+  const auto says = [](const Seen& custom, const Seen& other) {
+    if (!custom.custom || !custom.who.rule || !other.who.rule) return false;
+    return any_atom(*custom.who.rule, [&](const SchedulingRule& mine) {
+      if (mine.key().kind != RuleKey::Kind::custom) return false;
+      return any_atom(*other.who.rule, [&](const SchedulingRule& theirs) {
+        try {
+          return mine.is_conflicting(theirs);
+        } catch (...) {
+          return true;
+        }
+      });
+    });
+  };
+  return says(a, b) || says(b, a);
 }
 
 bool RuleTable::is_idle() {

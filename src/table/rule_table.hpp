@@ -136,6 +136,23 @@ class RuleTable {
   /// waiting ones it queues behind, in ticket order. Empty once it is granted (or out of the
   /// table). O(live requests), under the lock (custom rules are asked, as when they are granted).
   std::vector<RuleBlocker> blockers(const RuleRequest& waiting);
+  /// The same for the waiting request whose owner() is `owner` (a job's run); empty when none waits.
+  std::vector<RuleBlocker> blockers_of(const void* owner);
+
+  /// One live request as snapshot() saw it.
+  struct Seen {
+    RuleBlocker who;                 // its owner and rule (`holds`: whether it is held)
+    const void* owner = nullptr;     // RuleRequest::owner()
+    bool shared = false;             // asks for shared access only (no exclusive mode anywhere)
+    std::vector<RuleEntry> entries;  // its (node, mode) pairs, to compare by address only
+    bool custom = false;             // has custom parts: asked pairwise
+  };
+  /// The held requests, then the first `max_waiters` waiting ones in ticket order (`left_out`: how
+  /// many more wait), copied under the lock; idle parked requests are left out. O(live requests).
+  std::vector<Seen> snapshot(std::size_t max_waiters, std::size_t& left_out);
+  /// Whether two requests seen by snapshot() conflict. Outside the lock: custom rules are asked
+  /// through the rules the snapshot keeps alive.
+  static bool conflict(const Seen& a, const Seen& b) noexcept;
 
   /// Cancels every waiting request (their cancelled() is called). For the owner's shutdown.
   void cancel_all_waiting();
@@ -197,6 +214,8 @@ class RuleTable {
     return value;
   }
   bool has_conflicting_waiter_locked(const RuleRequest& held) const noexcept;
+  template <class Which>
+  std::vector<RuleBlocker> blockers_if(Which&& which);
   void settle(Grants& grants, Orphans& orphans) noexcept;
 
   // live_ in two parts, each request knowing its position: O(1) insertion and removal, touching
