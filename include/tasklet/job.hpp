@@ -168,6 +168,10 @@ class Job : public std::enable_shared_from_this<Job> {
   /// rule (not scheduled, sleeping, already granted, or without a rule). Thread-safe; a moment's
   /// picture, taken under the rule table's lock. Throws std::bad_alloc.
   std::vector<RuleBlocker> blockers() const;
+  /// True while the job runs holding its rule and a waiting job of a higher priority (an earlier
+  /// Priority) needs a rule that conflicts with it (Eclipse's isBlocking): a long job can then
+  /// yield_rule(). Thread-safe; O(requests in the rule table).
+  bool is_blocking() const;
 
   /// Family membership; override it. The default belongs to no family.
   virtual bool belongs_to(Family family) const;

@@ -42,6 +42,15 @@ class ProgressMonitor {
   /// It reports cancellation through this monitor. The parent must outlive it.
   std::unique_ptr<ProgressMonitor> split(int work);
 
+  /// The run waits for something it cannot do without (Eclipse's setBlocked): the library calls
+  /// it when a job's run has to wait in begin_rule, with whom it waits for ("waiting for
+  /// path(/src): job 'index' holds path(/src)"), and clear_blocked() once it got the rule or gave
+  /// up. A split() monitor passes both on to its parent.
+  void set_blocked(std::string_view reason);
+  void clear_blocked();
+  /// The reason given to the last set_blocked() not cleared since, or empty.
+  std::string blocked_reason() const;
+
   std::string task_name() const;
   std::string subtask_name() const;
   int total_work() const noexcept { return total_.load(std::memory_order_relaxed); }
@@ -55,6 +64,8 @@ class ProgressMonitor {
   virtual void on_subtask(std::string_view /*name*/) {}
   virtual void on_done() {}
   virtual void on_canceled(bool /*canceled*/) {}
+  virtual void on_blocked(std::string_view /*reason*/) {}
+  virtual void on_unblocked() {}
 
  private:
   class Sub;
@@ -63,6 +74,7 @@ class ProgressMonitor {
   mutable std::mutex mutex_;  // names only
   std::string task_name_;
   std::string subtask_name_;
+  std::string blocked_reason_;
   std::atomic<int> total_{unknown};
   std::atomic<double> done_work_{0};
   std::atomic<bool> canceled_{false};

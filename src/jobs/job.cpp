@@ -92,6 +92,7 @@ bool Job::sleep() { return core_->jobs().sleep(*core_); }
 void Job::wake_up(std::chrono::milliseconds delay) { core_->jobs().wake_up(*core_, delay); }
 bool Job::yield_rule() { return core_->jobs().yield_rule(*core_); }
 std::vector<RuleBlocker> Job::blockers() const { return core_->jobs().blockers(*core_); }
+bool Job::is_blocking() const { return core_->jobs().is_blocking(*core_); }
 void Job::done(Status result) { core_->jobs().done(*core_, std::move(result)); }
 
 JobState Job::state() const { return core_->state(); }

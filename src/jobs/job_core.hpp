@@ -137,6 +137,11 @@ class JobTasklet : public Tasklet {
     return static_cast<const JobTasklet&>(tasklet).describe();
   }
   virtual std::string describe() const { return "the end of a job's run"; }
+  /// Whether this is a run of `job`.
+  virtual bool runs(const JobCore& job) const noexcept {
+    static_cast<void>(job);
+    return false;
+  }
 
   /// A job's run: set while it finishes later (its next phase ends it with the result done()
   /// gave). Here, beside the priority, it takes no room of its own.
@@ -155,6 +160,7 @@ class JobRun final : public JobTasklet {
   /// The job ends with the error instead.
   void abandoned(std::exception_ptr error) noexcept override;
   std::string describe() const override;
+  bool runs(const JobCore& job) const noexcept override { return &core_ == &job; }
 
  private:
   JobCore& core_;  // alive while the job is listed, which it is until this run has ended it

@@ -35,6 +35,24 @@ class JobsExtension final : public DomainExtension {
   void finish_after_this_run(std::shared_ptr<Domain> domain) noexcept override {
     jobs_->destroy_after_this_run(std::move(domain));
   }
+  void blocked(const TaskState& ctx, const std::string* reason) noexcept override {
+    auto& job = *static_cast<JobCore*>(ctx.job);
+    std::shared_ptr<ProgressMonitor> monitor;
+    {
+      std::lock_guard lock(job.lock);
+      monitor = job.monitor;
+    }
+    if (!monitor) return;
+    try {
+      if (reason != nullptr) {
+        monitor->set_blocked(*reason);
+      } else {
+        monitor->clear_blocked();
+      }
+    } catch (...) {
+      // A monitor's hook that throws: the wait goes on all the same.
+    }
+  }
 
  private:
   std::shared_ptr<Scheduler> scheduler_;

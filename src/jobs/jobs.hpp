@@ -122,6 +122,7 @@ class Jobs final {
   void wake_up(JobCore& job, std::chrono::milliseconds delay);
   bool yield_rule(JobCore& job);
   std::vector<RuleBlocker> blockers(JobCore& job);
+  bool is_blocking(JobCore& job);
   void add_listener(JobCore& job, std::shared_ptr<JobListener> listener);
   void remove_listener(JobCore& job, const std::shared_ptr<JobListener>& listener);
 

@@ -318,6 +318,32 @@ std::vector<RuleBlocker> Jobs::blockers(JobCore& job) {
   return impl(*scheduler_).domain_.table_.blockers_of(static_cast<const Tasklet*>(job.run));
 }
 
+bool Jobs::is_blocking(JobCore& job) {
+  std::lock_guard job_lock(job.lock);
+  if (job.state() != JobState::running || scheduler_ == nullptr) return false;
+  Scheduler* const jobs_scheduler = scheduler_;
+  // The tasklet of a request, when it is one of our jobs' (runs and completions; only runs hold
+  // rules). Under the table's lock a request's tasklet is alive.
+  const auto job_tasklet = [jobs_scheduler](const RuleRequest& request) -> const JobTasklet* {
+    const auto* tasklet = static_cast<const Tasklet*>(request.owner());
+    if (tasklet == nullptr || TaskletAccess::scheduler(*tasklet) != jobs_scheduler) return nullptr;
+    return static_cast<const JobTasklet*>(tasklet);
+  };
+  std::size_t mine = 0;
+  return impl(*scheduler_)
+      .domain_.table_.has_conflicting_waiter_if(
+          [&](const RuleRequest& held) {
+            const JobTasklet* run = job_tasklet(held);
+            if (run == nullptr || !run->runs(job)) return false;
+            mine = JobTasklet::order_of(*run).lane;
+            return true;
+          },
+          [&](const RuleRequest& waiter) {
+            const JobTasklet* run = job_tasklet(waiter);
+            return run != nullptr && JobTasklet::order_of(*run).lane < mine;
+          });
+}
+
 void Jobs::end_unrun(JobCore& job, Tasklet& run, Status result) noexcept {
   {
     std::lock_guard job_lock(job.lock);

@@ -74,6 +74,29 @@ void ProgressMonitor::done() {
   on_done();
 }
 
+void ProgressMonitor::set_blocked(std::string_view reason) {
+  {
+    std::lock_guard lock(mutex_);
+    blocked_reason_ = reason;
+  }
+  on_blocked(reason);
+  if (parent_ != nullptr) parent_->set_blocked(reason);
+}
+
+void ProgressMonitor::clear_blocked() {
+  {
+    std::lock_guard lock(mutex_);
+    blocked_reason_.clear();
+  }
+  on_unblocked();
+  if (parent_ != nullptr) parent_->clear_blocked();
+}
+
+std::string ProgressMonitor::blocked_reason() const {
+  std::lock_guard lock(mutex_);
+  return blocked_reason_;
+}
+
 std::string ProgressMonitor::task_name() const {
   std::lock_guard lock(mutex_);
   return task_name_;

@@ -299,16 +299,49 @@ detail::ThreadHold::Answer Domain::enter_and_wait(detail::ThreadHold& hold, deta
     std::lock_guard lock(listener_mutex_);
     listener = lock_listener_;
   }
-  if (!listener) return hold.enter(table_, this);
+  DomainExtension* job_layer = ctx.job != nullptr ? made_extension() : nullptr;  // a job's run
+  if (!listener && job_layer == nullptr) return hold.enter(table_, this);
   // A synchronous thread may be told to serve its phases while it waits: its answer must wake it
   // there, so that it can wait for both.
-  SchedulerImpl* sync_thread_of = ctx.worker_of == nullptr ? ctx.sync_of : nullptr;
+  SchedulerImpl* sync_thread_of = listener && ctx.worker_of == nullptr ? ctx.sync_of : nullptr;
   hold.wake_through(sync_thread_of);
   if (hold.try_enter(table_)) return hold.answer();
   const detail::ThreadHold::Noted noted(hold, this);  // before the listener hears of it
+  std::vector<RuleBlocker> blockers;
+  try {
+    blockers = table_.blockers(hold);
+  } catch (...) {
+    // Out of memory: told with nobody named.
+  }
+  // A job's monitor is told (Eclipse's setBlocked), and told again when the wait is over.
+  struct Blocked {
+    Blocked(DomainExtension* layer, const TaskState& state, const Rule& waited,
+            const std::vector<RuleBlocker>& by)
+        : jobs(layer), ctx(state) {
+      if (jobs == nullptr) return;
+      try {
+        std::string reason = "waiting for " + describe(waited);
+        for (std::size_t i = 0; i < by.size(); ++i) reason += (i == 0 ? ": " : "; ") + by[i].to_string();
+        jobs->blocked(ctx, &reason);
+      } catch (...) {
+        jobs = nullptr;  // out of memory for the reason: not told
+      }
+    }
+    ~Blocked() {
+      if (jobs != nullptr) jobs->blocked(ctx, nullptr);
+    }
+    Blocked(const Blocked&) = delete;
+    Blocked& operator=(const Blocked&) = delete;
+    DomainExtension* jobs;
+    const TaskState& ctx;
+  } const blocked(job_layer, ctx, rule, blockers);
+  if (!listener) {
+    hold.await(false);
+    return hold.answer();
+  }
   LockListener::Waiting choice = LockListener::Waiting::block;
   try {
-    choice = listener->about_to_wait(rule, table_.blockers(hold));
+    choice = listener->about_to_wait(rule, blockers);
   } catch (...) {
     if (table_.withdraw(hold)) {
       ctx.rule_stack.back().hold = nullptr;  // the frame stays for end_rule, holding nothing

@@ -124,6 +124,9 @@ class DomainExtension {
   /// finish_after_this_run() takes the domain, to shut it down once that work is over.
   virtual bool runs_here() const noexcept = 0;
   virtual void finish_after_this_run(std::shared_ptr<Domain> domain) noexcept = 0;
+  /// The code running on `ctx` (a job's run, when ctx.job is set) has to wait in begin_rule;
+  /// `reason` says for what and whom, null once the wait is over. On that code's thread.
+  virtual void blocked(const TaskState& ctx, const std::string* reason) noexcept = 0;
 };
 
 /// Owned by its JobManager and by the manager's own background schedulers, so the rule table

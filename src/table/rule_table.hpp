@@ -124,6 +124,10 @@ class RuleTable {
 
   /// Whether some waiting request conflicts with `held` (a held request).
   bool has_conflicting_waiter(const RuleRequest& held);
+  /// Whether some waiting request that `matches` accepts conflicts with the held request that
+  /// `mine` accepts. Both run under the lock. O(live requests).
+  template <class Mine, class Predicate>
+  bool has_conflicting_waiter_if(Mine&& mine, Predicate&& matches);
 
   /// Whether submitted requests wait to be entered, or a lock holder is entering those it took
   /// (a parked request must not be taken back past them: they came first).
@@ -315,6 +319,20 @@ std::size_t RuleTable::withdraw_collected(Collect&& collect) {
   notify(grants);
   for (RuleRequest* request : withdrawn) request->cancelled();
   return withdrawn.size();
+}
+
+template <class Mine, class Predicate>
+bool RuleTable::has_conflicting_waiter_if(Mine&& mine, Predicate&& matches) {
+  return read_settled([&] {
+    const auto held = std::find_if(live_.begin(), live_.end(), [&mine](const RuleRequest* request) {
+      return request->held_ && mine(static_cast<const RuleRequest&>(*request));
+    });
+    if (held == live_.end()) return false;
+    return std::any_of(live_.begin(), live_.end(), [&](const RuleRequest* waiter) {
+      return !waiter->held_ && (conflicting(**held, *waiter) || conflicts_pairwise(**held, *waiter)) &&
+             matches(static_cast<const RuleRequest&>(*waiter));
+    });
+  });
 }
 
 template <class Predicate>

@@ -5,8 +5,10 @@
 #include <future>
 #include <latch>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -196,6 +198,87 @@ TEST_F(RuleSnapshotTest, ANamedTaskletAndACustomRuleAreShownAsTheyAre) {
   EXPECT_NE(seen.find("waits for custom printer (exclusive): blocked by [0] tasklet 'spooler'"),
             std::string::npos)
       << seen;
+}
+
+TEST_F(RuleSnapshotTest, AJobIsBlockingWhenAHigherPriorityJobWaitsForItsRule) {
+  std::latch running(1);
+  std::promise<void> release;
+  auto slow = make_job(
+      "slow",
+      [&](ProgressMonitor&) {
+        running.count_down();
+        release.get_future().wait();
+      },
+      manager_);
+  slow->set_rule(rules::path("/a"));
+  slow->set_priority(Priority::long_job);
+  slow->schedule();
+  running.wait();
+  EXPECT_FALSE(slow->is_blocking()) << "nobody waits";
+  auto decoration = make_job(
+      "decoration", [](ProgressMonitor&) {}, manager_);
+  decoration->set_rule(rules::path("/a/b"));
+  decoration->set_priority(Priority::decorate);
+  decoration->schedule();
+  EXPECT_FALSE(slow->is_blocking()) << "a lower priority waits";
+  EXPECT_FALSE(decoration->is_blocking()) << "a waiting job blocks nobody";
+  auto urgent = make_job(
+      "urgent", [](ProgressMonitor&) {}, manager_);
+  urgent->set_rule(rules::read_path("/a/c"));
+  urgent->set_priority(Priority::interactive);
+  urgent->schedule();
+  EXPECT_TRUE(slow->is_blocking()) << manager_->rule_snapshot().to_string();
+  release.set_value();
+  urgent->join();
+  decoration->join();
+  slow->join();
+  EXPECT_FALSE(slow->is_blocking()) << "not running";
+}
+
+TEST_F(RuleSnapshotTest, AJobsMonitorIsToldWhileItsRunWaitsInBeginRule) {
+  struct Seen {
+    std::latch blocked{1};
+    std::mutex mutex;
+    std::vector<std::string> events;
+  };
+  struct Watching final : ProgressMonitor {
+    explicit Watching(Seen& into) : seen(into) {}
+    void on_blocked(std::string_view reason) override {
+      {
+        std::lock_guard lock(seen.mutex);
+        seen.events.emplace_back(reason);
+      }
+      seen.blocked.count_down();
+    }
+    void on_unblocked() override {
+      std::lock_guard lock(seen.mutex);
+      seen.events.emplace_back("unblocked");
+    }
+    Seen& seen;
+  };
+  Seen seen;
+  manager_->set_progress_provider([&seen](Job&) { return std::make_unique<Watching>(seen); });
+  const Rule rule = rules::path("/b");
+  manager_->begin_rule(rule);
+  std::string reason_inside;
+  auto job = make_job(
+      "waits inside",
+      [&](ProgressMonitor& monitor) {
+        manager_->begin_rule(rule);
+        reason_inside = monitor.blocked_reason();  // cleared once it got the rule
+        manager_->end_rule(rule);
+      },
+      manager_);
+  job->schedule();
+  seen.blocked.wait();
+  manager_->end_rule(rule);
+  job->join();
+  EXPECT_TRUE(job->result().is_ok());
+  EXPECT_EQ(reason_inside, "");
+  std::lock_guard lock(seen.mutex);
+  EXPECT_EQ(seen.events,
+            (std::vector<std::string>{"waiting for path(/b): " + this_thread_name() + " holds path(/b)",
+                                      "unblocked"}));
 }
 
 }  // namespace
