@@ -85,4 +85,12 @@ class IllegalState : public Error {
   using Error::Error;
 };
 
+/// A wait that could never end, found at the moment of the wait: the calling code holds a rule
+/// that the work it would wait for needs (directly, or behind other requests that wait for it).
+/// The message names the cycle: who waits for what, behind whom, and what the caller holds.
+class WaitCycle : public IllegalState {
+ public:
+  using IllegalState::IllegalState;
+};
+
 }  // namespace tasklet

@@ -102,6 +102,9 @@ class Job : public std::enable_shared_from_this<Job> {
   /// state none. Throws IllegalState when called from the job itself. join(timeout) returns false
   /// when the time ran out. Called from another job, the joiner frees its worker while it waits
   /// (the task is suspended), so the job joined can run even when every worker is taken.
+  /// join() throws WaitCycle, naming the cycle, when the job waits for a rule the caller holds
+  /// (directly, or behind requests that wait for one); a job that has not asked for its rule yet
+  /// (delayed, sleeping) is not seen (see docs/observability.md).
   void join();
   bool join(std::chrono::milliseconds timeout);
 

@@ -101,7 +101,8 @@ class SerialExecutor {
   /// Blocks until every task posted so far has finished or been cancelled, then rethrows the first
   /// exception a task threw since the last wait(). Must not be called from one of its own tasks.
   /// Called in a job or an async phase, it suspends that oneTBB task instead of blocking the
-  /// worker, so the executor's tasks can run even on a single worker.
+  /// worker, so the executor's tasks can run even on a single worker. Throws WaitCycle when the
+  /// caller holds the executor's rule (begin_rule(rule())) while tasks wait for it.
   void wait();
 
   /// Tasks posted and not yet finished or cancelled (the running one included).

@@ -249,6 +249,18 @@ bool Jobs::join(JobCore& job, std::chrono::milliseconds timeout) {
     return word / jw::one_end != ends ||
            (jw::phase(word) == JobState::none && (word & (jw::rerun | jw::rerun_pending | jw::ending)) == 0);
   };
+  {
+    // A job waiting for a rule that the caller holds (or behind requests that do) never ends: a
+    // join without a timeout would hang (a timed one ends, and its caller may then let go).
+    std::lock_guard job_lock(job.lock);
+    if (timeout == std::chrono::milliseconds::max() && job.state() == JobState::waiting && job.run != nullptr &&
+        scheduler_ != nullptr) {
+      const Tasklet* run = job.run;
+      impl(*scheduler_)
+          .domain_.check_wait("join(job '" + job.job().name() + "')",
+                              [run](const RuleRequest& request) { return request.owner() == run; });
+    }
+  }
   std::unique_lock lock(join_mutex_);
   if (over(job.word.fetch_or(jw::joined, std::memory_order_acq_rel))) return true;
   return joined_.wait_until(

@@ -614,6 +614,31 @@ const std::shared_ptr<JobManager>& JobManager::global() {
 
 void JobManager::begin_rule(const Rule& rule) { detail::domain(*this).begin_rule(rule); }
 void JobManager::end_rule(const Rule& rule) { detail::domain(*this).end_rule(rule); }
+void detail::Domain::check_wait(const std::string& what,
+                                const std::function<bool(const RuleRequest&)>& start) {
+  const TaskState& ctx = state();
+  boost::container::small_vector<const RuleRequest*, 4> mine;
+  for (const RuleFrame& frame : ctx.rule_stack) {
+    if (frame.hold != nullptr && frame.domain == this) mine.push_back(frame.hold);
+  }
+  if (ctx.tasklet != nullptr && ctx.phase_domain == this && ctx.phase_rule != nullptr) {
+    if (const RuleRequest* hold = TaskletAccess::hold(*ctx.tasklet)) mine.push_back(hold);
+  }
+  if (mine.empty()) return;
+  constexpr std::size_t followed = 256;  // waiting requests a chain may pass through
+  const std::vector<RuleBlocker> chain =
+      table_.wait_chain(start, std::span<const RuleRequest* const>(mine.data(), mine.size()), followed);
+  if (chain.size() < 2) return;
+  std::string text =
+      what + " would never return: " + chain.front().owner + " waits for " + describe(chain.front().rule);
+  for (std::size_t i = 1; i + 1 < chain.size(); ++i) {
+    text += ", behind " + chain[i].owner + " (waiting for " + describe(chain[i].rule) + ")";
+  }
+  text += ", which conflicts with " + describe(chain.back().rule) + ", held by " + chain.back().owner +
+          ", the caller";
+  throw WaitCycle(text);
+}
+
 void detail::Domain::set_lock_listener(std::shared_ptr<LockListener> listener) {
   std::lock_guard lock(listener_mutex_);
   listening_.store(listener != nullptr, std::memory_order_release);

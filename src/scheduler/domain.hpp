@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -143,6 +144,12 @@ class Domain : public std::enable_shared_from_this<Domain> {
   void begin_rule(const Rule& rule);
   detail::ThreadHold* hold_for(detail::TaskState& ctx, const Rule& rule);
   void end_rule(const Rule& rule);
+  /// Before a wait for work of this manager (`what`, as "join(job 'B')"): throws WaitCycle when
+  /// the calling code holds rules of this manager and a waiting request that `start` accepts (the
+  /// work's) waits for one of them, directly or behind other waiting requests. Costs nothing
+  /// when the calling code holds no rule. Detects what the table shows now: work that will ask for
+  /// a rule later, or a holder that waits for the caller in another way, is not seen.
+  void check_wait(const std::string& what, const std::function<bool(const RuleRequest&)>& start);
   /// JobManager::set_lock_listener.
   void set_lock_listener(std::shared_ptr<LockListener> listener);
   /// JobManager::transfer_rule.

@@ -450,6 +450,62 @@ std::vector<RuleBlocker> RuleTable::blockers_if(Which&& which) {
   return found;
 }
 
+std::vector<RuleBlocker> RuleTable::wait_chain(const std::function<bool(const RuleRequest&)>& start,
+                                               std::span<const RuleRequest* const> mine, std::size_t limit) {
+  std::vector<RuleBlocker> chain;
+  Grants grants;
+  std::exception_ptr failed;  // out of memory: the grants the lock delivered go out all the same
+  try {
+    Locked lock(*this, grants);
+    struct Step {
+      const RuleRequest* request;
+      std::size_t from;  // the step it was reached from (itself for a start)
+    };
+    std::vector<Step> steps;
+    const auto idle = [](const RuleRequest& request) {
+      const Park park = request.park_.load(std::memory_order_acquire);
+      return park != Park::none && park != Park::active && park != Park::wanted;
+    };
+    for (const RuleRequest* request : live_) {
+      if (!request->held_ && !idle(*request) && steps.size() < limit && start(*request)) {
+        steps.push_back({request, steps.size()});
+      }
+    }
+    const auto seen = [&steps](const RuleRequest* request) {
+      return std::any_of(steps.begin(), steps.end(),
+                         [request](const Step& step) { return step.request == request; });
+    };
+    for (std::size_t at = 0; at < steps.size() && chain.empty(); ++at) {
+      const RuleRequest& waiting = *steps[at].request;
+      for (const RuleRequest* other : live_) {
+        if (other == &waiting || idle(*other) || (!other->held_ && other->ticket_ > waiting.ticket_))
+          continue;
+        if (!conflicting(waiting, *other) && !conflicts_pairwise(waiting, *other)) continue;
+        if (other->held_) {
+          if (std::find(mine.begin(), mine.end(), other) == mine.end()) continue;
+          // Found: the chain from the start to here, then the caller's request.
+          std::vector<const RuleRequest*> path{other};
+          for (std::size_t step = at;; step = steps[step].from) {
+            path.push_back(steps[step].request);
+            if (steps[step].from == step) break;
+          }
+          for (auto request = path.rbegin(); request != path.rend(); ++request) {
+            chain.push_back((*request)->describe());
+            chain.back().holds = (*request)->held_;
+          }
+          break;
+        }
+        if (steps.size() < limit && !seen(other)) steps.push_back({other, at});
+      }
+    }
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  notify(grants);
+  if (failed) std::rethrow_exception(failed);
+  return chain;
+}
+
 std::vector<RuleTable::Seen> RuleTable::snapshot(std::size_t max_waiters, std::size_t& left_out) {
   std::vector<Seen> seen;
   std::vector<std::pair<std::uint64_t, const RuleRequest*>> waiting;

@@ -42,6 +42,7 @@
 #include <atomic>
 #include <bit>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -157,6 +158,13 @@ class RuleTable {
   /// Whether two requests seen by snapshot() conflict. Outside the lock: custom rules are asked
   /// through the rules the snapshot keeps alive.
   static bool conflict(const Seen& a, const Seen& b) noexcept;
+
+  /// A chain of waits from a waiting request that `start` accepts to a held request in `mine`:
+  /// the start request conflicts with the next, which is held or asked earlier, and so on. Empty
+  /// when there is none among the first `limit` waiting requests it follows. Both sides described
+  /// (RuleBlocker::holds says which are held). `start` runs under the lock. O(limit * live).
+  std::vector<RuleBlocker> wait_chain(const std::function<bool(const RuleRequest&)>& start,
+                                      std::span<const RuleRequest* const> mine, std::size_t limit);
 
   /// Cancels every waiting request (their cancelled() is called). For the owner's shutdown.
   void cancel_all_waiting();

@@ -209,6 +209,12 @@ std::size_t SerialExecutor::cancel_all() {
 }
 
 void SerialExecutor::wait() {
+  // Its tasks wait for its rule: a caller that holds it would wait for itself.
+  const SchedulingRule* mine = rule_.get();
+  detail::domain(*manager_).check_wait("wait() on serial executor '" + describe(rule_) + "'",
+                                       [mine](const detail::RuleRequest& request) {
+                                         return request.rule() == mine && request.owner() != nullptr;
+                                       });
   std::exception_ptr error;
   {
     std::unique_lock lock(state_->mutex);
