@@ -67,7 +67,10 @@ class ThreadHold final : public InlineRuleRequest<4> {
   Answer answer() const noexcept { return answer_; }
   /// Before it enters: its answer wakes `sync_thread_of`'s synchronous thread (this one) through
   /// the scheduler's own wake-up, so that it can wait for both (null: the usual wake-up).
-  void wake_through(SchedulerImpl* sync_thread_of) noexcept { serving_ = sync_thread_of; }
+  void wake_through(SchedulerImpl* sync_thread_of) noexcept {
+    serving_ = sync_thread_of;
+    served_answer_ = false;
+  }
   /// Whose request it is, for diagnostics: the tasklet whose phase (or rule) it is for, else the
   /// thread. take() and parked() set it from the calling code.
   void set_owner(const Tasklet* tasklet, const SchedulerImpl* of, std::thread::id thread) noexcept {
@@ -91,12 +94,6 @@ class ThreadHold final : public InlineRuleRequest<4> {
   void wake(Answer answer) noexcept;
   void reset() noexcept;
   Wakeup wakeup_;
-  SchedulerImpl* serving_ = nullptr;
-  bool served_answer_ = false;  // under serving_'s mutex
-  // Written by its owner (and transfer_rule), read under the table's lock by blockers().
-  std::atomic<const Tasklet*> owner_tasklet_{nullptr};
-  std::atomic<const SchedulerImpl*> owner_of_{nullptr};
-  std::atomic<std::thread::id> owner_thread_{};
   Answer answer_ = Answer::cancelled;
   bool answered_here_ = false;  // granted or cancelled by the owner's own enter(): nothing to wait for
   bool parkable_ = false;
@@ -105,6 +102,14 @@ class ThreadHold final : public InlineRuleRequest<4> {
   // The rule of the last request: a weak reference, so that a new rule cannot take its address
   // while its request is parked.
   std::weak_ptr<const SchedulingRule> last_rule_;
+  // Off begin_rule's fast path, so kept behind what it touches. Set by wake_through before it
+  // enters (null otherwise); the answer, under serving_'s mutex.
+  SchedulerImpl* serving_ = nullptr;
+  bool served_answer_ = false;
+  // Written by its owner (and transfer_rule), read under the table's lock by blockers().
+  std::atomic<const Tasklet*> owner_tasklet_{nullptr};
+  std::atomic<const SchedulerImpl*> owner_of_{nullptr};
+  std::atomic<std::thread::id> owner_thread_{};
 };
 
 /// Ends the begin_rule frames above `base` (a phase's leftovers), innermost first, releasing
