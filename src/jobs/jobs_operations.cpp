@@ -253,8 +253,8 @@ bool Jobs::join(JobCore& job, std::chrono::milliseconds timeout) {
     // A job waiting for a rule that the caller holds (or behind requests that do) never ends: a
     // join without a timeout would hang (a timed one ends, and its caller may then let go).
     std::lock_guard job_lock(job.lock);
-    if (timeout == std::chrono::milliseconds::max() && job.state() == JobState::waiting && job.run != nullptr &&
-        scheduler_ != nullptr) {
+    if (timeout == std::chrono::milliseconds::max() && job.state() == JobState::waiting &&
+        job.run != nullptr && scheduler_ != nullptr) {
       const Tasklet* run = job.run;
       impl(*scheduler_)
           .domain_.check_wait("join(job '" + job.job().name() + "')",
