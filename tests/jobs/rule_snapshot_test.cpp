@@ -15,48 +15,20 @@
 
 #include <gtest/gtest.h>
 
+#include "support/test_support.hpp"
 #include "tasklet/rules/rules.hpp"
 #include "tasklet/tasklet.hpp"
 
 namespace tasklet {
 namespace {
 
-class RuleSnapshotTest : public ::testing::Test {
- protected:
-  void TearDown() override {
-    EXPECT_EQ(manager_->rule_stats().held, 0u);
-    EXPECT_EQ(manager_->rule_stats().waiting, 0u);
-  }
-  std::shared_ptr<JobManager> manager_ = JobManager::create(JobManager::Options{.concurrency = 2});
-};
+using RuleSnapshotTest = test::ManagerTest;
 
-// A job that holds its rule until released.
-struct Holder {
-  Holder(const std::shared_ptr<JobManager>& manager, std::string name, Rule rule) {
-    job = make_job(
-        std::move(name),
-        [this](ProgressMonitor&) {
-          running.count_down();
-          release.get_future().wait();
-        },
-        manager);
-    job->set_rule(std::move(rule));
-    job->schedule();
-    running.wait();
-  }
-  std::latch running{1};
-  std::promise<void> release;
-  std::shared_ptr<Job> job;
-};
-
-std::string this_thread_name() {
-  std::ostringstream text;
-  text << "thread " << std::this_thread::get_id();
-  return text.str();
-}
+using test::HoldingJob;
+using test::this_thread_name;
 
 TEST_F(RuleSnapshotTest, HoldersAndWaitersWithTheirHardAndSoftBlocks) {
-  Holder index(manager_, "index", rules::path("/repo/src"));
+  HoldingJob index(manager_, "index", rules::path("/repo/src"));
   const Rule docs = rules::read_path("/repo/docs");
   manager_->begin_rule(docs);  // this thread reads /repo/docs
   auto format = make_job(
@@ -127,7 +99,7 @@ TEST_F(RuleSnapshotTest, HoldersAndWaitersWithTheirHardAndSoftBlocks) {
   EXPECT_TRUE(reader->blockers().empty()) << "nor does a job that is done";
 
   manager_->end_rule(docs);
-  index.release.set_value();
+  index.release();
   format->join();
   whole->join();
   index.job->join();
@@ -135,7 +107,7 @@ TEST_F(RuleSnapshotTest, HoldersAndWaitersWithTheirHardAndSoftBlocks) {
 }
 
 TEST_F(RuleSnapshotTest, ListsTheFirstWaitersOnlyWhenToldTo) {
-  Holder holder(manager_, "holder", rules::mutex("m"));
+  HoldingJob holder(manager_, "holder", rules::mutex("m"));
   std::vector<std::shared_ptr<Job>> waiting;
   for (int i = 0; i < 5; ++i) {
     waiting.push_back(make_job(
@@ -150,7 +122,7 @@ TEST_F(RuleSnapshotTest, ListsTheFirstWaitersOnlyWhenToldTo) {
   EXPECT_EQ(snapshot.requests[2].owner, "job 'waiter 1'");
   EXPECT_EQ(snapshot.requests[2].behind, std::vector<std::size_t>{1});
   EXPECT_NE(snapshot.to_string().find("... and 3 more waiting"), std::string::npos);
-  holder.release.set_value();
+  holder.release();
   for (auto& job : waiting) job->join();
 }
 

@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "support/test_support.hpp"
 #include "tasklet/rules/rules.hpp"
 #include "tasklet/tasklet.hpp"
 
@@ -20,20 +21,9 @@ namespace {
 
 using namespace std::chrono_literals;
 
-class WaitCycleTest : public ::testing::Test {
- protected:
-  void TearDown() override {
-    EXPECT_EQ(manager_->rule_stats().held, 0u);
-    EXPECT_EQ(manager_->rule_stats().waiting, 0u);
-  }
-  std::shared_ptr<JobManager> manager_ = JobManager::create(JobManager::Options{.concurrency = 2});
-};
+using WaitCycleTest = test::ManagerTest;
 
-std::string this_thread_name() {
-  std::ostringstream text;
-  text << "thread " << std::this_thread::get_id();
-  return text.str();
-}
+using test::this_thread_name;
 
 std::shared_ptr<Job> job_on(const std::shared_ptr<JobManager>& manager, std::string name, Rule rule) {
   auto job = make_job(

@@ -79,23 +79,12 @@ class LockListenerTest : public test::WorkerCountTest {
 
 TEST_P(LockListenerTest, AWaitingThreadIsToldWhichJobHoldsTheRuleAndWhenItGotIt) {
   auto listener = listen(LockListener::Waiting::block);
-  std::latch running(1);
-  std::promise<void> release;
-  auto holder = make_job(
-      "holder",
-      [&](ProgressMonitor&) {
-        running.count_down();
-        release.get_future().wait();
-      },
-      manager_);
-  holder->set_rule(rules::path("/x"));
-  holder->schedule();
-  running.wait();
-  listener->on_wait = [&](const RecordingListener::Wait&) { release.set_value(); };
+  test::HoldingJob holder(manager_, "holder", rules::path("/x"));
+  listener->on_wait = [&](const RecordingListener::Wait&) { holder.release(); };
   const Rule rule = rules::path("/x/y");
   manager_->begin_rule(rule);
   manager_->end_rule(rule);
-  holder->join();
+  holder.job->join();
 
   const auto waits = listener->waits();
   ASSERT_EQ(waits.size(), 1u);
@@ -124,8 +113,7 @@ TEST_P(LockListenerTest, HoldersComeFirstThenTheEarlierWaitersItQueuesBehind) {
   auto listener = listen(LockListener::Waiting::block);
   const Rule held = rules::path("/tree");
   manager_->begin_rule(held);
-  std::ostringstream holder_text;
-  holder_text << "thread " << std::this_thread::get_id();
+  const std::string holder_text = test::this_thread_name();
 
   // An earlier waiter for a conflicting rule (a soft block for the one after it).
   std::latch first_waits(1);
@@ -158,11 +146,11 @@ TEST_P(LockListenerTest, HoldersComeFirstThenTheEarlierWaitersItQueuesBehind) {
 
   const auto waits = listener->waits();
   ASSERT_EQ(waits.size(), 2u);
-  EXPECT_EQ(waits[0].blockers, std::vector<std::string>{holder_text.str() + " holds path(/tree)"});
+  EXPECT_EQ(waits[0].blockers, std::vector<std::string>{holder_text + " holds path(/tree)"});
   std::ostringstream first_text;
   first_text << "thread " << first_thread;
   EXPECT_EQ(waits[1].blockers,
-            (std::vector<std::string>{holder_text.str() + " holds path(/tree)",
+            (std::vector<std::string>{holder_text + " holds path(/tree)",
                                       first_text.str() + " waits for path(/tree/a) (asked earlier)"}));
   EXPECT_EQ(listener->got().size(), 2u);
 }
@@ -220,18 +208,7 @@ TEST_P(LockListenerTest, ATaskletThatNeedsTheRuleWaitsItsTurnBehindTheServingThr
   listen(LockListener::Waiting::serve);
   const Rule rule = rules::path("/r");
   std::vector<std::string> order;
-  std::promise<void> release;
-  std::latch running(1);
-  auto holder = make_job(
-      "holder",
-      [&](ProgressMonitor&) {
-        running.count_down();
-        release.get_future().wait();
-      },
-      manager_);
-  holder->set_rule(rule);
-  holder->schedule();
-  running.wait();
+  test::HoldingJob holder(manager_, "holder", rule);
   auto later = make_tasklet(
       [&] {
         order.push_back("later");
@@ -246,31 +223,20 @@ TEST_P(LockListenerTest, ATaskletThatNeedsTheRuleWaitsItsTurnBehindTheServingThr
   });
   auto releaser = make_tasklet([&] {
     scheduler().schedule(later, Directive::sync);  // requests /r/child behind the waiting /r
-    release.set_value();
+    holder.release();
     return Directive::done;
   });
   scheduler().schedule(waiter, Directive::sync);
   scheduler().schedule(releaser, Directive::sync);
   scheduler().run();
-  holder->join();
+  holder.job->join();
   EXPECT_EQ(order, (std::vector<std::string>{"waiter holds", "later"}));
 }
 
 TEST_P(LockListenerTest, APhaseRunWhileServingCannotWaitForTheRuleItsThreadWaitsFor) {
   listen(LockListener::Waiting::serve);
   const Rule rule = rules::path("/r");
-  std::promise<void> release;
-  std::latch running(1);
-  auto holder = make_job(
-      "holder",
-      [&](ProgressMonitor&) {
-        running.count_down();
-        release.get_future().wait();
-      },
-      manager_);
-  holder->set_rule(rule);
-  holder->schedule();
-  running.wait();
+  test::HoldingJob holder(manager_, "holder", rule);
   std::string refused;
   auto inner = make_tasklet([&] {
     const Rule part = rules::path("/r/part");
@@ -280,7 +246,7 @@ TEST_P(LockListenerTest, APhaseRunWhileServingCannotWaitForTheRuleItsThreadWaits
       refused = error.what();
     }
     manager_->end_rule(part);
-    release.set_value();
+    holder.release();
     return Directive::done;
   });
   auto waiter = make_tasklet([&] {
@@ -291,7 +257,7 @@ TEST_P(LockListenerTest, APhaseRunWhileServingCannotWaitForTheRuleItsThreadWaits
   });
   scheduler().schedule(waiter, Directive::sync);
   scheduler().run();
-  holder->join();
+  holder.job->join();
   EXPECT_NE(refused.find("begin_rule(path(/r/part))"), std::string::npos) << refused;
   EXPECT_NE(refused.find("waits for path(/r)"), std::string::npos) << refused;
 }
@@ -299,24 +265,13 @@ TEST_P(LockListenerTest, APhaseRunWhileServingCannotWaitForTheRuleItsThreadWaits
 TEST_P(LockListenerTest, BlockOnTheSynchronousThreadRunsNothingMeanwhile) {
   auto listener = listen(LockListener::Waiting::block);
   const Rule rule = rules::mutex();
-  std::promise<void> release;
-  std::latch running(1);
-  auto holder = make_job(
-      "holder",
-      [&](ProgressMonitor&) {
-        running.count_down();
-        release.get_future().wait();
-      },
-      manager_);
-  holder->set_rule(rule);
-  holder->schedule();
-  running.wait();
+  test::HoldingJob holder(manager_, "holder", rule);
   std::vector<std::string> order;
   auto other = make_tasklet([&] {
     order.push_back("other");
     return Directive::done;
   });
-  listener->on_wait = [&](const RecordingListener::Wait&) { release.set_value(); };
+  listener->on_wait = [&](const RecordingListener::Wait&) { holder.release(); };
   auto waiter = make_tasklet([&] {
     scheduler().schedule(other, Directive::sync);
     manager_->begin_rule(rule);
@@ -326,7 +281,7 @@ TEST_P(LockListenerTest, BlockOnTheSynchronousThreadRunsNothingMeanwhile) {
   });
   scheduler().schedule(waiter, Directive::sync);
   scheduler().run();
-  holder->join();
+  holder.job->join();
   EXPECT_EQ(order, (std::vector<std::string>{"waiter holds", "other"}));
   EXPECT_EQ(listener->got().size(), 1u);
 }

@@ -16,14 +16,7 @@
 namespace tasklet {
 namespace {
 
-class TransferRuleTest : public ::testing::Test {
- protected:
-  void TearDown() override {
-    EXPECT_EQ(manager_->rule_stats().held, 0u);
-    EXPECT_EQ(manager_->rule_stats().waiting, 0u);
-  }
-  std::shared_ptr<JobManager> manager_ = JobManager::create(JobManager::Options{.concurrency = 2});
-};
+using TransferRuleTest = test::ManagerTest;
 
 // A thread that waits to be told what to do with the manager, and reports what happened.
 class Destination {

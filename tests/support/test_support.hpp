@@ -1,10 +1,15 @@
 // Shared fixtures for tasklet's tests.
 #pragma once
 
+#include <atomic>
 #include <cstdlib>
+#include <future>
+#include <latch>
 #include <memory>
+#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -54,6 +59,60 @@ class ThrowsOnPathRule final : public SchedulingRule {
     return &other == this;
   }
   std::string to_string() const override { return "throwing rule"; }
+};
+
+/// A manager of its own with two workers, which holds no rule and has no waiter at the end.
+class ManagerTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    EXPECT_EQ(manager_->rule_stats().held, 0u);
+    EXPECT_EQ(manager_->rule_stats().waiting, 0u);
+  }
+  std::shared_ptr<JobManager> manager_ = JobManager::create(JobManager::Options{.concurrency = 2});
+};
+
+/// "thread <id>" for the calling thread: how the library names a thread that holds or waits for
+/// a rule.
+inline std::string this_thread_name() {
+  std::ostringstream text;
+  text << "thread " << std::this_thread::get_id();
+  return text.str();
+}
+
+/// A job of `manager` that holds `rule` from construction (it is scheduled and running by then)
+/// until release() (or destruction).
+class HoldingJob {
+ public:
+  HoldingJob(const std::shared_ptr<JobManager>& manager, std::string name, Rule rule) {
+    job = make_job(
+        std::move(name),
+        [this](ProgressMonitor&) {
+          running_.count_down();
+          released_.wait();
+        },
+        manager);
+    job->set_rule(std::move(rule));
+    job->schedule();
+    running_.wait();
+  }
+  ~HoldingJob() {
+    release();
+    job->join();
+  }
+  HoldingJob(const HoldingJob&) = delete;
+  HoldingJob& operator=(const HoldingJob&) = delete;
+  /// Once, from any thread.
+  void release() {
+    if (!released_once_.exchange(true)) release_.set_value();
+  }
+
+  std::shared_ptr<Job> job;
+
+ private:
+  std::latch running_{1};
+  std::promise<void> release_;
+  std::shared_future<void> released_ = release_.get_future().share();
+  std::atomic<bool> released_once_{false};
 };
 
 }  // namespace tasklet::test
