@@ -96,7 +96,9 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   /// Makes the calling thread the synchronous thread and runs until no tasklet is queued,
   /// running, parked or waiting for its rule. Blocks; a second run() on another thread blocks
   /// until this one returns. Rethrows the first exception a phase threw (see failures()).
-  /// Throws IllegalState when called from one of this scheduler's own phases.
+  /// Throws IllegalState when called from one of this scheduler's own phases, and WaitCycle
+  /// (ending run(), its tasklets still scheduled) when a tasklet waits for a rule that the calling
+  /// thread's begin_rule scopes hold, so that run() could never return.
   void run();
 
   /// Starts `tasklet` with `directive`. Throws AlreadyScheduled when the tasklet is active,

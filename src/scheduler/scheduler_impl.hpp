@@ -347,6 +347,7 @@ class SchedulerImpl final {
   void run_sync_phase(TaskletPtr tasklet) noexcept;
   bool drain_sync_queue_once();
   void run_sync_batch() noexcept;
+  void check_wait_cycle();
   static long held_rule_references(const Tasklet& tasklet) noexcept;
   void drain_inline();
   void drop_pending() noexcept;

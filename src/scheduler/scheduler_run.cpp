@@ -146,6 +146,7 @@ bool detail::SchedulerImpl::drain_sync_queue_once() {
     domain_.table_.drain();
     flush_async_batch();
   }
+  check_wait_cycle();
   {
     std::unique_lock lock(mutex_);
     while (sync_queue_.empty()) {
@@ -219,6 +220,21 @@ void detail::SchedulerImpl::answer_server(bool& answered) noexcept {
   wake_.notify_all();
 }
 
+// run() on a thread that holds rules of this manager: a tasklet of this scheduler waiting for one
+// of them (or behind requests that do) would keep run() from ever returning.
+void detail::SchedulerImpl::check_wait_cycle() {
+  const detail::TaskState& ctx = detail::state();
+  const bool holds = std::any_of(ctx.rule_stack.begin(), ctx.rule_stack.end(), [this](const RuleFrame& frame) {
+    return frame.hold != nullptr && frame.domain == &domain_;
+  });
+  if (!holds) return;
+  const Scheduler* const mine = &self_;
+  domain_.check_wait("run()", [mine](const RuleRequest& request) {
+    const auto* tasklet = static_cast<const Tasklet*>(request.owner());
+    return tasklet != nullptr && TaskletAccess::scheduler(*tasklet) == mine;
+  });
+}
+
 void detail::SchedulerImpl::run() {
   const auto& ctx = detail::state();
   if (ctx.phase_of == this || ctx.sync_of == this) {
@@ -232,7 +248,12 @@ void detail::SchedulerImpl::run() {
     forget_reported_failures();
     running_.store(true, std::memory_order_release);
   }
-  while (drain_sync_queue_once()) {
+  try {
+    while (drain_sync_queue_once()) {
+    }
+  } catch (...) {
+    running_.store(false, std::memory_order_release);  // a wait cycle (or out of memory): run() is over
+    throw;
   }
   report_failures();
 }

@@ -111,6 +111,58 @@ TEST_F(WaitCycleTest, WaitingForASerialExecutorWhoseRuleTheCallerHolds) {
   EXPECT_TRUE(ran);
 }
 
+TEST_F(WaitCycleTest, RunningASchedulerWhoseTaskletNeedsARuleTheCallerHolds) {
+  auto scheduler = Scheduler::create(SchedulerOptions{manager_, nullptr, 0});
+  const Rule rule = rules::path("/s");
+  manager_->begin_rule(rule);
+  bool ran = false;
+  bool other_ran = false;
+  auto tasklet = make_tasklet(
+      [&] {
+        ran = true;
+        return Directive::done;
+      },
+      rules::path("/s/t"));
+  tasklet->set_name("needs /s/t");
+  auto other = make_tasklet(
+      [&] {
+        other_ran = true;
+        return Directive::done;
+      },
+      rules::path("/elsewhere"));
+  scheduler->schedule(other, Directive::sync);
+  scheduler->schedule(tasklet, Directive::sync);
+  try {
+    scheduler->run();
+    ADD_FAILURE() << "run() returned";
+  } catch (const WaitCycle& error) {
+    EXPECT_EQ(
+        std::string(error.what()),
+        "run() would never return: tasklet 'needs /s/t' waits for path(/s/t), which conflicts with path(/s), "
+        "held by " +
+            this_thread_name() + ", the caller");
+  }
+  EXPECT_FALSE(scheduler->is_running());
+  EXPECT_FALSE(ran);
+  manager_->end_rule(rule);
+  scheduler->run();  // the tasklet got its rule meanwhile
+  EXPECT_TRUE(ran);
+  EXPECT_TRUE(other_ran);
+}
+
+TEST_F(WaitCycleTest, RunningASchedulerWhileHoldingAnUnrelatedRuleIsNoCycle) {
+  auto scheduler = Scheduler::create(SchedulerOptions{manager_, nullptr, 0});
+  const Rule rule = rules::path("/mine");
+  manager_->begin_rule(rule);
+  int phases = 0;
+  auto tasklet =
+      make_tasklet([&] { return ++phases < 3 ? Directive::async : Directive::done; }, rules::path("/theirs"));
+  scheduler->schedule(tasklet, Directive::sync);
+  scheduler->run();
+  EXPECT_EQ(phases, 3);
+  manager_->end_rule(rule);
+}
+
 // What is not detected: work that has not asked for its rule yet (a delayed job) is not in the
 // table, so the join waits (here bounded by its timeout) instead of throwing.
 TEST_F(WaitCycleTest, AJobThatHasNotAskedForItsRuleYetIsNotSeen) {
