@@ -57,7 +57,9 @@ class ThreadHold final : public InlineRuleRequest<4> {
   class Noted {
    public:
     Noted(ThreadHold& hold, Domain* waits_in) noexcept;
-    ~Noted();
+    ~Noted() { end(); }
+    /// The thread no longer waits for the request (before the request may go).
+    void end() noexcept;
     Noted(const Noted&) = delete;
     Noted& operator=(const Noted&) = delete;
 

@@ -28,8 +28,9 @@ ThreadHold::Noted::Noted(ThreadHold& hold, Domain* waits_in) noexcept {
   }
 }
 
-ThreadHold::Noted::~Noted() {
+void ThreadHold::Noted::end() noexcept {
   if (domain_ != nullptr) domain_->note_waited();
+  domain_ = nullptr;
 }
 
 ThreadHold::Answer ThreadHold::wait(Domain* waits_in, bool serve) {
@@ -71,7 +72,7 @@ detail::ThreadHold::Answer Domain::enter_and_wait(detail::ThreadHold& hold, deta
   SchedulerImpl* sync_thread_of = listener && ctx.worker_of == nullptr ? ctx.sync_of : nullptr;
   hold.wake_through(sync_thread_of);
   if (hold.try_enter(table_)) return hold.answer();
-  const detail::ThreadHold::Noted noted(hold, this);  // before the listener hears of it
+  detail::ThreadHold::Noted noted(hold, this);  // before the listener hears of it
   std::vector<RuleBlocker> blockers;
   try {
     blockers = table_.blockers(hold);
@@ -108,6 +109,7 @@ detail::ThreadHold::Answer Domain::enter_and_wait(detail::ThreadHold& hold, deta
   try {
     choice = listener->about_to_wait(rule, blockers);
   } catch (...) {
+    noted.end();  // a transfer_rule must not find the request once it may go
     if (table_.withdraw(hold)) {
       ctx.rule_stack.back().hold = nullptr;  // the frame stays for end_rule, holding nothing
       detail::ThreadHold::recycle(&hold);
