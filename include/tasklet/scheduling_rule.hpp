@@ -103,7 +103,7 @@ struct RuleBlocker {
   /// True when it holds a conflicting rule (a hard block); false when it asked earlier for a
   /// conflicting rule, and strict FIFO puts the waiter behind it (a soft block).
   bool holds = false;
-  /// "job 'indexer' holds /repo/src", "thread 1402 waits for /repo (earlier)".
+  /// "job 'index' holds path(/repo/src)", "thread 1402 waits for path(/repo) (asked earlier)".
   std::string to_string() const;
 };
 
