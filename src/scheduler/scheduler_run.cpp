@@ -146,13 +146,21 @@ bool detail::SchedulerImpl::drain_sync_queue_once() {
     domain_.table_.drain();
     flush_async_batch();
   }
-  check_wait_cycle();
   {
     std::unique_lock lock(mutex_);
+    bool checked = false;
     while (sync_queue_.empty()) {
       if (active_.load(std::memory_order_acquire) == 0) {
         running_.store(false, std::memory_order_release);
         return false;
+      }
+      if (!checked) {
+        // Before it sleeps (not at every turn: the check reads the rule table under its lock).
+        checked = true;
+        lock.unlock();
+        check_wait_cycle();
+        lock.lock();
+        continue;
       }
       sleeping_ = true;
       if (loose_.load(std::memory_order_acquire) == 0) {
@@ -224,9 +232,9 @@ void detail::SchedulerImpl::answer_server(bool& answered) noexcept {
 // of them (or behind requests that do) would keep run() from ever returning.
 void detail::SchedulerImpl::check_wait_cycle() {
   const detail::TaskState& ctx = detail::state();
-  const bool holds = std::any_of(ctx.rule_stack.begin(), ctx.rule_stack.end(), [this](const RuleFrame& frame) {
-    return frame.hold != nullptr && frame.domain == &domain_;
-  });
+  const bool holds = std::any_of(
+      ctx.rule_stack.begin(), ctx.rule_stack.end(),
+      [this](const RuleFrame& frame) { return frame.hold != nullptr && frame.domain == &domain_; });
   if (!holds) return;
   const Scheduler* const mine = &self_;
   domain_.check_wait("run()", [mine](const RuleRequest& request) {
