@@ -4,6 +4,8 @@ set -euo pipefail
 
 packages=(g++ cmake ninja-build libtbb-dev libboost-dev libgtest-dev libgmock-dev libbenchmark-dev
           python3  # the docs' snippet check (scripts/check_snippets.py), a test
+          nlohmann-json3-dev  # the trace test reads the Chrome trace it writes
+          chromium  # the timeline test renders the HTML timeline headless
           clang libclang-rt-14-dev)  # clang and its libFuzzer runtime: the fuzz lane (scripts/fuzz.sh)
 missing=()
 for package in "${packages[@]}"; do

@@ -9,7 +9,10 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <iosfwd>
 #include <memory>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -63,13 +66,19 @@ struct RuleSnapshot {
     /// A waiter's soft blocks: the earlier waiters with conflicting requests that strict FIFO
     /// puts it behind (indexes into `requests`).
     std::vector<std::size_t> behind;
+    /// When it asked for the rule: known for requests made while the manager records a trace
+    /// (start_trace), which times every request; unknown otherwise, where that would cost every
+    /// grant a clock read.
+    std::optional<std::chrono::steady_clock::time_point> since;
   };
+  /// When the snapshot was taken.
+  std::chrono::steady_clock::time_point taken;
   /// The holders, then the waiters in the order they asked.
   std::vector<Request> requests;
   /// Waiters past the limit rule_snapshot() was given, not listed.
   std::size_t waiters_left_out = 0;
   /// One line per request, for a log: "[2] job 'format' waits for path(/repo/src/a.cpp)
-  /// (exclusive): blocked by [0] job 'index'".
+  /// (exclusive, for 12 ms): blocked by [0] job 'index'" (how long only when `since` is known).
   std::string to_string() const;
 };
 
@@ -190,6 +199,30 @@ class JobManager {
   /// lock: O(listed²)). Idle requests parked by threads that ended their rule are not listed.
   /// Thread-safe; throws std::bad_alloc.
   RuleSnapshot rule_snapshot(std::size_t max_waiters = 1000) const;
+
+  // ---- Trace recording (docs/observability.md). All thread-safe.
+
+  /// Starts recording this manager's work: the phases of its tasklets and jobs on the threads that
+  /// ran them, job states, rule requests with whom they wait for, grants, holds and releases, and
+  /// which release let which request through. Drops what an earlier recording kept. Keeps at most
+  /// `max_events` events (about 150 bytes each); later ones are counted as dropped. Off by default,
+  /// when it costs nothing; on, every event takes the recorder's lock. The environment variable
+  /// TASKLET_TRACE=<file> starts it for every manager, and the trace is saved to that file (see
+  /// save_trace) when the manager is destroyed (the global() manager: at exit).
+  void start_trace(std::size_t max_events = 1'000'000);
+  /// Stops recording; what was recorded stays for write_trace.
+  void stop_trace();
+  enum class TraceFormat {
+    /// Chrome's Trace Event Format (JSON), for Perfetto UI (ui.perfetto.dev) or chrome://tracing.
+    chrome_json,
+    /// One self-contained page that draws the run as a timeline (no network access needed).
+    html,
+  };
+  /// Writes what was recorded so far (nothing recorded: an empty trace).
+  void write_trace(std::ostream& out, TraceFormat format) const;
+  /// write_trace to a file: HTML when `path` ends in ".html", else Chrome JSON. Throws
+  /// std::ios_base::failure, naming the path, when it cannot be written.
+  void save_trace(const std::string& path) const;
 
   /// The workers ASYNC phases of this manager's schedulers use by default.
   const std::shared_ptr<Workers>& workers() const noexcept;

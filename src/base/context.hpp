@@ -20,6 +20,7 @@ namespace tasklet::detail {
 class Domain;
 class SchedulerImpl;
 class ThreadHold;
+struct TracedPhase;
 class WorkersImpl;
 
 /// One begin_rule on this thread. `hold` is set on the outermost frame that acquired the rule.
@@ -74,6 +75,8 @@ struct TaskState {
   /// The begin_rule requests (ThreadHolds) this thread waits for while it runs sync phases meanwhile
   /// (a lock listener's `serve`): a phase run then must not wait for a rule that conflicts.
   const CallFrame* serving_wait = nullptr;
+  /// The phase running here while a trace is recorded (its slice is cut where the task suspends).
+  TracedPhase* traced_phase = nullptr;
 
   /// The thread's state to go back to when this task leaves the thread.
   TaskState* outer = nullptr;

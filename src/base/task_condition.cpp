@@ -1,6 +1,7 @@
 #include "task_condition.hpp"
 
 #include "context.hpp"
+#include "trace.hpp"
 
 namespace tasklet::detail {
 
@@ -14,6 +15,7 @@ void Wakeup::wait() noexcept {
     return;
   }
   // What this task knows leaves the thread with it and comes back on the thread that resumes it.
+  if (mine->traced_phase != nullptr) mine->traced_phase->cut();
   context().state = mine->outer;
   oneapi::tbb::task::suspend([this](oneapi::tbb::task::suspend_point point) {
     std::unique_lock lock(mutex_);
@@ -27,6 +29,7 @@ void Wakeup::wait() noexcept {
   auto& resumed_on = context();
   mine->outer = resumed_on.state;
   resumed_on.state = mine;
+  if (mine->traced_phase != nullptr) mine->traced_phase->go_on();
   std::lock_guard lock(mutex_);  // what the waker wrote before wake() is visible from here on
 }
 

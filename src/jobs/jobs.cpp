@@ -45,6 +45,22 @@ std::uint32_t JobCore::change(JobState phase, std::uint32_t set, std::uint32_t c
   return old;
 }
 
+Trace* Jobs::trace() const noexcept { return impl(*scheduler_).domain_.trace(); }
+
+void Jobs::trace_state(Trace& trace, JobCore& job, const char* state, const Status* result) noexcept {
+  try {
+    const std::string& name = job.job().name();
+    Trace::Args args{{"job", name}, {"state", state}};
+    if (result != nullptr) {
+      args.emplace_back("result", result->is_ok() ? "ok" : result->is_canceled() ? "cancel" : "error");
+      if (!result->is_ok()) args.emplace_back("message", result->message);
+    }
+    trace.instant("job", "job '" + name + "': " + state, std::move(args));
+  } catch (...) {
+    // Out of memory: the trace misses this state.
+  }
+}
+
 namespace {
 
 // Eclipse's priorities are deadlines: a job may start this much later than one that asked later.

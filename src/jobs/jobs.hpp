@@ -114,6 +114,12 @@ class Jobs final {
   /// shut down by that job's worker once the run is over.
   void destroy_after_this_run(std::shared_ptr<Domain> domain) noexcept;
 
+  /// The manager's trace recorder while it records, else null.
+  Trace* trace() const noexcept;
+  /// Records that `job` is now in `state` ("waiting", ..., "done" with its `result`).
+  [[gnu::cold, gnu::noinline]] void trace_state(Trace& trace, JobCore& job, const char* state,
+                                                const Status* result = nullptr) noexcept;
+
   // Job operations (Job's public methods land here).
   void schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun);
   bool cancel(JobCore& job);

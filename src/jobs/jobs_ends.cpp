@@ -88,6 +88,8 @@ RunEnd Jobs::end_word(JobCore& job, Status result) {
     } while (
         !job.word.compare_exchange_weak(old, next, std::memory_order_acq_rel, std::memory_order_acquire));
   }
+  if (Trace* traced = trace()) [[unlikely]]
+    trace_state(*traced, job, "done", &result);
   if (eventful) end.done = JobEvent{end.owner, std::move(result), std::chrono::milliseconds{0}, nullptr};
   if ((old & jw::joined) != 0) wake_joiners();
   return end;

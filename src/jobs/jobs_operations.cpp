@@ -80,6 +80,8 @@ void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun
     } else {
       job.change(JobState::waiting);
     }
+    if (Trace* traced = trace()) [[unlikely]]
+      trace_state(*traced, job, "waiting");
   }
   list(job, std::move(owner));
   if (handing) {
@@ -135,6 +137,8 @@ void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun
             std::lock_guard job_lock(job.lock);
             job.change(JobState::sleeping);
           }
+          if (Trace* traced = trace()) [[unlikely]]
+            trace_state(*traced, job, "sleeping");
           arm_timer(job, Clock::now() + delay);
         } else {
           enter_waiting(job, to_start);
@@ -490,6 +494,10 @@ bool Jobs::run(JobCore& job, JobRun& run) noexcept {
       job.change(JobState::running, 0, jw::taken | jw::started);
       job.monitor = std::move(monitor);
     }
+  }
+  if (go) {
+    if (Trace* traced = trace()) [[unlikely]]
+      trace_state(*traced, job, "running");
   }
   if (!go) {
     release_rule();

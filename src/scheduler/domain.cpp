@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <new>
 #include <sstream>
 #include <string>
@@ -107,6 +108,7 @@ ThreadHold* ThreadHold::take(const Rule& rule, bool parkable) {
   hold->reset();
   const TaskState& ctx = state();
   hold->set_owner(ctx.tasklet, ctx.phase_of, std::this_thread::get_id());
+  hold->blocks_thread_ = ctx.worker_of == nullptr;
   return hold;
 }
 
@@ -172,11 +174,17 @@ std::string end_frames_above(TaskState& ctx, std::size_t base) noexcept {
 Domain::Domain(JobManager& self, JobManager::Options options)
     : self_(self),
       workers_(options.workers ? std::move(options.workers) : Workers::create(options.concurrency)),
-      timer_(std::make_shared<Timer>()) {}
+      timer_(std::make_shared<Timer>()) {
+  trace_from_environment();
+}
 
 Domain::~Domain() { timer_->stop(); }
 
 void Domain::shut_down() noexcept {
+  struct Saved {
+    Domain& domain;
+    ~Saved() { domain.save_trace_file(); }  // once everything ended: the trace ends too
+  } const saved{*this};
   // What the extension (the jobs) has not started is canceled and what runs waited for; then every
   // other waiting request is cancelled (tasklets end unrun, threads are told); running background
   // work is waited for by the background schedulers' destructors, or, when one of their own tasks
@@ -223,8 +231,9 @@ void Domain::begin_rule(const Rule& rule) {
   }
   if (hold == nullptr) return;  // nested in the rule this thread holds
   ctx.rule_stack.back().hold = hold;
-  // The lock listener and a job's monitor hear of waits; without either, straight in.
-  const bool told = listening_.load(std::memory_order_relaxed) || ctx.job != nullptr;
+  // The lock listener, a job's monitor and the trace recorder hear of waits; without them, straight in.
+  const bool told = listening_.load(std::memory_order_relaxed) || ctx.job != nullptr ||
+                    trace_.load(std::memory_order_relaxed) != nullptr;
   switch (told ? enter_and_wait(*hold, ctx, rule) : hold->enter(table_, this)) {
     case detail::ThreadHold::Answer::granted:
       return;
@@ -300,10 +309,14 @@ detail::ThreadHold* Domain::hold_for(detail::TaskState& ctx, const Rule& rule) {
     }
   }
   SchedulerImpl::enter_pending_rules(ctx);  // what this thread started before comes first
-  detail::ThreadHold* hold = detail::ThreadHold::parked(rule, table_);  // validated before
+  // While a trace is recorded, every begin_rule goes through the table (no parked requests), so
+  // that it sees every hold and release.
+  const bool parkable = trace_.load(std::memory_order_relaxed) == nullptr;
+  detail::ThreadHold* hold =
+      parkable ? detail::ThreadHold::parked(rule, table_) : nullptr;  // validated before
   if (hold == nullptr) {
     validate_rule(rule);
-    hold = detail::ThreadHold::take(rule, true);
+    hold = detail::ThreadHold::take(rule, parkable);
   }
   return hold;
 }
@@ -369,7 +382,14 @@ std::shared_ptr<JobManager> JobManager::create(Options options) {
 
 const std::shared_ptr<JobManager>& JobManager::global() {
   // Never destroyed: schedulers and jobs may outlive static destruction order.
-  static const auto* manager = new std::shared_ptr<JobManager>(create());
+  static const auto* manager = [] {
+    auto* made = new std::shared_ptr<JobManager>(create());
+    // Never destroyed, so a trace that TASKLET_TRACE asked for is saved at exit.
+    if (const char* file = std::getenv("TASKLET_TRACE"); file != nullptr && *file != '\0') {
+      std::atexit([] { detail::domain(*global()).save_trace_file(); });
+    }
+    return made;
+  }();
   return *manager;
 }
 

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <iosfwd>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -18,6 +19,7 @@
 #include "tasklet/job_manager.hpp"
 #include "tasklet/scheduler.hpp"
 #include "tasklet/workers.hpp"
+#include "trace.hpp"
 
 namespace tasklet::detail {
 
@@ -88,6 +90,7 @@ class ThreadHold final : public InlineRuleRequest<4> {
   void cancelled() noexcept override { wake(Answer::cancelled); }
   void refused() noexcept override { wake(Answer::refused); }
   bool parkable() const noexcept override { return parkable_; }
+  bool blocks_thread() const noexcept override { return blocks_thread_; }
 
  private:
   bool is_for(const Rule& rule) const noexcept {
@@ -99,6 +102,7 @@ class ThreadHold final : public InlineRuleRequest<4> {
   Answer answer_ = Answer::cancelled;
   bool answered_here_ = false;  // granted or cancelled by the owner's own enter(): nothing to wait for
   bool parkable_ = false;
+  bool blocks_thread_ = false;  // its owner's wait blocks its thread: not a task on a worker
   // The table where this request is parked (read by its owner only), or null.
   RuleTable* parked_in_ = nullptr;
   // The rule of the last request: a weak reference, so that a new rule cannot take its address
@@ -159,6 +163,15 @@ class Domain : public std::enable_shared_from_this<Domain> {
   void check_wait(const std::string& what, const std::function<bool(const RuleRequest&)>& start);
   /// JobManager::set_lock_listener.
   void set_lock_listener(std::shared_ptr<LockListener> listener);
+  /// The recorder while one records (JobManager::start_trace), else null. Lock-free.
+  Trace* trace() const noexcept { return trace_.load(std::memory_order_acquire); }
+  void start_trace(std::size_t max_events);
+  void stop_trace() noexcept;
+  void write_trace(std::ostream& out, JobManager::TraceFormat format) const;
+  void save_trace(const std::string& path) const;
+  /// Saves the trace to the file TASKLET_TRACE named for this manager, if any (errors go to
+  /// standard error: called where nobody could catch them).
+  void save_trace_file() noexcept;
   /// JobManager::transfer_rule.
   void transfer_rule(const Rule& rule, std::thread::id destination);
   /// ThreadHold::enter: a thread starts or stops waiting in begin_rule.
@@ -221,8 +234,18 @@ class Domain : public std::enable_shared_from_this<Domain> {
   std::mutex listener_mutex_;
   std::shared_ptr<LockListener> lock_listener_;
   std::atomic<bool> listening_{false};
-  // begin_rule's request enters and waits, telling the lock listener if there is one.
+  // The recorder, made by the first start_trace and kept until the domain goes (a thread may still
+  // be recording into it after stop_trace); started again, it starts over. `trace_` is set while
+  // it records: beside `listening_`, which begin_rule reads with it.
+  std::atomic<Trace*> trace_{nullptr};
+  mutable std::mutex trace_mutex_;
+  std::unique_ptr<Trace> recorder_;
+  std::string trace_file_;  // where TASKLET_TRACE saves it at shut_down
+  void trace_from_environment();
+  // begin_rule's request enters and waits, telling the lock listener, the job's monitor and the
+  // trace recorder.
   ThreadHold::Answer enter_and_wait(ThreadHold& hold, TaskState& ctx, const Rule& rule);
+  ThreadHold::Answer enter_and_wait_told(ThreadHold& hold, TaskState& ctx, const Rule& rule);
 };
 
 /// The concrete JobManager: a handle on its domain.

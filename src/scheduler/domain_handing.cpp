@@ -60,6 +60,22 @@ void ThreadHold::await(bool serve) {
 
 detail::ThreadHold::Answer Domain::enter_and_wait(detail::ThreadHold& hold, detail::TaskState& ctx,
                                                   const Rule& rule) {
+  Trace* trace = this->trace();
+  if (trace == nullptr) return enter_and_wait_told(hold, ctx, rule);
+  const Trace::Nanos asked = Trace::now();
+  const auto answer = enter_and_wait_told(hold, ctx, rule);
+  if (answer == detail::ThreadHold::Answer::granted) {
+    try {
+      trace->thread_got(&hold, asked, Trace::now());
+    } catch (...) {
+      // Out of memory: the trace misses this wait.
+    }
+  }
+  return answer;
+}
+
+detail::ThreadHold::Answer Domain::enter_and_wait_told(detail::ThreadHold& hold, detail::TaskState& ctx,
+                                                       const Rule& rule) {
   std::shared_ptr<LockListener> listener;
   if (listening_.load(std::memory_order_acquire)) {
     std::lock_guard lock(listener_mutex_);
@@ -313,11 +329,17 @@ Rule JobManager::current_rule() const { return detail::domain(*this).current_rul
 
 RuleSnapshot JobManager::rule_snapshot(std::size_t max_waiters) const {
   RuleSnapshot snapshot;
+  snapshot.taken = std::chrono::steady_clock::now();
   const auto seen = detail::domain(*this).table_.snapshot(max_waiters, snapshot.waiters_left_out);
   snapshot.requests.reserve(seen.size());
   for (std::size_t i = 0; i < seen.size(); ++i) {
     RuleSnapshot::Request request{
-        seen[i].who.owner, seen[i].who.rule, seen[i].who.holds, seen[i].shared, {}, {}};
+        seen[i].who.owner, seen[i].who.rule, seen[i].who.holds, seen[i].shared, {}, {}, std::nullopt};
+    if (seen[i].since) {
+      request.since = std::chrono::steady_clock::time_point(
+          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+              std::chrono::nanoseconds(*seen[i].since)));
+    }
     if (!request.held) {
       for (std::size_t other = 0; other < i; ++other) {
         if (!detail::RuleTable::conflict(seen[i], seen[other])) continue;
@@ -338,7 +360,14 @@ std::string RuleSnapshot::to_string() const {
   for (std::size_t at = 0; at < requests.size(); ++at) {
     const Request& request = requests[at];
     text += "  " + name(at) + (request.held ? " holds " : " waits for ") + describe(request.rule) +
-            (request.shared ? " (shared)" : " (exclusive)");
+            (request.shared ? " (shared" : " (exclusive");
+    if (request.since) {
+      const auto micros =
+          std::chrono::duration_cast<std::chrono::microseconds>(taken - *request.since).count();
+      text += ", for " +
+              (micros < 10'000 ? std::to_string(micros) + " us" : std::to_string(micros / 1000) + " ms");
+    }
+    text += ")";
     const auto list = [&](const char* what, const std::vector<std::size_t>& which) {
       if (which.empty()) return;
       text += std::string(text.back() == ')' ? ": " : "; ") + what + " ";

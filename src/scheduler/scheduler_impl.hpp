@@ -171,6 +171,8 @@ class SchedulerImpl final {
   /// Releases the rule of a tasklet before it is done (a job's run is over, so its rule must be
   /// free by the time join() returns). Idempotent: done releases nothing twice.
   void release_rule(Tasklet& tasklet) noexcept;
+  [[gnu::cold, gnu::noinline]] void release_traced(Trace& trace, Tasklet& tasklet,
+                                                   RuleRequest& hold) noexcept;
 
   Scheduler& self_;
   SchedulerOptions options_;  // resolved: manager and workers are set

@@ -227,8 +227,33 @@ void detail::SchedulerImpl::release_rule(Tasklet& tasklet) noexcept {
   detail::RuleRequest* hold = TaskletAccess::hold(tasklet);
   if (hold == nullptr) return;
   TaskletAccess::set_hold(tasklet, nullptr);
+  if (detail::Trace* trace = domain_.trace()) [[unlikely]] {
+    release_traced(*trace, tasklet, *hold);
+    return;
+  }
   domain_.table_.leave(*hold);
   delete hold;
+}
+
+// A release while the manager records a trace: a slice of its own, where the arrows to the grants
+// it causes start.
+void detail::SchedulerImpl::release_traced(detail::Trace& trace, Tasklet& tasklet,
+                                           detail::RuleRequest& hold) noexcept {
+  const detail::Trace::Nanos start = detail::Trace::now();
+  std::string owner, rule;
+  try {
+    owner = describe_tasklet(tasklet);
+    rule = describe(tasklet.rule());
+  } catch (...) {
+    // Out of memory: the slice goes unnamed.
+  }
+  domain_.table_.leave(hold);
+  delete &hold;
+  try {
+    trace.slice("release", "release " + rule, start, {{"rule", rule}, {"owner", std::move(owner)}});
+  } catch (...) {
+    // Out of memory: the trace misses this release.
+  }
 }
 
 // The synchronous thread's tasklets with rules are submitted to the table together (in order, in

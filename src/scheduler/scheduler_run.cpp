@@ -93,7 +93,7 @@ struct PhaseResult {
   std::exception_ptr error;
 };
 
-PhaseResult run_phase(detail::SchedulerImpl& impl, Tasklet& tasklet) noexcept {
+PhaseResult run_untraced_phase(detail::SchedulerImpl& impl, Tasklet& tasklet) noexcept {
   PhaseScope scope(impl, tasklet);
   PhaseResult result{Directive::done, nullptr};
   try {
@@ -112,6 +112,43 @@ PhaseResult run_phase(detail::SchedulerImpl& impl, Tasklet& tasklet) noexcept {
   return result;
 }
 
+// A phase while the manager records a trace: the slice it ran in on this thread, the end of the
+// arrow from the release that let its tasklet's rule through, and the park it comes back from.
+[[gnu::cold, gnu::noinline]] PhaseResult run_traced_phase(detail::Trace& trace, detail::SchedulerImpl& impl,
+                                                          Tasklet& tasklet, bool sync) noexcept {
+  detail::TracedPhase phase{trace, detail::Trace::now(), {}, {}};
+  const detail::RuleRequest* hold = TaskletAccess::hold(tasklet);
+  std::string owner;
+  try {
+    if (hold != nullptr) trace.flow_end(hold, phase.since);
+    trace.resumed(&tasklet, phase.since);
+    owner = impl.describe_tasklet(tasklet);
+    phase.name = owner + (sync ? " (sync)" : " (async)");
+    phase.args = {{"owner", owner}, {"phase", sync ? "sync" : "async"}};
+    if (hold != nullptr) phase.args.emplace_back("rule", describe(tasklet.rule()));
+  } catch (...) {
+    // Out of memory: the trace misses them.
+  }
+  detail::TaskState& task = detail::state();  // the task's, wherever it resumes
+  detail::TracedPhase* const outer = std::exchange(task.traced_phase, &phase);
+  const PhaseResult result = run_untraced_phase(impl, tasklet);
+  task.traced_phase = outer;
+  try {
+    phase.args.emplace_back("next", std::string(result.error ? "failed" : to_string(result.directive)));
+    trace.slice("phase", std::move(phase.name), phase.since, std::move(phase.args));
+    if (!result.error && result.directive == Directive::wait) trace.parked(&tasklet, std::move(owner));
+  } catch (...) {
+    // Out of memory: the trace misses this phase.
+  }
+  return result;
+}
+
+PhaseResult run_phase(detail::SchedulerImpl& impl, Tasklet& tasklet, bool sync) noexcept {
+  if (detail::Trace* trace = impl.domain_.trace()) [[unlikely]]
+    return run_traced_phase(*trace, impl, tasklet, sync);
+  return run_untraced_phase(impl, tasklet);
+}
+
 }  // namespace
 
 // Runs an async phase, then up to `handoff_limit` phases handed to this worker by what the phase's
@@ -120,7 +157,7 @@ PhaseResult run_phase(detail::SchedulerImpl& impl, Tasklet& tasklet) noexcept {
 void detail::SchedulerImpl::run_async_phase(TaskletPtr tasklet) noexcept {
   constexpr int handoff_limit = 64;
   for (int handoffs = 0;; ++handoffs) {
-    const PhaseResult result = run_phase(*this, *tasklet);
+    const PhaseResult result = run_phase(*this, *tasklet, false);
     detail::TaskState& here = detail::state();  // the phase may have moved to another thread
     if (handoffs < handoff_limit) here.handoff_of = this;
     continue_after_phase(std::move(tasklet), result.directive, result.error);
@@ -131,7 +168,7 @@ void detail::SchedulerImpl::run_async_phase(TaskletPtr tasklet) noexcept {
 }
 
 void detail::SchedulerImpl::run_sync_phase(TaskletPtr tasklet) noexcept {
-  const PhaseResult result = run_phase(*this, *tasklet);
+  const PhaseResult result = run_phase(*this, *tasklet, true);
   continue_after_phase(std::move(tasklet), result.directive, result.error);
 }
 
@@ -332,7 +369,7 @@ void detail::SchedulerImpl::with(const TaskletPtr& tasklet) {
     }
     TaskletAccess::set_hold(*tasklet, hold);
   }
-  const PhaseResult result = run_phase(*this, *tasklet);
+  const PhaseResult result = run_phase(*this, *tasklet, true);
   if (result.error) {
     finish(tasklet, nullptr);
     std::rethrow_exception(result.error);

@@ -152,6 +152,9 @@ class RuleRequest {
   virtual void refused() noexcept { cancelled(); }
   /// Who asked (a tasklet, for instance), so that its request can be found and withdrawn.
   virtual const void* owner() const noexcept { return nullptr; }
+  /// Whether a thread blocks while it waits (begin_rule on an ordinary thread), rather than a
+  /// tasklet or a suspended task that holds no thread. For the trace's picture.
+  virtual bool blocks_thread() const noexcept { return false; }
   /// Who asked and for which rule, for diagnostics (RuleTable::blockers). Called under the table's
   /// lock: the rule is a strong reference, so that the caller can print it outside.
   virtual RuleBlocker describe() const { return {"a request", nullptr, false}; }

@@ -264,6 +264,8 @@ bool RuleTable::put_in(RuleRequest& request, Grants& grants, Orphans& orphans) {
       }
       request.held_ = true;
       ++held_;
+      if (Trace* trace = trace_.load(std::memory_order_relaxed)) [[unlikely]]
+        trace_entered(*trace, request, true);
       return true;
     } else {
       request.place_.in_table.unclear = unclear;
@@ -279,6 +281,8 @@ bool RuleTable::put_in(RuleRequest& request, Grants& grants, Orphans& orphans) {
         }
       }
       if (custom_blocked) blocked_.push_back(&request);
+      if (Trace* trace = trace_.load(std::memory_order_relaxed)) [[unlikely]]
+        trace_entered(*trace, request, false);
     }
   }
   return false;
@@ -412,7 +416,6 @@ std::vector<RuleBlocker> RuleTable::blockers_of(const void* owner) {
 template <class Which>
 std::vector<RuleBlocker> RuleTable::blockers_if(Which&& which) {
   std::vector<RuleBlocker> found;
-  std::vector<const RuleRequest*> earlier;
   Grants grants;
   std::exception_ptr failed;  // out of memory: the grants the lock delivered go out all the same
   try {
@@ -420,34 +423,68 @@ std::vector<RuleBlocker> RuleTable::blockers_if(Which&& which) {
     const auto waiting = std::find_if(live_.begin(), live_.end(), [&](const RuleRequest* request) {
       return !request->held_ && which(*request);
     });
-    const RuleRequest* const mine_at = waiting != live_.end() ? *waiting : nullptr;
-    for (const RuleRequest* other : live_) {
-      if (mine_at == nullptr) break;
-      const RuleRequest& mine = *mine_at;
-      // A parked request is idle (a newcomer revokes it), and its rule may be gone.
-      const Park park = other->park_.load(std::memory_order_acquire);
-      if (other == &mine || (park != Park::none && park != Park::active && park != Park::wanted)) continue;
-      if (!other->held_ && other->ticket_ > mine.ticket_) continue;
-      if (!conflicting(mine, *other) && !conflicts_pairwise(mine, *other)) continue;
-      if (other->held_) {
-        found.push_back(other->describe());
-        found.back().holds = true;
-      } else {
-        earlier.push_back(other);
-      }
-    }
-    std::sort(earlier.begin(), earlier.end(),
-              [](const RuleRequest* a, const RuleRequest* b) { return a->ticket_ < b->ticket_; });
-    for (const RuleRequest* other : earlier) {
-      found.push_back(other->describe());
-      found.back().holds = false;
-    }
+    if (waiting != live_.end()) add_blockers(**waiting, found);
   } catch (...) {
     failed = std::current_exception();
   }
   notify(grants);
   if (failed) std::rethrow_exception(failed);
   return found;
+}
+
+void RuleTable::add_blockers(const RuleRequest& mine, std::vector<RuleBlocker>& found) const {
+  std::vector<const RuleRequest*> earlier;
+  for (const RuleRequest* other : live_) {
+    // A parked request is idle (a newcomer revokes it), and its rule may be gone.
+    const Park park = other->park_.load(std::memory_order_acquire);
+    if (other == &mine || (park != Park::none && park != Park::active && park != Park::wanted)) continue;
+    if (!other->held_ && other->ticket_ > mine.ticket_) continue;
+    if (!conflicting(mine, *other) && !conflicts_pairwise(mine, *other)) continue;
+    if (other->held_) {
+      found.push_back(other->describe());
+      found.back().holds = true;
+    } else {
+      earlier.push_back(other);
+    }
+  }
+  std::sort(earlier.begin(), earlier.end(),
+            [](const RuleRequest* a, const RuleRequest* b) { return a->ticket_ < b->ticket_; });
+  for (const RuleRequest* other : earlier) {
+    found.push_back(other->describe());
+    found.back().holds = false;
+  }
+}
+
+void RuleTable::trace_entered(Trace& trace, const RuleRequest& request, bool granted) noexcept {
+  try {
+    const RuleBlocker who = request.describe();
+    std::string blockers;
+    if (!granted) {
+      std::vector<RuleBlocker> found;
+      add_blockers(request, found);
+      for (const RuleBlocker& blocker : found)
+        blockers += (blockers.empty() ? "" : "; ") + blocker.to_string();
+    }
+    const bool thread = request.blocks_thread();
+    trace.entered(&request, thread, !granted, who.owner, who.rule ? who.rule->to_string() : std::string(),
+                  std::move(blockers));
+    if (granted) trace.granted(&request, thread);
+  } catch (...) {
+    // Out of memory (or a custom rule's to_string threw): the trace misses this request.
+  }
+}
+
+void RuleTable::trace_left(Trace& trace, const RuleRequest& request, bool held) noexcept {
+  try {
+    trace.left(&request, held);
+  } catch (...) {
+    // Out of memory: the trace misses the end of this request.
+  }
+}
+
+std::optional<Trace::Nanos> RuleTable::since(const RuleRequest& request) const {
+  Trace* trace = trace_.load(std::memory_order_acquire);
+  return trace != nullptr ? trace->since(&request) : std::nullopt;
 }
 
 std::vector<RuleBlocker> RuleTable::wait_chain(const std::function<bool(const RuleRequest&)>& start,
@@ -513,8 +550,10 @@ std::vector<RuleTable::Seen> RuleTable::snapshot(std::size_t max_waiters, std::s
   std::exception_ptr failed;  // out of memory: the grants the lock delivered go out all the same
   try {
     Locked lock(*this, grants);
-    const auto see = [&seen](const RuleRequest& request) {
+    Trace* trace = trace_.load(std::memory_order_relaxed);
+    const auto see = [&seen, trace](const RuleRequest& request) {
       Seen one;
+      if (trace != nullptr) one.since = trace->since(&request);
       one.who = request.describe();
       one.who.holds = request.held_;
       one.owner = request.owner();

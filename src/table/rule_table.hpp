@@ -45,6 +45,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <unordered_map>
@@ -56,6 +57,7 @@
 #include "rule_node.hpp"
 #include "rule_request.hpp"
 #include "tasklet/scheduling_rule.hpp"
+#include "trace.hpp"
 
 namespace tasklet::detail {
 
@@ -146,11 +148,12 @@ class RuleTable {
 
   /// One live request as snapshot() saw it.
   struct Seen {
-    RuleBlocker who;                 // its owner and rule (`holds`: whether it is held)
-    const void* owner = nullptr;     // RuleRequest::owner()
-    bool shared = false;             // asks for shared access only (no exclusive mode anywhere)
-    std::vector<RuleEntry> entries;  // its (node, mode) pairs, to compare by address only
-    bool custom = false;             // has custom parts: asked pairwise
+    RuleBlocker who;                    // its owner and rule (`holds`: whether it is held)
+    const void* owner = nullptr;        // RuleRequest::owner()
+    bool shared = false;                // asks for shared access only (no exclusive mode anywhere)
+    std::vector<RuleEntry> entries;     // its (node, mode) pairs, to compare by address only
+    bool custom = false;                // has custom parts: asked pairwise
+    std::optional<Trace::Nanos> since;  // when it entered, if a recorder saw it
   };
   /// The held requests, then the first `max_waiters` waiting ones in ticket order (`left_out`: how
   /// many more wait), copied under the lock; idle parked requests are left out. O(live requests).
@@ -177,6 +180,12 @@ class RuleTable {
 
   /// Tells the owners of `grants`, and of the requests refused for lack of memory meanwhile.
   void notify(const Grants& grants) noexcept;
+
+  /// The recorder told of every entry, grant and exit from now on (null: none). The caller keeps
+  /// it alive as long as the table.
+  void set_trace(Trace* trace) noexcept { trace_.store(trace, std::memory_order_release); }
+  /// Since when a live request is in the table, if it entered while a recorder was set.
+  std::optional<Trace::Nanos> since(const RuleRequest& request) const;
 
  private:
   // The table's lock, taken for one operation. Requests submitted meanwhile are entered first, in
@@ -228,6 +237,14 @@ class RuleTable {
   bool has_conflicting_waiter_locked(const RuleRequest& held) const noexcept;
   template <class Which>
   std::vector<RuleBlocker> blockers_if(Which&& which);
+  // blockers() under the lock.
+  void add_blockers(const RuleRequest& mine, std::vector<RuleBlocker>& found) const;
+  // The recorder's side (trace_ set), under the lock: a request entered (granted at once or not),
+  // was granted after waiting, or left (released, withdrawn or cancelled).
+  [[gnu::cold, gnu::noinline]] void trace_entered(Trace& trace, const RuleRequest& request,
+                                                  bool granted) noexcept;
+  [[gnu::cold, gnu::noinline]] static void trace_left(Trace& trace, const RuleRequest& request,
+                                                      bool held) noexcept;
   void settle(Grants& grants, Orphans& orphans) noexcept;
 
   // live_ in two parts, each request knowing its position: O(1) insertion and removal, touching
@@ -288,6 +305,7 @@ class RuleTable {
   std::atomic<std::uintptr_t> refused_{0};
   const std::uint64_t id_;  // distinguishes tables for rule notes (unique for the process's life)
   std::uint64_t next_ticket_ = 0;
+  std::atomic<Trace*> trace_{nullptr};  // read under the lock, beside what entering writes
   std::size_t held_ = 0;
   RuleNode root_;
   std::size_t path_nodes_ = 0;         // trie nodes below the root

@@ -272,6 +272,10 @@ void RuleTable::hand_over(RuleRequest& from, RuleRequest& to) {
     from.in_table_ = false;
     from.has_custom_ = false;
     from.clear_entries();
+    if (Trace* trace = trace_.load(std::memory_order_relaxed)) [[unlikely]] {
+      trace_left(*trace, from, true);
+      trace_entered(*trace, to, true);
+    }
   }
   notify(grants);
 }

@@ -24,6 +24,13 @@ void RuleTable::grant(RuleRequest& request, Grants& grants) {
   }
   request.held_ = true;
   ++held_;
+  if (Trace* trace = trace_.load(std::memory_order_relaxed)) [[unlikely]] {
+    try {
+      trace->granted(&request, request.blocks_thread());
+    } catch (...) {
+      // Out of memory: the trace misses this grant.
+    }
+  }
   try {
     grants.push_back(&request);
   } catch (...) {
@@ -86,6 +93,7 @@ void RuleTable::unlink_waiting(RuleRequest& request) noexcept {
 }
 
 void RuleTable::take_out(RuleRequest& request, Grants& grants) {
+  const bool was_held = request.held_;
   if (request.held_) {
     for (RuleEntry& entry : request.entries()) {
       const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
@@ -118,6 +126,9 @@ void RuleTable::take_out(RuleRequest& request, Grants& grants) {
     for (auto entry = request.entries().rbegin(); entry != request.entries().rend(); ++entry)
       prune(*entry->node());
   }
+  // After the grants it caused, whose flows start inside the holder's slice that ends here.
+  if (Trace* trace = trace_.load(std::memory_order_relaxed)) [[unlikely]]
+    trace_left(*trace, request, was_held);
 }
 
 bool RuleTable::withdraw(RuleRequest& request) {
@@ -146,7 +157,9 @@ void RuleTable::cancel_all_waiting() {
     std::sort(cancelled.begin(), cancelled.end(),
               [](const RuleRequest* a, const RuleRequest* b) { return a->ticket_ < b->ticket_; });
     // Every waiter goes, so nobody is left to be let through: unlink without walking.
+    Trace* trace = trace_.load(std::memory_order_relaxed);
     for (RuleRequest* request : cancelled) {
+      if (trace != nullptr) trace_left(*trace, *request, false);
       unlink_waiting(*request);
       erase_live(*request);
       if (request->has_custom_) remove_custom(*request);
