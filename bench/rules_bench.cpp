@@ -579,6 +579,38 @@ void bench_path_rules(Report& report, const Options& options, const std::shared_
 }
 
 // ---------------------------------------------------------------------------------------------
+// The trace recorder switched on (JobManager::start_trace) against the same manager kind with it
+// off: what a recording run costs. Off, it costs nothing measurable (every other row runs with it
+// off). One size: a recording keeps every event, so it grows with n.
+
+void bench_trace(Report& report, const Options& options) {
+  PathWorkloads paths;
+  const auto off = make_manager();
+  const auto on = make_manager();
+  // Never full here (a full recorder drops events, which is cheaper): one round of n per sample,
+  // about ten events per job.
+  on->start_trace(20'000'000);
+  Runner quiet(off), recording(on);
+  const std::size_t n = std::min<std::size_t>(options.max_n, 20'000);
+  for (const Form form : {Form::tasklets, Form::jobs}) {
+    const auto sample = [&, form](Runner& runner) {
+      return [&, form] {
+        const PathWorkload workload = paths.at(n, PathRules::shared);
+        workload.reset();
+        runner.run(form, workload, n);
+        workload.check(form == Form::tasklets ? "tasklets" : "jobs");
+      };
+    };
+    const Comparison result = tasklet::bench::compare(options.repeats, n, sample(quiet), sample(recording));
+    report.add(comparison_row(form == Form::jobs ? "trace: recording vs off, jobs with shared path rules"
+                                                 : "trace: recording vs off, tasklets with shared path rules",
+                              n, result, std::nullopt));
+  }
+  on->stop_trace();
+  check_rules_released(*on, "the trace workload");
+}
+
+// ---------------------------------------------------------------------------------------------
 // 3. The Job API vs tasklets: the same workloads (no rule, one mutex rule, path rules shared and
 // fresh), through make_job/set_rule/schedule/join against async tasklets
 
@@ -824,6 +856,7 @@ int main(int argc, char** argv) {
   if (options.selected("path")) bench_path_rules(report, options, manager);
   if (options.selected("jobs")) bench_jobs(report, options, manager);
   if (options.selected("begin")) bench_begin_end(report, options, manager);
+  if (options.selected("trace")) bench_trace(report, options);
 
   tasklet::bench::finish(report, options);
   return 0;

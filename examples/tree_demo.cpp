@@ -17,7 +17,11 @@
 // trailing blanks, TODOs, identifiers); tidy strips trailing blanks from the Markdown files and
 // writes an index; the manifest hashes every file of the tree into MANIFEST.txt.
 //
-// Usage: tree_demo [source tree] [output directory]  (defaults: the repository, a new /tmp dir).
+// Every job also waits `pace` per file (default 20 ms, as if the tree were on a slow disk), so that
+// the display can be followed: the work itself takes a fraction of a second.
+//
+// Usage: tree_demo [--pace-ms=N] [source tree] [output directory]
+//        (defaults: 20, the repository, a new directory under /tmp).
 #include <unistd.h>
 
 #include <algorithm>
@@ -182,10 +186,16 @@ long millis(Clock::duration duration) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const fs::path source = argc > 1 ? fs::path(argv[1]) : fs::path(TASKLET_SOURCE_DIR);
+  std::vector<std::string> args(argv + 1, argv + argc);
+  std::chrono::milliseconds pace = 20ms;
+  if (!args.empty() && args.front().rfind("--pace-ms=", 0) == 0) {
+    pace = std::chrono::milliseconds(std::stoi(args.front().substr(10)));
+    args.erase(args.begin());
+  }
+  const fs::path source = !args.empty() ? fs::path(args[0]) : fs::path(TASKLET_SOURCE_DIR);
   fs::path out;
-  if (argc > 2) {
-    out = argv[2];
+  if (args.size() > 1) {
+    out = args[1];
     fs::create_directories(out);
   } else {
     std::string pattern = (fs::temp_directory_path() / "tasklet-demo-XXXXXX").string();
@@ -251,6 +261,7 @@ int main(int argc, char** argv) {
           ++scanned;
         }
         monitor.worked(1);
+        std::this_thread::sleep_for(pace);
       }
       std::lock_guard lock(totals_mutex);
       totals += found;
@@ -281,6 +292,7 @@ int main(int argc, char** argv) {
               << " lines\n";
       }
       monitor.worked(1);
+      std::this_thread::sleep_for(pace);
     }
     return std::to_string(files.size()) + " files, " + std::to_string(tidied) +
            " rewritten, INDEX.txt written";
@@ -295,6 +307,7 @@ int main(int argc, char** argv) {
       std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(fnv1a(read_file(file))));
       manifest << hash << "  " << fs::relative(file, tree).string() << '\n';
       monitor.worked(1);
+      std::this_thread::sleep_for(pace / 4);  // one read per file, no lint
     }
     std::ofstream(tree / "MANIFEST.txt") << manifest.str();
     return std::to_string(files.size()) + " files hashed into MANIFEST.txt";
@@ -331,8 +344,9 @@ int main(int argc, char** argv) {
   };
   for (bool finished = false; !finished;) {
     finished = all_done();
-    if (snapshot_text.empty()) {
-      // The moment the demo is about: readers hold, a writer, the whole tree and later readers wait.
+    if (snapshot_text.empty() && Clock::now() - start >= 5 * pace) {
+      // The moment the demo is about: readers hold, a writer, the whole tree, later readers and the
+      // thread wait.
       const RuleSnapshot snapshot = manager->rule_snapshot();
       std::size_t waiting = 0;
       for (const auto& request : snapshot.requests) waiting += request.held ? 0 : 1;

@@ -24,11 +24,10 @@ struct SeenBy {
 };
 thread_local SeenBy seen_by;
 
-// A JSON string. "</" is written "<\/" (the same string to a JSON reader), so that the JSON can sit
-// inside the page's <script>.
+// A JSON string. '<' is written as an escape (the same string to a JSON reader), so that the JSON
+// can sit inside the page's <script>.
 void write_string(std::ostream& out, std::string_view text) {
   out << '"';
-  char previous = 0;
   for (const char c : text) {
     switch (c) {
       case '"':
@@ -43,8 +42,8 @@ void write_string(std::ostream& out, std::string_view text) {
       case '\t':
         out << "\\t";
         break;
-      case '/':
-        out << (previous == '<' ? "\\/" : "/");
+      case '<':
+        out << "\\u003c";  // never "</script>" nor "<!--" inside the page's script
         break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
@@ -54,7 +53,6 @@ void write_string(std::ostream& out, std::string_view text) {
           out << c;
         }
     }
-    previous = c;
   }
   out << '"';
 }
@@ -141,20 +139,24 @@ void Trace::entered(const void* request, bool thread, bool waits, std::string ow
                     std::string blockers) {
   const Nanos at = now();
   std::lock_guard lock(mutex_);
-  requests_[request] = {at, tid(), waits, thread, std::move(owner), std::move(rule), std::move(blockers)};
+  requests_[request] = {at, tid(), waits, thread, std::move(owner), std::move(rule), std::move(blockers), {}};
 }
 
-void Trace::granted(const void* request, bool thread) {
+void Trace::granted(const void* request, bool thread, std::string by) {
   const Nanos at = now();
   std::lock_guard lock(mutex_);
   const std::uint32_t here = tid();
   holds_[request] = {at, here, thread};
   const auto found = requests_.find(request);
   if (found == requests_.end() || !found->second.waits) return;
-  const Wait& wait = found->second;
+  Wait& wait = found->second;
+  wait.by = std::move(by);
   if (!thread) {
     async_slice("rule-wait", "wait for " + wait.rule, wait.since, wait.tid, at, here,
-                {{"rule", wait.rule}, {"owner", wait.owner}, {"blockers", wait.blockers}});
+                {{"rule", wait.rule},
+                 {"owner", wait.owner},
+                 {"blockers", wait.blockers},
+                 {"let_through_by", wait.by}});
   }
   // The arrow from this release to where the owner starts with the rule.
   const std::uint64_t id = ++next_id_;
@@ -231,7 +233,10 @@ void Trace::thread_got(const void* request, Nanos waited_since, Nanos at) {
           'X',
           "wait",
           "wait for " + wait.rule,
-          {{"rule", wait.rule}, {"owner", wait.owner}, {"blockers", wait.blockers}}});
+          {{"rule", wait.rule},
+           {"owner", wait.owner},
+           {"blockers", wait.blockers},
+           {"let_through_by", wait.by}}});
   }
   const auto flow = flows_.find(request);
   if (flow != flows_.end()) {
@@ -277,7 +282,7 @@ void Trace::write_events(std::ostream& out, const std::string& label) const {
   std::size_t dropped = 0;
   {
     std::lock_guard lock(mutex_);
-    events = events_;
+    events.assign(events_.begin(), events_.end());
     threads = threads_;
     dropped = dropped_;
   }

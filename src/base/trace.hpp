@@ -9,8 +9,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <iosfwd>
 #include <mutex>
+
+#include <oneapi/tbb/mutex.h>
 #include <optional>
 #include <string>
 #include <thread>
@@ -53,9 +56,10 @@ class Trace {
   /// waits for.
   void entered(const void* request, bool thread, bool waits, std::string owner, std::string rule,
                std::string blockers);
-  /// A request was granted, at once or after waiting. After a wait, a flow starts here (on the
-  /// releasing thread) and ends where its owner starts: flow_end().
-  void granted(const void* request, bool thread);
+  /// A request was granted, at once or after waiting; `by` names the exit that let it through
+  /// (empty: none). After a wait, a flow starts here (on the releasing thread) and ends where its
+  /// owner starts: flow_end().
+  void granted(const void* request, bool thread, std::string by);
   /// A request left the table: released when `held`, else withdrawn or cancelled.
   void left(const void* request, bool held);
   /// Since when `request` is in the table, when it entered while recording.
@@ -95,7 +99,7 @@ class Trace {
     std::uint32_t tid = 0;
     bool waits = false;
     bool thread = false;
-    std::string owner, rule, blockers;
+    std::string owner, rule, blockers, by;
   };
   struct Hold {
     Nanos since = 0;
@@ -110,10 +114,12 @@ class Trace {
                    std::uint32_t to_tid, Args args);
   void write_events(std::ostream& out, const std::string& label) const;
 
-  mutable std::mutex mutex_;
+  // Held briefly by every recording thread: oneTBB's mutex spins before it sleeps (as the rule
+  // table's), where a futex mutex turned most collisions into a sleep and a wake-up.
+  mutable oneapi::tbb::mutex mutex_;
   std::size_t max_events_;
-  std::uint64_t serial_;  // tells recorders (and restarts) apart in threads' caches
-  std::vector<Event> events_;
+  std::uint64_t serial_;      // tells recorders (and restarts) apart in threads' caches
+  std::deque<Event> events_;  // grows without moving what it holds
   std::size_t dropped_ = 0;
   std::uint64_t next_id_ = 0;
   struct Thread {

@@ -456,10 +456,13 @@ void RuleTable::add_blockers(const RuleRequest& mine, std::vector<RuleBlocker>& 
 }
 
 void RuleTable::trace_entered(Trace& trace, const RuleRequest& request, bool granted) noexcept {
+  // Naming the blockers walks every live request: done while there are few, so that a backlog
+  // does not make each entry cost O(backlog). The grant names what let the request through.
+  constexpr std::size_t named_up_to = 64;
   try {
     const RuleBlocker who = request.describe();
     std::string blockers;
-    if (!granted) {
+    if (!granted && live_.size() <= named_up_to) {
       std::vector<RuleBlocker> found;
       add_blockers(request, found);
       for (const RuleBlocker& blocker : found)
@@ -468,9 +471,22 @@ void RuleTable::trace_entered(Trace& trace, const RuleRequest& request, bool gra
     const bool thread = request.blocks_thread();
     trace.entered(&request, thread, !granted, who.owner, who.rule ? who.rule->to_string() : std::string(),
                   std::move(blockers));
-    if (granted) trace.granted(&request, thread);
+    if (granted) trace.granted(&request, thread, {});
   } catch (...) {
     // Out of memory (or a custom rule's to_string threw): the trace misses this request.
+  }
+}
+
+void RuleTable::trace_granted(Trace& trace, const RuleRequest& request) const noexcept {
+  try {
+    std::string by;
+    if (releasing_ != nullptr) {
+      const RuleBlocker releaser = releasing_->describe();
+      by = releaser.owner + (releaser.rule ? " releasing " + releaser.rule->to_string() : std::string());
+    }
+    trace.granted(&request, request.blocks_thread(), std::move(by));
+  } catch (...) {
+    // Out of memory: the trace misses this grant.
   }
 }
 

@@ -245,6 +245,7 @@ class RuleTable {
                                                   bool granted) noexcept;
   [[gnu::cold, gnu::noinline]] static void trace_left(Trace& trace, const RuleRequest& request,
                                                       bool held) noexcept;
+  [[gnu::cold, gnu::noinline]] void trace_granted(Trace& trace, const RuleRequest& request) const noexcept;
   void settle(Grants& grants, Orphans& orphans) noexcept;
 
   // live_ in two parts, each request knowing its position: O(1) insertion and removal, touching
@@ -305,7 +306,8 @@ class RuleTable {
   std::atomic<std::uintptr_t> refused_{0};
   const std::uint64_t id_;  // distinguishes tables for rule notes (unique for the process's life)
   std::uint64_t next_ticket_ = 0;
-  std::atomic<Trace*> trace_{nullptr};  // read under the lock, beside what entering writes
+  std::atomic<Trace*> trace_{nullptr};      // read under the lock, beside what entering writes
+  const RuleRequest* releasing_ = nullptr;  // while a recorder is set: whose exit grants, in take_out
   std::size_t held_ = 0;
   RuleNode root_;
   std::size_t path_nodes_ = 0;         // trie nodes below the root

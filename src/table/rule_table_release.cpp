@@ -24,13 +24,8 @@ void RuleTable::grant(RuleRequest& request, Grants& grants) {
   }
   request.held_ = true;
   ++held_;
-  if (Trace* trace = trace_.load(std::memory_order_relaxed)) [[unlikely]] {
-    try {
-      trace->granted(&request, request.blocks_thread());
-    } catch (...) {
-      // Out of memory: the trace misses this grant.
-    }
-  }
+  if (Trace* trace = trace_.load(std::memory_order_relaxed)) [[unlikely]]
+    trace_granted(*trace, request);
   try {
     grants.push_back(&request);
   } catch (...) {
@@ -94,6 +89,9 @@ void RuleTable::unlink_waiting(RuleRequest& request) noexcept {
 
 void RuleTable::take_out(RuleRequest& request, Grants& grants) {
   const bool was_held = request.held_;
+  Trace* const trace = trace_.load(std::memory_order_relaxed);
+  if (trace != nullptr) [[unlikely]]
+    releasing_ = &request;
   if (request.held_) {
     for (RuleEntry& entry : request.entries()) {
       const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
@@ -127,8 +125,10 @@ void RuleTable::take_out(RuleRequest& request, Grants& grants) {
       prune(*entry->node());
   }
   // After the grants it caused, whose flows start inside the holder's slice that ends here.
-  if (Trace* trace = trace_.load(std::memory_order_relaxed)) [[unlikely]]
+  if (trace != nullptr) [[unlikely]] {
+    releasing_ = nullptr;
     trace_left(*trace, request, was_held);
+  }
 }
 
 bool RuleTable::withdraw(RuleRequest& request) {

@@ -3,6 +3,7 @@
 // the sample run as it happened: who waited for which rule behind whom, which release let whom
 // through, job states, parks.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -107,22 +108,29 @@ void expect_valid_chrome_trace(const json& trace) {
 
 // On one thread, complete slices nest: none starts inside another and ends after it.
 void expect_nested_slices(const json& trace) {
-  std::map<long, std::vector<std::pair<double, double>>> slices;
+  // In whole nanoseconds, as recorded: the sum of two microsecond figures may round past the
+  // start of the next slice.
+  struct Slice {
+    long long start, end;
+    std::string name;
+  };
+  std::map<long, std::vector<Slice>> slices;
   for (const json& event : events_of(trace, "X")) {
-    const double ts = event["ts"];
-    slices[event["tid"]].emplace_back(ts, ts + event["dur"].get<double>());
+    const long long ts = std::llround(event["ts"].get<double>() * 1000);
+    slices[event["tid"]].push_back({ts, ts + std::llround(event["dur"].get<double>() * 1000), event["name"]});
   }
   for (auto& [tid, list] : slices) {
-    std::sort(list.begin(), list.end(), [](const auto& a, const auto& b) {
-      return a.first < b.first || (a.first == b.first && a.second > b.second);
+    std::sort(list.begin(), list.end(), [](const Slice& a, const Slice& b) {
+      return a.start < b.start || (a.start == b.start && a.end > b.end);
     });
-    std::vector<double> open;
-    for (const auto& [start, end] : list) {
-      while (!open.empty() && open.back() <= start) open.pop_back();
+    std::vector<const Slice*> open;
+    for (const Slice& slice : list) {
+      while (!open.empty() && open.back()->end <= slice.start) open.pop_back();
       if (!open.empty()) {
-        EXPECT_LE(end, open.back()) << "thread " << tid << ": a slice overlaps its parent";
+        EXPECT_LE(slice.end, open.back()->end)
+            << "thread " << tid << ": " << slice.name << " overlaps " << open.back()->name;
       }
-      open.push_back(end);
+      open.push_back(&slice);
     }
   }
 }
@@ -166,6 +174,7 @@ TEST(TraceTest, RecordsTheSampleRunAsAValidChromeTrace) {
   EXPECT_EQ(arg(*reader_wait, "rule"), "path(/a/x)");
   EXPECT_NE(arg(*reader_wait, "blockers").find("job 'holder' holds path(/a)"), std::string::npos)
       << arg(*reader_wait, "blockers");
+  EXPECT_EQ(arg(*reader_wait, "let_through_by"), "job 'holder' releasing path(/a)");
 
   // The thread waited in begin_rule, on its own track, and then held its rule there.
   const auto thread_waits = events_of(trace, "X", "wait");
@@ -270,7 +279,7 @@ TEST(TraceTest, SnapshotSaysSinceWhenWhileRecording) {
 TEST(TraceTest, HtmlTimelineCarriesTheTraceSafely) {
   auto manager = JobManager::create(JobManager::Options{2, nullptr});
   manager->start_trace();
-  test::run_sample(manager, "x</script><b>\"quoted\"");
+  test::run_sample(manager, "x</script><b><!--x\"quoted\"");
   std::ostringstream page;
   manager->write_trace(page, JobManager::TraceFormat::html);
   const std::string html = page.str();
@@ -281,9 +290,11 @@ TEST(TraceTest, HtmlTimelineCarriesTheTraceSafely) {
        {"src=\"http", "href=\"http", "url(http", "@import", "<link", "fetch(", "XMLHttpRequest"}) {
     EXPECT_EQ(html.find(fetching), std::string::npos) << fetching;
   }
-  // The job's name cannot end the page's script: its "</" is written "<\/".
+  // The job's name can neither end the page's script nor open an HTML comment in it: its '<' are
+  // written as escapes.
   EXPECT_EQ(html.find("x</script>"), std::string::npos);
-  EXPECT_NE(html.find("x<\\/script><b>\\\"quoted\\\""), std::string::npos);
+  EXPECT_EQ(html.find("<!--x"), std::string::npos);
+  EXPECT_NE(html.find(R"(x\u003c/script>\u003cb>\u003c!--x\"quoted\")"), std::string::npos);
 }
 
 TEST(TraceTest, EnvironmentVariableRecordsEveryManagerToAFile) {
