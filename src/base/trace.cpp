@@ -68,6 +68,14 @@ void write_micros(std::ostream& out, std::int64_t nanos) {
       << static_cast<char>('0' + fraction / 10 % 10) << static_cast<char>('0' + fraction % 10);
 }
 
+// The job's name in an owner named "job 'name'" (how the jobs describe a run), else empty.
+std::string_view job_of(std::string_view owner) {
+  constexpr std::string_view prefix = "job '";
+  if (owner.size() <= prefix.size() || owner.substr(0, prefix.size()) != prefix || owner.back() != '\'')
+    return {};
+  return owner.substr(prefix.size(), owner.size() - prefix.size() - 1);
+}
+
 }  // namespace
 
 Trace::Nanos Trace::now() noexcept {
@@ -331,11 +339,21 @@ void Trace::write_events(std::ostream& out, const std::string& label) const {
     }
     if (!event.args.empty()) {
       out << ",\"args\":{";
+      std::string_view job;
+      bool has_job = false;
       for (std::size_t i = 0; i < event.args.size(); ++i) {
+        const auto& [key, value] = event.args[i];
         if (i != 0) out << ',';
-        write_string(out, event.args[i].first);
+        write_string(out, key);
         out << ':';
-        write_string(out, event.args[i].second);
+        write_string(out, value);
+        has_job = has_job || std::string_view(key) == "job";
+        if (std::string_view(key) == "owner") job = job_of(value);
+      }
+      // A job's run is named "job 'name'" as its owner: its events carry the job's name too.
+      if (!job.empty() && !has_job) {
+        out << ",\"job\":";
+        write_string(out, job);
       }
       out << '}';
     }

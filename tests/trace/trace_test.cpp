@@ -175,6 +175,7 @@ TEST(TraceTest, RecordsTheSampleRunAsAValidChromeTrace) {
   EXPECT_NE(arg(*reader_wait, "blockers").find("job 'holder' holds path(/a)"), std::string::npos)
       << arg(*reader_wait, "blockers");
   EXPECT_EQ(arg(*reader_wait, "let_through_by"), "job 'holder' releasing path(/a)");
+  EXPECT_EQ(arg(*reader_wait, "job"), "reader");
 
   // The thread waited in begin_rule, on its own track, and then held its rule there.
   const auto thread_waits = events_of(trace, "X", "wait");
@@ -213,7 +214,8 @@ TEST(TraceTest, RecordsTheSampleRunAsAValidChromeTrace) {
   // Phases carry their owner and the rule they ran under.
   const auto phases = events_of(trace, "X", "phase");
   EXPECT_TRUE(std::any_of(phases.begin(), phases.end(), [](const json& e) {
-    return arg(e, "owner") == "job 'reader'" && arg(e, "rule") == "path(/a/x)" && arg(e, "phase") == "async";
+    return arg(e, "owner") == "job 'reader'" && arg(e, "job") == "reader" && arg(e, "rule") == "path(/a/x)" &&
+           arg(e, "phase") == "async";
   }));
 
   // Job states in order.
