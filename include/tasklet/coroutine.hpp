@@ -20,20 +20,32 @@
 // tasklet (and under its rule): its hops are the awaiter's hops, its co_return value is the
 // co_await's value, and its exception comes out of the co_await. An exception that leaves the
 // outermost coroutine ends the tasklet with it, as one from a task() does (run() rethrows it).
+//
+// Waiting holds no thread: `co_await wait(give)`, `co_await job` (or join(job)) and
+// `co_await when_all(tasks...)` park the tasklet, and it goes on where it was (a sync phase stays
+// on the synchronous thread, an async one on a worker) once resumed.
 #pragma once
 
+#include <atomic>
 #include <coroutine>
+#include <cstddef>
 #include <exception>
 #include <memory>
 #include <optional>
-#include <stdexcept>
+#include <stop_token>
+#include <tuple>
 #include <type_traits>
 #include <utility>
+#include <variant>
 
+#include "tasklet/api.hpp"
 #include "tasklet/detail/allocator.hpp"
 #include "tasklet/directive.hpp"
 #include "tasklet/error.hpp"
+#include "tasklet/job.hpp"
+#include "tasklet/scheduler.hpp"
 #include "tasklet/scheduling_rule.hpp"
+#include "tasklet/status.hpp"
 #include "tasklet/tasklet_base.hpp"
 
 namespace tasklet {
@@ -48,7 +60,13 @@ namespace detail {
 struct CoroutineStack {
   std::coroutine_handle<> resume_next;
   Directive next = Directive::done;
+  Tasklet* tasklet = nullptr;  // the tasklet that runs them
+  std::stop_source stop;       // its request_stop()
 };
+
+/// Whether the calling code runs a sync phase (on a scheduler's synchronous thread): where a
+/// coroutine that parks goes on once it is resumed for it.
+bool in_sync_phase() noexcept;
 
 /// The promise's part that does not depend on the result type.
 class CoroutinePromise {
@@ -105,6 +123,68 @@ struct Hop {
 /// `co_await tasklet::sync()`: the coroutine goes on in a sync phase, on the scheduler's
 /// synchronous thread (the thread inside run()).
 [[nodiscard]] inline detail::Hop<Directive::sync> sync() noexcept { return {}; }
+
+namespace detail {
+
+/// Parks the coroutine's tasklet and hands its Rescheduler to `give` (see wait()).
+template <class Give>
+struct Parking {
+  Give give;
+  std::exception_ptr failed;
+  bool await_ready() const noexcept { return false; }
+  template <class Promise>
+  requires std::is_base_of_v<CoroutinePromise, Promise>
+  bool await_suspend(std::coroutine_handle<Promise> here) {
+    CoroutineStack& stack = *here.promise().stack_;
+    Rescheduler resume = api::current().suspend(*stack.tasklet);  // throws into the coroutine
+    stack.resume_next = here;
+    stack.next = Directive::wait;
+    try {
+      give(std::move(resume));
+    } catch (...) {
+      // It goes on at once, and the co_await throws (the Rescheduler given was dropped, which ends
+      // the suspension).
+      failed = std::current_exception();
+      return false;
+    }
+    return true;
+  }
+  void await_resume() const {
+    if (failed) std::rethrow_exception(failed);
+  }
+};
+
+/// The stop token of the coroutine's tasklet (see this_stop_token()).
+struct StopTokenOf {
+  std::stop_token token;
+  bool await_ready() const noexcept { return false; }
+  template <class Promise>
+  requires std::is_base_of_v<CoroutinePromise, Promise>
+  bool await_suspend(std::coroutine_handle<Promise> here) noexcept {
+    token = here.promise().stack_->stop.get_token();
+    return false;  // goes on at once
+  }
+  std::stop_token await_resume() const noexcept { return token; }
+};
+
+}  // namespace detail
+
+/// `co_await tasklet::wait(give)`: parks the coroutine's tasklet until a Rescheduler resumes it.
+/// `give(Rescheduler)` is called before the tasklet parks (in its phase); it hands the Rescheduler
+/// to whatever will resume it, and `resume(Directive::sync)` or `resume(Directive::async)` says
+/// where the coroutine goes on. A resume that comes before the tasklet has parked is not lost. If
+/// `give` throws, the co_await throws it (the coroutine goes on in its phase) and `give` must not
+/// have kept the Rescheduler. Throws what Scheduler::suspend throws.
+template <class Give>
+requires std::is_invocable_v<Give&, Rescheduler>
+[[nodiscard]] detail::Parking<std::decay_t<Give>> wait(Give&& give) {
+  return {std::forward<Give>(give), nullptr};
+}
+
+/// `co_await tasklet::this_stop_token()`: the token that the coroutine's tasklet's request_stop()
+/// sets (the coroutines it awaits inline, and those its when_all runs, see the same one). Checking
+/// it is up to the coroutine.
+[[nodiscard]] inline detail::StopTokenOf this_stop_token() noexcept { return {}; }
 
 /// A coroutine run as a tasklet (make_tasklet), or awaited inline by another Task. Move-only; it
 /// owns its coroutine until make_tasklet or co_await takes it. Destroying a Task that never ran
@@ -180,9 +260,12 @@ struct Task<void>::promise_type : detail::CoroutinePromise {
 template <class T>
 class CoroutineTasklet final : public Tasklet {
  public:
-  explicit CoroutineTasklet(Task<T> task) noexcept : handle_(std::exchange(task.handle_, nullptr)) {
+  explicit CoroutineTasklet(Task<T> task, std::stop_source stop = {}) noexcept
+      : handle_(std::exchange(task.handle_, nullptr)) {
     handle_.promise().stack_ = &stack_;
     stack_.resume_next = handle_;
+    stack_.tasklet = this;
+    stack_.stop = std::move(stop);
   }
   ~CoroutineTasklet() override {
     if (handle_) handle_.destroy();
@@ -202,6 +285,8 @@ class CoroutineTasklet final : public Tasklet {
 
   /// Whether the coroutine has ended (returned or thrown).
   bool finished() const noexcept { return finished_; }
+  /// Asks the coroutine to stop: its stop token (this_stop_token()) says so from now on. Thread-safe.
+  void request_stop() noexcept { stack_.stop.request_stop(); }
   /// The value it returned (a reference to it; for Task<void>, nothing). Throws what the coroutine
   /// threw, and IllegalState before it has ended. Not synchronised with the tasklet's phases: call
   /// it once run() returned, or from the thread that saw the tasklet end.
@@ -226,6 +311,148 @@ std::shared_ptr<CoroutineTasklet<T>> make_tasklet(Task<T> task, Rule rule = null
   auto tasklet = std::allocate_shared<Made>(detail::Allocator<Made>{}, std::move(task));
   if (rule) tasklet->set_rule(std::move(rule));
   return tasklet;
+}
+
+// ---- Awaiting jobs and several tasks at once
+
+namespace detail {
+
+/// Waits for a job's end (see join(job)).
+class JobEnd {
+ public:
+  explicit JobEnd(std::shared_ptr<Job> job) : job_(std::move(job)) {}
+  bool await_ready() const noexcept { return job_ == nullptr; }
+  template <class Promise>
+  requires std::is_base_of_v<CoroutinePromise, Promise>
+  bool await_suspend(std::coroutine_handle<Promise> here) {
+    struct Told final : JobListener {
+      explicit Told(Rescheduler resume, Directive directive)
+          : rescheduler(std::move(resume)), then(directive) {}
+      void done(const JobEvent&) override { go_on(); }
+      // Once: by the job's end, or by the check after the listener was added.
+      void go_on() {
+        if (!went_on.exchange(true)) rescheduler.resume(then);
+      }
+      Rescheduler rescheduler;
+      Directive then;
+      std::atomic<bool> went_on{false};
+    };
+    const Directive then = in_sync_phase() ? Directive::sync : Directive::async;
+    std::shared_ptr<Told> told;
+    const auto give = [&](Rescheduler resume) { told = std::make_shared<Told>(std::move(resume), then); };
+    Parking<decltype(give)> parking{give, nullptr};
+    parking.await_suspend(here);
+    parking.await_resume();
+    listener_ = told;
+    job_->add_listener(told);
+    if (job_->state() == JobState::none) told->go_on();  // it ended before the listener was there
+    return true;
+  }
+  Status await_resume() {
+    if (listener_) job_->remove_listener(listener_);
+    return job_ ? job_->result() : Status::ok();
+  }
+
+ private:
+  std::shared_ptr<Job> job_;
+  std::shared_ptr<JobListener> listener_;
+};
+
+template <class T>
+using Outcome = std::conditional_t<std::is_void_v<T>, std::monostate, T>;
+
+/// What when_all's tasks share: their outcomes, how many are left, and whom to resume.
+template <class... T>
+struct AllOf {
+  std::tuple<std::optional<Outcome<T>>...> values;
+  std::exception_ptr error;
+  std::atomic<std::size_t> left{sizeof...(T)};
+  Rescheduler resume;
+  Directive then = Directive::sync;
+  std::atomic<bool> error_taken{false};
+  void one_ended() {
+    if (left.fetch_sub(1, std::memory_order_acq_rel) == 1) resume.resume(then);
+  }
+};
+
+template <class U>
+class RunChild {
+ public:
+  // One of when_all's tasks, as a tasklet of its own: its outcome goes to `all`, and the last to
+  // end resumes the awaiting coroutine.
+  template <std::size_t I, class All>
+  static Task<void> run(Task<U> task, std::shared_ptr<All> all) {
+    try {
+      if constexpr (std::is_void_v<U>) {
+        co_await std::move(task);
+        std::get<I>(all->values).emplace();
+      } else {
+        std::get<I>(all->values).emplace(co_await std::move(task));
+      }
+    } catch (...) {
+      if (!all->error_taken.exchange(true)) all->error = std::current_exception();
+    }
+    all->one_ended();
+  }
+};
+
+template <class... T>
+class AllEnded {
+ public:
+  explicit AllEnded(Task<T>... tasks) : tasks_(std::move(tasks)...), all_(std::make_shared<AllOf<T...>>()) {}
+  bool await_ready() const noexcept { return sizeof...(T) == 0; }
+  template <class Promise>
+  requires std::is_base_of_v<CoroutinePromise, Promise>
+  bool await_suspend(std::coroutine_handle<Promise> here) {
+    CoroutineStack& stack = *here.promise().stack_;
+    all_->then = in_sync_phase() ? Directive::sync : Directive::async;
+    // Made before the awaiter parks: out of memory, nothing has started.
+    auto children = make_children(stack.stop, std::index_sequence_for<T...>{});
+    const auto give = [this](Rescheduler resume) { all_->resume = std::move(resume); };
+    Parking<decltype(give)> parking{give, nullptr};
+    parking.await_suspend(here);
+    parking.await_resume();
+    Scheduler& scheduler = api::current();
+    std::apply([&](auto&... child) { (scheduler.schedule(child, all_->then), ...); }, children);
+    return true;
+  }
+  /// The tasks' values in order (std::monostate for a Task<void>); the first exception instead,
+  /// once all have ended.
+  std::tuple<Outcome<T>...> await_resume() {
+    if (all_->error) std::rethrow_exception(all_->error);
+    return std::apply([](auto&... value) { return std::tuple<Outcome<T>...>(std::move(*value)...); },
+                      all_->values);
+  }
+
+ private:
+  template <std::size_t... I>
+  auto make_children(const std::stop_source& stop, std::index_sequence<I...>) {
+    return std::make_tuple(std::allocate_shared<CoroutineTasklet<void>>(
+        Allocator<CoroutineTasklet<void>>{},
+        RunChild<T>::template run<I>(std::move(std::get<I>(tasks_)), all_), stop)...);
+  }
+  std::tuple<Task<T>...> tasks_;
+  std::shared_ptr<AllOf<T...>> all_;
+};
+
+}  // namespace detail
+
+/// `Status status = co_await tasklet::join(job)` (or `co_await job`): parks the coroutine until
+/// the job is over (in state none: its run ended, or it was canceled or never scheduled), then
+/// goes on where it was and gives the job's last result. Holds no thread meanwhile.
+[[nodiscard]] inline detail::JobEnd join(std::shared_ptr<Job> job) { return detail::JobEnd(std::move(job)); }
+[[nodiscard]] inline detail::JobEnd operator co_await(std::shared_ptr<Job> job) {
+  return join(std::move(job));
+}
+
+/// `auto [a, b] = co_await tasklet::when_all(task_a(), task_b())`: runs the tasks at once, each as
+/// a tasklet of its own on the awaiting coroutine's scheduler (started where the awaiter is: a sync
+/// phase, or an async one), parks the awaiter until all have ended, and gives their values in order
+/// (std::monostate for a Task<void>); if any threw, the first exception, once all have ended. The
+/// tasks see the awaiter's stop token.
+template <class... T>
+[[nodiscard]] detail::AllEnded<T...> when_all(Task<T>... tasks) {
+  return detail::AllEnded<T...>(std::move(tasks)...);
 }
 
 }  // namespace tasklet

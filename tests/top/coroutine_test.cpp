@@ -3,6 +3,7 @@
 // across all of them, awaited coroutines run inline with their values and exceptions, and an
 // exception nobody awaits is the tasklet's failure.
 #include <atomic>
+#include <latch>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -154,6 +155,172 @@ TEST_P(CoroutineTest, ATaskThatNeverRanIsDestroyedUnrun) {
   { const Task<void> dropped = never(ran); }
   { auto unscheduled = make_tasklet(never(ran)); }
   EXPECT_FALSE(ran);
+}
+
+// wait(): parked until another thread resumes it, where the resume says; a resume that comes
+// before the tasklet has parked is not lost.
+Task<int> parks_twice(Segments& segments, std::vector<Rescheduler>& given, std::latch& handed, bool early) {
+  segments.sync_segment();
+  co_await wait([&](Rescheduler resume) {
+    if (early) {
+      resume.resume(Directive::async);  // before the phase has returned wait
+    } else {
+      given.push_back(std::move(resume));
+      handed.count_down();
+    }
+  });
+  segments.async_segment();
+  co_await wait([&](Rescheduler resume) { resume.resume(Directive::sync); });
+  segments.sync_segment();
+  co_return 7;
+}
+
+TEST_P(CoroutineTest, WaitParksUntilARescheduler) {
+  Segments segments;
+  std::vector<Rescheduler> given;
+  std::latch handed(1);
+  auto tasklet = make_tasklet(parks_twice(segments, given, handed, false));
+  scheduler().schedule(tasklet, Directive::sync);
+  std::thread resumer([&] {
+    handed.wait();
+    given.front().resume(Directive::async);
+  });
+  scheduler().run();
+  resumer.join();
+  EXPECT_EQ(tasklet->result(), 7);
+  EXPECT_EQ(segments.misplaced.load(), 0);
+  EXPECT_EQ(segments.on_worker.load(), 1);
+  EXPECT_EQ(segments.on_sync.load(), 2);
+}
+
+TEST_P(CoroutineTest, AResumeBeforeTheTaskletParkedIsNotLost) {
+  Segments segments;
+  std::vector<Rescheduler> given;
+  std::latch handed(1);
+  auto tasklet = make_tasklet(parks_twice(segments, given, handed, true));
+  scheduler().schedule(tasklet, Directive::sync);
+  scheduler().run();
+  EXPECT_EQ(tasklet->result(), 7);
+  EXPECT_EQ(segments.misplaced.load(), 0);
+}
+
+Task<void> give_throws(bool& caught) {
+  try {
+    co_await wait([](Rescheduler) { throw std::runtime_error("cannot keep it"); });
+  } catch (const std::runtime_error&) {
+    caught = true;
+  }
+  co_await async();
+}
+
+TEST_P(CoroutineTest, AGiveThatThrowsThrowsFromTheAwait) {
+  bool caught = false;
+  auto tasklet = make_tasklet(give_throws(caught));
+  scheduler().schedule(tasklet, Directive::sync);
+  scheduler().run();
+  EXPECT_TRUE(caught);
+  EXPECT_TRUE(tasklet->finished());
+}
+
+// Awaiting a job: the coroutine holds no thread meanwhile and goes on where it was.
+Task<std::string> awaits_jobs(Segments& segments, std::shared_ptr<Job> slow, std::shared_ptr<Job> failing,
+                              std::latch& started) {
+  co_await async();
+  segments.async_segment();
+  slow->schedule();
+  failing->schedule();
+  started.count_down();
+  const Status first = co_await slow;
+  segments.async_segment();
+  co_await sync();
+  const Status second = co_await join(failing);
+  segments.sync_segment();
+  const Status never = co_await join(make_job("never scheduled", [](ProgressMonitor&) {}));
+  co_return std::string(first.is_ok() ? "ok" : "not ok") + "," + (second.is_error() ? "error" : "no error") +
+      "," + (never.is_ok() ? "ok" : "not ok");
+}
+
+TEST_P(CoroutineTest, AwaitingAJobGivesItsResultWhereTheCoroutineWas) {
+  Segments segments;
+  std::latch started(1), release(1);
+  auto slow = make_job(
+      "slow", [&](ProgressMonitor&) { release.wait(); }, manager_);
+  auto failing = make_job(
+      "failing", [](ProgressMonitor&) -> Status { throw std::runtime_error("job failed"); }, manager_);
+  auto tasklet = make_tasklet(awaits_jobs(segments, slow, failing, started));
+  scheduler().schedule(tasklet, Directive::sync);
+  std::thread releaser([&] {
+    started.wait();
+    release.count_down();
+  });
+  scheduler().run();
+  releaser.join();
+  EXPECT_EQ(tasklet->result(), "ok,error,ok");
+  EXPECT_EQ(segments.misplaced.load(), 0);
+}
+
+Task<int> square(Segments& segments, int x) {
+  co_await async();
+  segments.async_segment();
+  co_return x* x;
+}
+
+Task<void> nothing() { co_return; }
+
+Task<int> fails_later() {
+  co_await async();
+  throw std::runtime_error("one of them failed");
+}
+
+Task<int> sums_squares(Segments& segments) {
+  const auto [a, b, none] = co_await when_all(square(segments, 3), square(segments, 4), nothing());
+  segments.sync_segment();  // awaited from a sync phase: it goes on there
+  (void)none;
+  co_await async();
+  const auto [c] = co_await when_all(square(segments, 5));
+  segments.async_segment();
+  try {
+    co_await when_all(square(segments, 1), fails_later());
+  } catch (const std::runtime_error&) {
+    co_return a + b + c;
+  }
+  co_return -1;
+}
+
+TEST_P(CoroutineTest, WhenAllRunsTasksAtOnceAndGivesTheirValues) {
+  Segments segments;
+  auto tasklet = make_tasklet(sums_squares(segments));
+  scheduler().schedule(tasklet, Directive::sync);
+  scheduler().run();
+  EXPECT_EQ(tasklet->result(), 9 + 16 + 25);
+  EXPECT_EQ(segments.misplaced.load(), 0);
+}
+
+Task<int> until_stopped(std::latch& running) {
+  const std::stop_token stop = co_await this_stop_token();
+  running.count_down();
+  int hops = 0;
+  while (!stop.stop_requested()) {
+    co_await async();
+    co_await sync();
+    ++hops;
+  }
+  const auto [inner] =
+      co_await when_all([]() -> Task<bool> { co_return (co_await this_stop_token()).stop_requested(); }());
+  co_return inner ? hops : -1;
+}
+
+TEST_P(CoroutineTest, RequestStopReachesTheCoroutineAndTheTasksItRuns) {
+  std::latch running(1);
+  auto tasklet = make_tasklet(until_stopped(running));
+  scheduler().schedule(tasklet, Directive::sync);
+  std::thread stopper([&] {
+    running.wait();
+    tasklet->request_stop();
+  });
+  scheduler().run();
+  stopper.join();
+  EXPECT_GE(tasklet->result(), 0);
 }
 
 TASKLET_WORKER_COUNTS(CoroutineTest);

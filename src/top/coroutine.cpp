@@ -1,0 +1,15 @@
+// The library's part of tasklet/coroutine.hpp: where a parked coroutine goes on.
+#include "tasklet/coroutine.hpp"
+
+#include "context.hpp"
+
+namespace tasklet::detail {
+
+// A sync phase runs on a scheduler's synchronous thread (or inline on the implicit scheduler's
+// thread), never on one of the workers; an async phase always on one of them.
+bool in_sync_phase() noexcept {
+  const TaskState& ctx = state();
+  return ctx.phase_of != nullptr && ctx.worker_of == nullptr;
+}
+
+}  // namespace tasklet::detail
