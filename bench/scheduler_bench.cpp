@@ -31,6 +31,7 @@
 #include <oneapi/tbb/version.h>
 
 #include "harness.hpp"
+#include "tasklet/coroutine.hpp"
 #include "tasklet/tasklet.hpp"
 
 namespace {
@@ -185,6 +186,28 @@ void bench_round_trip(Report& report, const Options& options) {
 
   const Comparison result = tasklet::bench::compare(options.repeats, rounds, baseline, ours);
   report.add(comparison_row("sync->async->sync vs mutex+condvar", rounds, result, 2.0));
+
+  // The same round trip written as a coroutine, against the tasklet's.
+  const auto coroutine = [&] {
+    std::size_t misplaced = 0;
+    auto hops = [](std::size_t count, std::thread::id sync_id, std::size_t& wrong) -> tasklet::Task<std::size_t> {
+      std::size_t done = 0;
+      for (; done < count; ++done) {
+        co_await tasklet::async();
+        if (std::this_thread::get_id() == sync_id) ++wrong;
+        co_await tasklet::sync();
+        if (std::this_thread::get_id() != sync_id) ++wrong;
+      }
+      co_return done;
+    };
+    auto tasklet = tasklet::make_tasklet(hops(rounds, sync_thread, misplaced));
+    scheduler->schedule(tasklet, Directive::sync);
+    scheduler->run();
+    if (tasklet->result() != rounds) fail("coroutine round trip stopped early");
+    if (misplaced != 0) fail(std::to_string(misplaced) + " coroutine segments ran on the wrong thread");
+  };
+  const Comparison versus_tasklet = tasklet::bench::compare(options.repeats, rounds, ours, coroutine);
+  report.add(comparison_row("coroutine sync->async->sync vs tasklet", rounds, versus_tasklet, 1.2));
 }
 
 // ---------------------------------------------------------------------------------------------
