@@ -190,7 +190,8 @@ void bench_round_trip(Report& report, const Options& options) {
   // The same round trip written as a coroutine, against the tasklet's.
   const auto coroutine = [&] {
     std::size_t misplaced = 0;
-    auto hops = [](std::size_t count, std::thread::id sync_id, std::size_t& wrong) -> tasklet::Task<std::size_t> {
+    auto hops = [](std::size_t count, std::thread::id sync_id,
+                   std::size_t& wrong) -> tasklet::Task<std::size_t> {
       std::size_t done = 0;
       for (; done < count; ++done) {
         co_await tasklet::async();
@@ -212,6 +213,9 @@ void bench_round_trip(Report& report, const Options& options) {
 
 // ---------------------------------------------------------------------------------------------
 // c) Memory per queued tasklet
+
+// A coroutine without locals, for the memory rows of coroutine tasklets.
+tasklet::Task<void> trivial_coroutine() { co_return; }
 
 // The user's part of every tasklet below: a callable without state.
 constexpr auto trivial_job = [] { return Directive::done; };
@@ -257,6 +261,33 @@ void bench_memory(Report& report, const Options& options) {
     return per_tasklet(before, after, n);
   });
   report.add(figure_row("memory: parked in wait, per tasklet", n, parked, "bytes", 256.0));
+
+  // The same for coroutine tasklets, without their coroutine frames (the user's locals), measured
+  // apart: what the engine adds per coroutine must not exceed what it keeps per plain tasklet.
+  const double frame = tasklet::bench::in_child_process([n] {
+    std::vector<tasklet::Task<void>> frames;
+    frames.reserve(n);
+    const std::size_t before = tasklet::bench::resident_bytes();
+    for (std::size_t i = 0; i < n; ++i) frames.push_back(trivial_coroutine());
+    const std::size_t after = tasklet::bench::resident_bytes();
+    return static_cast<double>(after - before) / static_cast<double>(n);
+  });
+  const double parked_coroutine = tasklet::bench::in_child_process([n] {
+    const auto scheduler = tasklet::Scheduler::create();
+    std::vector<tasklet::Rescheduler> reschedulers;
+    reschedulers.reserve(n);
+    const std::size_t before = tasklet::bench::resident_bytes();
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto parked_tasklet = tasklet::make_tasklet(trivial_coroutine());
+      reschedulers.push_back(scheduler->suspend(*parked_tasklet));
+    }
+    const std::size_t after = tasklet::bench::resident_bytes();
+    if (scheduler->active_count() != n) fail("not every coroutine tasklet was parked");
+    return static_cast<double>(after - before) / static_cast<double>(n);
+  });
+  report.add(figure_row("memory: coroutine frame, per coroutine", n, frame, "bytes"));
+  report.add(figure_row("memory: parked coroutine tasklet, frame excluded", n, parked_coroutine - frame,
+                        "bytes", parked));
 }
 
 }  // namespace

@@ -56,12 +56,13 @@ class Task;
 namespace detail {
 
 /// What the coroutines of one tasklet share (the outermost one and those it awaits inline): the
-/// frame to resume at the next phase, and the directive its last co_await chose.
+/// frame to resume at the next phase, and the directive its last co_await chose. It lives in the
+/// outermost coroutine's promise, so that a coroutine tasklet is no larger than a plain one.
 struct CoroutineStack {
   std::coroutine_handle<> resume_next;
-  Directive next = Directive::done;
   Tasklet* tasklet = nullptr;  // the tasklet that runs them
-  std::stop_source stop;       // its request_stop()
+  std::stop_token stop;        // given to make_tasklet
+  Directive next = Directive::done;
 };
 
 /// Whether the calling code runs a sync phase (on a scheduler's synchronous thread): where a
@@ -95,9 +96,10 @@ class CoroutinePromise {
   static void* operator new(std::size_t bytes) { return allocate_bytes(bytes); }
   static void operator delete(void* frame) noexcept { deallocate_bytes(frame); }
 
-  CoroutineStack* stack_ = nullptr;
+  CoroutineStack* stack_ = &own_stack_;   // the outermost coroutine's
   std::coroutine_handle<> continuation_;  // the coroutine awaiting this one inline, if any
   std::exception_ptr error_;
+  CoroutineStack own_stack_;  // used while this coroutine is the outermost
 };
 
 /// A hop: the coroutine goes on in the next phase, where `directive` puts it.
@@ -161,7 +163,7 @@ struct StopTokenOf {
   template <class Promise>
   requires std::is_base_of_v<CoroutinePromise, Promise>
   bool await_suspend(std::coroutine_handle<Promise> here) noexcept {
-    token = here.promise().stack_->stop.get_token();
+    token = here.promise().stack_->stop;
     return false;  // goes on at once
   }
   std::stop_token await_resume() const noexcept { return token; }
@@ -181,9 +183,9 @@ requires std::is_invocable_v<Give&, Rescheduler>
   return {std::forward<Give>(give), nullptr};
 }
 
-/// `co_await tasklet::this_stop_token()`: the token that the coroutine's tasklet's request_stop()
-/// sets (the coroutines it awaits inline, and those its when_all runs, see the same one). Checking
-/// it is up to the coroutine.
+/// `co_await tasklet::this_stop_token()`: the stop token given to make_tasklet (none by default; the
+/// coroutines it awaits inline, and those its when_all runs, see the same one). Checking it is up
+/// to the coroutine.
 [[nodiscard]] inline detail::StopTokenOf this_stop_token() noexcept { return {}; }
 
 /// A coroutine run as a tasklet (make_tasklet), or awaited inline by another Task. Move-only; it
@@ -260,12 +262,12 @@ struct Task<void>::promise_type : detail::CoroutinePromise {
 template <class T>
 class CoroutineTasklet final : public Tasklet {
  public:
-  explicit CoroutineTasklet(Task<T> task, std::stop_source stop = {}) noexcept
+  explicit CoroutineTasklet(Task<T> task, std::stop_token stop = {}) noexcept
       : handle_(std::exchange(task.handle_, nullptr)) {
-    handle_.promise().stack_ = &stack_;
-    stack_.resume_next = handle_;
-    stack_.tasklet = this;
-    stack_.stop = std::move(stop);
+    detail::CoroutineStack& stack = *handle_.promise().stack_;
+    stack.resume_next = handle_;
+    stack.tasklet = this;
+    stack.stop = std::move(stop);
   }
   ~CoroutineTasklet() override {
     if (handle_) handle_.destroy();
@@ -274,41 +276,37 @@ class CoroutineTasklet final : public Tasklet {
   /// Resumes the coroutine; the directive of the co_await it stopped at (done at its end). An
   /// exception that left the coroutine comes out of here, ending the tasklet with it.
   Directive task() override {
-    if (!stack_.resume_next || finished_) throw IllegalState(name() + ": the coroutine has ended");
-    stack_.resume_next.resume();
-    if (stack_.next == Directive::done) {
-      finished_ = true;
-      if (handle_.promise().error_) std::rethrow_exception(handle_.promise().error_);
-    }
-    return stack_.next;
+    if (handle_.done()) throw IllegalState(name() + ": the coroutine has ended");
+    detail::CoroutineStack& stack = *handle_.promise().stack_;
+    stack.resume_next.resume();
+    if (stack.next == Directive::done && handle_.promise().error_)
+      std::rethrow_exception(handle_.promise().error_);
+    return stack.next;
   }
 
   /// Whether the coroutine has ended (returned or thrown).
-  bool finished() const noexcept { return finished_; }
-  /// Asks the coroutine to stop: its stop token (this_stop_token()) says so from now on. Thread-safe.
-  void request_stop() noexcept { stack_.stop.request_stop(); }
+  bool finished() const noexcept { return handle_.done(); }
   /// The value it returned (a reference to it; for Task<void>, nothing). Throws what the coroutine
   /// threw, and IllegalState before it has ended. Not synchronised with the tasklet's phases: call
   /// it once run() returned, or from the thread that saw the tasklet end.
   decltype(auto) result() const {
-    if (!finished_) throw IllegalState(name() + ": result() before the coroutine ended");
+    if (!handle_.done()) throw IllegalState(name() + ": result() before the coroutine ended");
     if (handle_.promise().error_) std::rethrow_exception(handle_.promise().error_);
     if constexpr (!std::is_void_v<T>) return static_cast<const T&>(*handle_.promise().value_);
   }
 
  private:
-  std::coroutine_handle<typename Task<T>::promise_type> handle_;
-  detail::CoroutineStack stack_;
-  bool finished_ = false;
+  std::coroutine_handle<typename Task<T>::promise_type> handle_;  // its only state: see CoroutineStack
 };
 
 /// Wraps a coroutine as a tasklet with an optional rule, held from before its first step to its
-/// end (as any tasklet's). Schedule it with the directive its first step needs. Throws InvalidRule
-/// for an invalid rule.
+/// end (as any tasklet's), and an optional stop token for this_stop_token(). Schedule it with the
+/// directive its first step needs. Throws InvalidRule for an invalid rule.
 template <class T>
-std::shared_ptr<CoroutineTasklet<T>> make_tasklet(Task<T> task, Rule rule = nullptr) {
+std::shared_ptr<CoroutineTasklet<T>> make_tasklet(Task<T> task, Rule rule = nullptr,
+                                                  std::stop_token stop = {}) {
   using Made = CoroutineTasklet<T>;
-  auto tasklet = std::allocate_shared<Made>(detail::Allocator<Made>{}, std::move(task));
+  auto tasklet = std::allocate_shared<Made>(detail::Allocator<Made>{}, std::move(task), std::move(stop));
   if (rule) tasklet->set_rule(std::move(rule));
   return tasklet;
 }
@@ -426,7 +424,7 @@ class AllEnded {
 
  private:
   template <std::size_t... I>
-  auto make_children(const std::stop_source& stop, std::index_sequence<I...>) {
+  auto make_children(const std::stop_token& stop, std::index_sequence<I...>) {
     return std::make_tuple(std::allocate_shared<CoroutineTasklet<void>>(
         Allocator<CoroutineTasklet<void>>{},
         RunChild<T>::template run<I>(std::move(std::get<I>(tasks_)), all_), stop)...);

@@ -146,6 +146,11 @@ TEST_P(CoroutineTest, ResultBeforeTheEndIsRefused) {
   EXPECT_THROW((void)tasklet->result(), IllegalState);
 }
 
+TEST_P(CoroutineTest, ACoroutineTaskletIsNoLargerThanAPlainOne) {
+  // The shared state of a coroutine and those it awaits lives in its frame.
+  EXPECT_LE(sizeof(CoroutineTasklet<int>), sizeof(FunctionTasklet<Directive (*)()>));
+}
+
 TEST_P(CoroutineTest, ATaskThatNeverRanIsDestroyedUnrun) {
   bool ran = false;
   auto never = [](bool& flag) -> Task<void> {
@@ -310,13 +315,14 @@ Task<int> until_stopped(std::latch& running) {
   co_return inner ? hops : -1;
 }
 
-TEST_P(CoroutineTest, RequestStopReachesTheCoroutineAndTheTasksItRuns) {
+TEST_P(CoroutineTest, AStopRequestReachesTheCoroutineAndTheTasksItRuns) {
   std::latch running(1);
-  auto tasklet = make_tasklet(until_stopped(running));
+  std::stop_source stop;
+  auto tasklet = make_tasklet(until_stopped(running), nullptr, stop.get_token());
   scheduler().schedule(tasklet, Directive::sync);
   std::thread stopper([&] {
     running.wait();
-    tasklet->request_stop();
+    stop.request_stop();
   });
   scheduler().run();
   stopper.join();
