@@ -341,8 +341,8 @@ class JobEnd {
     Parking<decltype(give)> parking{give, nullptr};
     parking.await_suspend(here);
     parking.await_resume();
+    job_->add_listener(told);  // throws into the coroutine, dropping the Rescheduler: not parked
     listener_ = told;
-    job_->add_listener(told);
     if (job_->state() == JobState::none) told->go_on();  // it ended before the listener was there
     return true;
   }
@@ -371,6 +371,10 @@ struct AllOf {
   void one_ended() {
     if (left.fetch_sub(1, std::memory_order_acq_rel) == 1) resume.resume(then);
   }
+  void failed(std::exception_ptr failure) {
+    if (!error_taken.exchange(true)) error = std::move(failure);
+    one_ended();
+  }
 };
 
 template <class U>
@@ -388,7 +392,8 @@ class RunChild {
         std::get<I>(all->values).emplace(co_await std::move(task));
       }
     } catch (...) {
-      if (!all->error_taken.exchange(true)) all->error = std::current_exception();
+      all->failed(std::current_exception());
+      co_return;
     }
     all->one_ended();
   }
@@ -410,8 +415,22 @@ class AllEnded {
     Parking<decltype(give)> parking{give, nullptr};
     parking.await_suspend(here);
     parking.await_resume();
+    // Parked: a task that cannot be scheduled counts as ended with that error, so that the awaiter
+    // is resumed once those that were scheduled have ended, and the error comes out of the await.
     Scheduler& scheduler = api::current();
-    std::apply([&](auto&... child) { (scheduler.schedule(child, all_->then), ...); }, children);
+    std::exception_ptr refused;
+    const auto start = [&](auto& child) {
+      if (!refused) {
+        try {
+          scheduler.schedule(child, all_->then);
+          return;
+        } catch (...) {
+          refused = std::current_exception();
+        }
+      }
+      all_->failed(refused);
+    };
+    std::apply([&](auto&... child) { (start(child), ...); }, children);
     return true;
   }
   /// The tasks' values in order (std::monostate for a Task<void>); the first exception instead,
