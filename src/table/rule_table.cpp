@@ -8,6 +8,7 @@
 #include <atomic>
 #include <bit>
 #include <cassert>
+#include <cstdio>
 #include <exception>
 #include <vector>
 
@@ -23,6 +24,24 @@ bool any_atom(const SchedulingRule& rule, F&& fn) {
     if (child && any_atom(*child, fn)) return true;
   }
   return false;
+}
+
+// A rule's text for the trace recorder, made under the table's lock, where no user code runs: a
+// built-in rule's own to_string(), and for a rule with custom parts a name of the library's.
+std::string traced_text(const SchedulingRule* rule) {
+  if (rule == nullptr) return "null";
+  if (any_atom(*rule, [](const SchedulingRule& atom) { return atom.key().kind == RuleKey::Kind::custom; })) {
+    char text[48];
+    std::snprintf(text, sizeof text, "custom rule@%p", static_cast<const void*>(rule));
+    return text;
+  }
+  return rule->to_string();
+}
+
+// RuleBlocker::to_string() with traced_text().
+std::string traced_text(const RuleBlocker& blocker) {
+  return blocker.owner + (blocker.holds ? " holds " : " waits for ") + traced_text(blocker.rule.get()) +
+         (blocker.holds ? "" : " (asked earlier)");
 }
 
 }  // namespace
@@ -466,14 +485,13 @@ void RuleTable::trace_entered(Trace& trace, const RuleRequest& request, bool gra
       std::vector<RuleBlocker> found;
       add_blockers(request, found);
       for (const RuleBlocker& blocker : found)
-        blockers += (blockers.empty() ? "" : "; ") + blocker.to_string();
+        blockers += (blockers.empty() ? "" : "; ") + traced_text(blocker);
     }
     const bool thread = request.blocks_thread();
-    trace.entered(&request, thread, !granted, who.owner, who.rule ? who.rule->to_string() : std::string(),
-                  std::move(blockers));
+    trace.entered(&request, thread, !granted, who.owner, traced_text(who.rule.get()), std::move(blockers));
     if (granted) trace.granted(&request, thread, {});
   } catch (...) {
-    // Out of memory (or a custom rule's to_string threw): the trace misses this request.
+    // Out of memory: the trace misses this request.
   }
 }
 
@@ -482,7 +500,7 @@ void RuleTable::trace_granted(Trace& trace, const RuleRequest& request) const no
     std::string by;
     if (releasing_ != nullptr) {
       const RuleBlocker releaser = releasing_->describe();
-      by = releaser.owner + (releaser.rule ? " releasing " + releaser.rule->to_string() : std::string());
+      by = releaser.owner + " releasing " + traced_text(releaser.rule.get());
     }
     trace.granted(&request, request.blocks_thread(), std::move(by));
   } catch (...) {

@@ -299,6 +299,40 @@ TEST(TraceTest, HtmlTimelineCarriesTheTraceSafely) {
   EXPECT_NE(html.find(R"(x\u003c/script>\u003cb>\u003c!--x\"quoted\")"), std::string::npos);
 }
 
+// A user's rule: its to_string() is user code, which the table must not call under its lock.
+class CustomRule final : public SchedulingRule {
+ public:
+  bool contains(const SchedulingRule& other) const override { return &other == this; }
+  bool is_conflicting(const SchedulingRule& other) const override { return &other == this; }
+  std::string to_string() const override { return "my rule"; }
+};
+
+TEST(TraceTest, ACustomRuleIsNamedByTheLibraryWhereTheTableRecords) {
+  auto manager = JobManager::create(JobManager::Options{2, nullptr});
+  manager->start_trace();
+  const Rule rule = std::make_shared<CustomRule>();
+  {
+    test::HoldingJob holder(manager, "holder", rule);
+    auto waiter = make_job(
+        "waiter", [](ProgressMonitor&) {}, manager);
+    waiter->set_rule(rule);
+    waiter->schedule();
+    holder.release();
+    waiter->join();
+  }
+  manager->stop_trace();
+  const json trace = written(*manager);
+  const auto waits = events_of(trace, "b", "rule-wait");
+  ASSERT_EQ(waits.size(), 1u);
+  EXPECT_EQ(arg(waits[0], "rule").rfind("custom rule@", 0), 0u) << arg(waits[0], "rule");
+  EXPECT_NE(arg(waits[0], "blockers").find("job 'holder' holds custom rule@"), std::string::npos);
+  EXPECT_NE(arg(waits[0], "let_through_by").find("job 'holder' releasing custom rule@"), std::string::npos);
+  // Outside the table's lock (a phase's slice), the rule's own text.
+  const auto phases = events_of(trace, "X", "phase");
+  EXPECT_TRUE(
+      std::any_of(phases.begin(), phases.end(), [](const json& e) { return arg(e, "rule") == "my rule"; }));
+}
+
 TEST(TraceTest, EnvironmentVariableRecordsEveryManagerToAFile) {
   const auto dir = std::filesystem::temp_directory_path() / ("tasklet-trace-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
