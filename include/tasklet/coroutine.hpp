@@ -40,6 +40,7 @@
 
 #include "tasklet/api.hpp"
 #include "tasklet/detail/allocator.hpp"
+#include "tasklet/detail/hold.hpp"
 #include "tasklet/directive.hpp"
 #include "tasklet/error.hpp"
 #include "tasklet/job.hpp"
@@ -187,6 +188,82 @@ requires std::is_invocable_v<Give&, Rescheduler>
 /// coroutines it awaits inline, and those its when_all runs, see the same one). Checking it is up
 /// to the coroutine.
 [[nodiscard]] inline detail::StopTokenOf this_stop_token() noexcept { return {}; }
+
+namespace detail {
+struct RuleWait;
+}  // namespace detail
+
+/// What `co_await tasklet::hold(rule)` gives: while it lives, the coroutine's tasklet holds the rule
+/// (its rule: current_rule() gives it, begin_rule nests in it, and it is held across every later
+/// co_await). It releases the rule when it goes, at the end of its scope, or at release(). Destroy
+/// or release it in the coroutine that took it (the steps of its tasklet), never after that
+/// coroutine ended. Move-only.
+class [[nodiscard]] RuleHold {
+ public:
+  RuleHold(RuleHold&& other) noexcept : tasklet_(std::exchange(other.tasklet_, nullptr)) {}
+  RuleHold& operator=(RuleHold&&) = delete;
+  ~RuleHold() { release(); }
+  /// Releases the rule now (later calls do nothing): conflicting holders waiting for it may start.
+  void release() noexcept {
+    if (tasklet_ != nullptr) detail::end_hold(*std::exchange(tasklet_, nullptr));
+  }
+  /// Whether this guard has a rule to release: false for a hold nested in the tasklet's own rule
+  /// (that one covers it) and after release().
+  bool owns_rule() const noexcept { return tasklet_ != nullptr; }
+
+ private:
+  friend struct detail::RuleWait;
+  explicit RuleHold(Tasklet* tasklet) noexcept : tasklet_(tasklet) {}
+  Tasklet* tasklet_;
+};
+
+namespace detail {
+
+/// Takes a rule for the coroutine's tasklet (see hold()).
+struct RuleWait {
+  Rule rule;
+  Tasklet* tasklet = nullptr;
+  HoldAnswer now = HoldAnswer::waiting;
+  HoldAnswer later = HoldAnswer::waiting;  // set by the engine before it resumes a waiting tasklet
+  bool await_ready() const noexcept { return false; }
+  template <class Promise>
+  requires std::is_base_of_v<CoroutinePromise, Promise>
+  bool await_suspend(std::coroutine_handle<Promise> here) {
+    CoroutineStack& stack = *here.promise().stack_;
+    tasklet = stack.tasklet;
+    now = begin_hold(*tasklet, rule, later);  // throws into the coroutine
+    if (now != HoldAnswer::waiting) return false;
+    stack.resume_next = here;
+    stack.next = Directive::wait;
+    return true;
+  }
+  RuleHold await_resume() {
+    switch (now == HoldAnswer::waiting ? later : now) {
+      case HoldAnswer::granted:
+        return RuleHold(tasklet);
+      case HoldAnswer::cancelled:
+        throw IllegalState("hold(" + describe(rule) + "): the job manager shut down while " + tasklet->name() +
+                           " waited for the rule");
+      case HoldAnswer::refused:
+        throw std::bad_alloc();
+      default:
+        return RuleHold(nullptr);  // nested: the tasklet's own rule covers it
+    }
+  }
+};
+
+}  // namespace detail
+
+/// `auto held = co_await tasklet::hold(rule)`: the coroutine's tasklet takes `rule` and holds it
+/// until the RuleHold goes. It waits in the rule table in FIFO order with every other holder
+/// (tasklets, jobs, begin_rule, serial executors), holding no thread, and goes on where it was
+/// (sync or async) holding the rule; when the rule is free it goes on at once. Two-phase rules
+/// apply: in a tasklet that holds a rule already (its own, or an outer hold), `rule` must be
+/// contained by it and nothing more is taken (RuleNotContained otherwise). A null rule takes
+/// nothing. The co_await throws IllegalState inside an open begin_rule scope and when the job
+/// manager shuts down while it waits, InvalidRule, and std::bad_alloc. The tasks of a when_all run
+/// as tasklets of their own: they do not hold the awaiter's rules.
+[[nodiscard]] inline detail::RuleWait hold(Rule rule) noexcept { return detail::RuleWait{std::move(rule)}; }
 
 /// A coroutine run as a tasklet (make_tasklet), or awaited inline by another Task. Move-only; it
 /// owns its coroutine until make_tasklet or co_await takes it. Destroying a Task that never ran

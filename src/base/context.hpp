@@ -49,6 +49,8 @@ struct TaskState {
   /// The scheduler and tasklet whose phase is running here.
   SchedulerImpl* phase_of = nullptr;
   Tasklet* tasklet = nullptr;
+  /// The running phase's owning reference to `tasklet` (a request that keeps the tasklet takes it).
+  const std::shared_ptr<Tasklet>* phase_owner = nullptr;
   /// The workers whose arena task this is (spawns there stay local, and waits suspend the task
   /// instead of blocking the worker).
   WorkersImpl* worker_of = nullptr;

@@ -305,7 +305,8 @@ std::shared_ptr<JobRun> Jobs::take_run(JobCore& job, const std::shared_ptr<Job>&
 // Under the job's lock: the run takes the job's rule and priority, and is the job's run now.
 void Jobs::attach_run(JobCore& job, JobRun& run) noexcept {
   run.prepare(job.priority, deadline_for(job.priority));
-  if (job.rule) TaskletAccess::set_trusted_rule(run, job.rule);  // validated by set_rule
+  // Validated by set_rule; null too, as the run may be the job's own from a time it had a rule.
+  TaskletAccess::set_trusted_rule(run, job.rule);
   job.run = &run;
 }
 

@@ -69,6 +69,7 @@ detail::SchedulerImpl::SchedulerImpl(Scheduler& self, SchedulerOptions options)
       workers_(detail::impl(*options_.workers)) {}
 
 detail::SchedulerImpl::~SchedulerImpl() {
+  going_.store(true, std::memory_order_release);
   close_delays();  // first: no delay starts a tasklet while the rest is taken apart
   // What a run() that ended abnormally left: requests not entered yet end unrun (with the async
   // batch, in drop_pending), and the counts taken ahead go back.

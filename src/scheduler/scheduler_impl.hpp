@@ -35,6 +35,7 @@
 #include "context.hpp"
 #include "domain.hpp"
 #include "rule_table.hpp"
+#include "tasklet/detail/hold.hpp"
 #include "tasklet/job_manager.hpp"
 #include "tasklet/scheduler.hpp"
 #include "tasklet/workers.hpp"
@@ -69,6 +70,9 @@ class SchedulerImpl final {
   /// Scheduler::suspend: the suspension's generation, for its Rescheduler.
   std::uint32_t suspend(Tasklet& tasklet);
   void resume(const TaskletPtr& tasklet, std::uint32_t generation, Directive directive);
+  /// resume() without draining inline; with `checked` false, for a suspension the engine made and
+  /// knows to be current and unused (then it does not throw).
+  void resume_suspension(const TaskletPtr& tasklet, std::uint32_t generation, Directive directive, bool checked);
   /// Scheduler::schedule_after and Rescheduler::resume_after, on the manager's timer
   /// (scheduler_timer.cpp).
   void schedule_after(Clock::duration delay, TaskletPtr tasklet, Directive directive);
@@ -168,6 +172,8 @@ class SchedulerImpl final {
   /// The tasklet whose phase runs here lets a waiting conflicting request go first and then takes
   /// its rule again (waiting as begin_rule does). False, at once, when nobody conflicting waits.
   bool yield_rule(Tasklet& tasklet);
+  /// co_await hold(rule) in a phase of `tasklet` running here (see tasklet/detail/hold.hpp).
+  HoldAnswer begin_hold(Tasklet& tasklet, const Rule& rule, HoldAnswer& later);
   /// Releases the rule of a tasklet before it is done (a job's run is over, so its rule must be
   /// free by the time join() returns). Idempotent: done releases nothing twice.
   void release_rule(Tasklet& tasklet) noexcept;
@@ -198,6 +204,7 @@ class SchedulerImpl final {
   std::atomic<std::size_t> holds_{0};
   alignas(64) std::atomic<bool> running_{false};
   bool background_ = false;
+  std::atomic<bool> going_{false};  // the destructor has begun: a cancelled hold resumes nothing
 
   mutable std::mutex mutex_;  // guards the members below up to `parked_mutex_`
   std::condition_variable wake_;
@@ -289,6 +296,7 @@ class SchedulerImpl final {
   struct PickTask;
   template <std::size_t N>
   struct TaskletHold;
+  struct PhaseHold;
   struct Delivery;
 
   void claim(Tasklet& tasklet, const char* action);

@@ -142,6 +142,118 @@ struct detail::SchedulerImpl::TaskletHold final : detail::InlineRuleRequest<N>, 
   TaskletPtr tasklet;  // while it waits, the tasklet's owner; once granted, one of its owners
 };
 
+// co_await hold(rule) (tasklet/detail/hold.hpp): a tasklet without a rule takes one between two of
+// its phases, waiting in the table like every other holder (in the same FIFO) and holding no thread
+// meanwhile. Granted, it is the tasklet's hold, as a granted TaskletHold is (keeping a reference to
+// the tasklet), until end_hold or the tasklet's end releases it. The tasklet's rule is the one asked
+// for from the moment it enters the table.
+struct detail::SchedulerImpl::PhaseHold final : detail::InlineRuleRequest<4>, detail::PooledObject {
+  PhaseHold(TaskletPtr holder, std::uint32_t suspension, Directive next, HoldAnswer& reply) noexcept
+      : tasklet(std::move(holder)), generation(suspension), then(next), answer(&reply) {
+    this->set_rule(tasklet->rule().get());
+  }
+  const void* owner() const noexcept override { return tasklet.get(); }
+  RuleBlocker describe() const override {
+    return {scheduler().describe_tasklet(*tasklet), tasklet->rule(), false};
+  }
+  SchedulerImpl& scheduler() const noexcept { return detail::impl(*TaskletAccess::scheduler(*tasklet)); }
+  void granted() noexcept override { answer_with(HoldAnswer::granted); }
+  void cancelled() noexcept override { answer_with(HoldAnswer::cancelled); }
+  void refused() noexcept override { answer_with(HoldAnswer::refused); }
+
+  // Told while begin_hold still enters it (on its thread or another), it leaves the answer to
+  // begin_hold; else it resumes the suspended tasklet, where it was.
+  void answer_with(HoldAnswer given) noexcept {
+    SchedulerImpl& impl = scheduler();
+    const Delivery delivery(impl, impl.holds_);
+    if (given == HoldAnswer::granted) TaskletAccess::set_hold(*tasklet, this);
+    *answer = given;
+    if (!told.exchange(true, std::memory_order_acq_rel)) return;
+    TaskletPtr resumed = tasklet;
+    if (given != HoldAnswer::granted) {
+      TaskletAccess::set_trusted_rule(*resumed, nullptr);
+      delete this;
+    }
+    // A scheduler that is going drops its parked tasklets instead.
+    if (!impl.going_.load(std::memory_order_acquire)) impl.resume_suspension(resumed, generation, then, false);
+  }
+
+  TaskletPtr tasklet;
+  std::uint32_t generation;  // of the suspension begin_hold made
+  Directive then;            // where the tasklet goes on
+  HoldAnswer* answer;        // in the awaiting coroutine's frame: alive while its tasklet waits
+  // Set by the first of begin_hold (done entering) and answer_with (answered): the second acts.
+  std::atomic<bool> told{false};
+};
+
+detail::HoldAnswer detail::SchedulerImpl::begin_hold(Tasklet& tasklet, const Rule& rule, HoldAnswer& later) {
+  TaskState& here = detail::state();
+  if (!rule) return HoldAnswer::nested;  // no rule: nothing to take
+  if (here.rule_stack.size() > here.phase_base) {
+    throw IllegalState("hold(" + describe(rule) + ") in " + describe_tasklet(tasklet) +
+                       " inside begin_rule scopes of its phase; end them first, or hold the rule before them");
+  }
+  if (const Rule& held = tasklet.rule()) {
+    if (TaskletAccess::hold(tasklet) == nullptr) {
+      throw IllegalState("hold(" + describe(rule) + "): " + describe_tasklet(tasklet) +
+                         " gave its rule " + describe(held) + " away (transfer_rule)");
+    }
+    if (!held->contains(*rule)) {
+      throw RuleNotContained("hold(" + describe(rule) + ") in " + describe_tasklet(tasklet) +
+                             " does not match the rule it holds, " + describe(held) +
+                             ": a nested rule must be contained by it");
+    }
+    return HoldAnswer::nested;
+  }
+  validate_rule(rule);
+  const TaskletPtr& owned = *here.phase_owner;
+  const Directive then = here.worker_of == nullptr ? Directive::sync : Directive::async;
+  const std::uint32_t generation = suspend(tasklet);  // AlreadyScheduled: suspended already
+  PhaseHold* hold = nullptr;
+  try {
+    TaskletAccess::set_trusted_rule(tasklet, rule);
+    hold = new PhaseHold(owned, generation, then, later);
+    enter_pending_rules(here);  // what this thread started before comes first
+  } catch (...) {
+    delete hold;
+    TaskletAccess::set_trusted_rule(tasklet, nullptr);
+    end_suspension(owned, generation);
+    throw;
+  }
+  holds_.fetch_add(1, std::memory_order_relaxed);
+  domain_.table_.enter(*hold);
+  if (!hold->told.exchange(true, std::memory_order_acq_rel)) return HoldAnswer::waiting;
+  // Answered while it entered: the phase goes on, unsuspended.
+  end_suspension(owned, generation);
+  const HoldAnswer answer = later;
+  if (answer == HoldAnswer::granted) {
+    here.phase_rule = &tasklet.rule();  // the rest of this phase holds it too
+  } else {
+    delete hold;
+    TaskletAccess::set_trusted_rule(tasklet, nullptr);
+  }
+  return answer;
+}
+
+detail::HoldAnswer detail::begin_hold(Tasklet& tasklet, const Rule& rule, HoldAnswer& later) {
+  const TaskState& here = detail::state();
+  if (here.tasklet != &tasklet || here.phase_of == nullptr) {
+    throw IllegalState("hold(" + describe(rule) + ") outside a phase of " + tasklet.name() +
+                       "; a coroutine holds rules from its own steps");
+  }
+  return here.phase_of->begin_hold(tasklet, rule, later);
+}
+
+void detail::end_hold(Tasklet& tasklet) noexcept {
+  if (Scheduler* scheduler = TaskletAccess::scheduler(tasklet);
+      scheduler != nullptr && TaskletAccess::hold(tasklet) != nullptr) {
+    detail::impl(*scheduler).release_rule(tasklet);
+  }
+  TaskState& here = detail::state();
+  if (here.tasklet == &tasklet) here.phase_rule = nullptr;
+  TaskletAccess::set_trusted_rule(tasklet, nullptr);
+}
+
 void detail::SchedulerImpl::forget_deliveries_here() noexcept {
   for (Delivery* delivery = Delivery::innermost; delivery != nullptr; delivery = delivery->outer) {
     if (delivery->impl == this) {

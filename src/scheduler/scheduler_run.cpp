@@ -19,6 +19,7 @@
 namespace tasklet {
 
 using detail::TaskletAccess;
+using TaskletPtr = detail::SchedulerImpl::TaskletPtr;
 
 namespace {
 
@@ -26,17 +27,20 @@ namespace {
 // the outermost rule in force, and begin_rule frames from here on belong to the phase.
 class PhaseScope {
  public:
-  PhaseScope(detail::SchedulerImpl& impl, Tasklet& tasklet) noexcept
+  PhaseScope(detail::SchedulerImpl& impl, const TaskletPtr& owned) noexcept
       : ctx_(detail::state()),
         current_(ctx_.current),
         phase_of_(ctx_.phase_of),
         tasklet_(ctx_.tasklet),
+        phase_owner_(ctx_.phase_owner),
         phase_rule_(ctx_.phase_rule),
         phase_domain_(ctx_.phase_domain),
         phase_base_(ctx_.phase_base) {
     ctx_.current = &impl;
     ctx_.phase_of = &impl;
+    Tasklet& tasklet = *owned;
     ctx_.tasklet = &tasklet;
+    ctx_.phase_owner = &owned;
     // current_rule() may hand it out. A tasklet that gave its rule away (transfer_rule) holds none.
     const Rule& rule = tasklet.rule();
     ctx_.phase_rule = rule && TaskletAccess::hold(tasklet) != nullptr ? &rule : nullptr;
@@ -47,6 +51,7 @@ class PhaseScope {
     ctx_.current = current_;
     ctx_.phase_of = phase_of_;
     ctx_.tasklet = tasklet_;
+    ctx_.phase_owner = phase_owner_;
     ctx_.phase_rule = phase_rule_;
     ctx_.phase_domain = phase_domain_;
     ctx_.phase_base = phase_base_;
@@ -62,6 +67,7 @@ class PhaseScope {
   detail::SchedulerImpl* current_;
   detail::SchedulerImpl* phase_of_;
   Tasklet* tasklet_;
+  const TaskletPtr* phase_owner_;
   const Rule* phase_rule_;
   detail::Domain* phase_domain_;
   std::size_t phase_base_;
@@ -93,8 +99,9 @@ struct PhaseResult {
   std::exception_ptr error;
 };
 
-PhaseResult run_untraced_phase(detail::SchedulerImpl& impl, Tasklet& tasklet) noexcept {
-  PhaseScope scope(impl, tasklet);
+PhaseResult run_untraced_phase(detail::SchedulerImpl& impl, const TaskletPtr& owned) noexcept {
+  PhaseScope scope(impl, owned);
+  Tasklet& tasklet = *owned;
   PhaseResult result{Directive::done, nullptr};
   try {
     result.directive = tasklet.task();
@@ -115,7 +122,8 @@ PhaseResult run_untraced_phase(detail::SchedulerImpl& impl, Tasklet& tasklet) no
 // A phase while the manager records a trace: the slice it ran in on this thread, the end of the
 // arrow from the release that let its tasklet's rule through, and the park it comes back from.
 [[gnu::cold, gnu::noinline]] PhaseResult run_traced_phase(detail::Trace& trace, detail::SchedulerImpl& impl,
-                                                          Tasklet& tasklet, bool sync) noexcept {
+                                                          const TaskletPtr& owned, bool sync) noexcept {
+  Tasklet& tasklet = *owned;
   detail::TracedPhase phase{trace, detail::Trace::now(), {}, {}};
   const detail::RuleRequest* hold = TaskletAccess::hold(tasklet);
   std::string owner;
@@ -131,7 +139,7 @@ PhaseResult run_untraced_phase(detail::SchedulerImpl& impl, Tasklet& tasklet) no
   }
   detail::TaskState& task = detail::state();  // the task's, wherever it resumes
   detail::TracedPhase* const outer = std::exchange(task.traced_phase, &phase);
-  const PhaseResult result = run_untraced_phase(impl, tasklet);
+  const PhaseResult result = run_untraced_phase(impl, owned);
   task.traced_phase = outer;
   try {
     phase.args.emplace_back("next", std::string(result.error ? "failed" : to_string(result.directive)));
@@ -143,7 +151,7 @@ PhaseResult run_untraced_phase(detail::SchedulerImpl& impl, Tasklet& tasklet) no
   return result;
 }
 
-PhaseResult run_phase(detail::SchedulerImpl& impl, Tasklet& tasklet, bool sync) noexcept {
+PhaseResult run_phase(detail::SchedulerImpl& impl, const TaskletPtr& tasklet, bool sync) noexcept {
   if (detail::Trace* trace = impl.domain_.trace()) [[unlikely]]
     return run_traced_phase(*trace, impl, tasklet, sync);
   return run_untraced_phase(impl, tasklet);
@@ -157,7 +165,7 @@ PhaseResult run_phase(detail::SchedulerImpl& impl, Tasklet& tasklet, bool sync) 
 void detail::SchedulerImpl::run_async_phase(TaskletPtr tasklet) noexcept {
   constexpr int handoff_limit = 64;
   for (int handoffs = 0;; ++handoffs) {
-    const PhaseResult result = run_phase(*this, *tasklet, false);
+    const PhaseResult result = run_phase(*this, tasklet, false);
     detail::TaskState& here = detail::state();  // the phase may have moved to another thread
     if (handoffs < handoff_limit) here.handoff_of = this;
     continue_after_phase(std::move(tasklet), result.directive, result.error);
@@ -168,7 +176,7 @@ void detail::SchedulerImpl::run_async_phase(TaskletPtr tasklet) noexcept {
 }
 
 void detail::SchedulerImpl::run_sync_phase(TaskletPtr tasklet) noexcept {
-  const PhaseResult result = run_phase(*this, *tasklet, true);
+  const PhaseResult result = run_phase(*this, tasklet, true);
   continue_after_phase(std::move(tasklet), result.directive, result.error);
 }
 
@@ -369,7 +377,7 @@ void detail::SchedulerImpl::with(const TaskletPtr& tasklet) {
     }
     TaskletAccess::set_hold(*tasklet, hold);
   }
-  const PhaseResult result = run_phase(*this, *tasklet, true);
+  const PhaseResult result = run_phase(*this, tasklet, true);
   if (result.error) {
     finish(tasklet, nullptr);
     std::rethrow_exception(result.error);

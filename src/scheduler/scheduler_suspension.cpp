@@ -82,10 +82,18 @@ void detail::SchedulerImpl::check_resumable(const Tasklet& tasklet, std::uint64_
 }
 
 void detail::SchedulerImpl::resume(const TaskletPtr& tasklet, std::uint32_t generation, Directive directive) {
+  resume_suspension(tasklet, generation, directive, true);
+  if (directive == Directive::sync) drain_inline();
+}
+
+// With `checked`, throws what check_resumable finds; without, the caller is the engine itself and
+// knows the suspension is current and unused.
+void detail::SchedulerImpl::resume_suspension(const TaskletPtr& tasklet, std::uint32_t generation,
+                                              Directive directive, bool checked) {
   auto& state = TaskletAccess::state(*tasklet);
   std::uint64_t word = state.load(std::memory_order_acquire);
   for (;;) {
-    check_resumable(*tasklet, word, generation, directive);
+    if (checked) check_resumable(*tasklet, word, generation, directive);
     if (st::phase(word) == st::parked) {
       TaskletPtr owned;
       {
@@ -100,7 +108,6 @@ void detail::SchedulerImpl::resume(const TaskletPtr& tasklet, std::uint32_t gene
         parked_.erase(entry);
       }
       dispatch(std::move(owned), directive);
-      if (directive == Directive::sync) drain_inline();
       return;
     }
     // Its phase has not returned yet: leave the directive for continue_after_phase (sticky resume).

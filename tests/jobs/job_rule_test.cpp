@@ -97,6 +97,25 @@ TEST_F(JobTest, TheRuleCanChangeOnlyInStateNone) {
   EXPECT_EQ(j->rule(), nullptr);
 }
 
+TEST_F(JobTest, ARuleTakenAwayIsNotHeldByTheNextRun) {
+  const Rule rule = rules::mutex("only the first run");
+  std::atomic<int> runs{0};
+  auto j = job("rule then none", [&](ProgressMonitor&) {
+    runs.fetch_add(1);
+    return Status::ok();
+  });
+  j->set_rule(rule);
+  j->schedule();
+  j->join();
+  j->set_rule(nullptr);
+  manager_->begin_rule(rule);  // the second run must not wait for it
+  j->schedule();
+  const bool ended = j->join(patience);
+  manager_->end_rule(rule);
+  EXPECT_TRUE(ended);
+  EXPECT_EQ(runs.load(), 2);
+}
+
 TEST_F(JobTest, TheNameCanChangeOnlyInStateNone) {
   Gate in_run, release;
   auto j = job("first name", [&](ProgressMonitor&) {

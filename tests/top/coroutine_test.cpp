@@ -4,6 +4,7 @@
 // exception nobody awaits is the tasklet's failure.
 #include <atomic>
 #include <latch>
+#include <mutex>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -14,6 +15,7 @@
 
 #include "support/test_support.hpp"
 #include "tasklet/coroutine.hpp"
+#include "tasklet/job_manager.hpp"
 #include "tasklet/tasklet.hpp"
 
 namespace tasklet {
@@ -327,6 +329,242 @@ TEST_P(CoroutineTest, AStopRequestReachesTheCoroutineAndTheTasksItRuns) {
   scheduler().run();
   stopper.join();
   EXPECT_GE(tasklet->result(), 0);
+}
+
+// ---- co_await hold(rule)
+
+// Records, in grant order, who held the rule, and whether two ever held it at once.
+struct HoldLog {
+  std::mutex mutex;
+  std::vector<std::string> order;
+  std::atomic<int> inside{0}, overlaps{0}, without_rule{0};
+  void enter(const std::string& who) {
+    if (inside.fetch_add(1) != 0) overlaps.fetch_add(1);
+    std::lock_guard lock(mutex);
+    order.push_back(who);
+  }
+  void leave() { inside.fetch_sub(1); }
+};
+
+Task<void> holds_across_hops(std::string who, Rule rule, JobManager& manager, HoldLog& log, Segments& segments) {
+  segments.sync_segment();
+  if (manager.current_rule() != nullptr) log.without_rule.fetch_add(100);  // holds nothing yet
+  {
+    auto held = co_await hold(rule);
+    segments.sync_segment();  // went on where it was: the synchronous thread
+    EXPECT_TRUE(held.owns_rule());
+    log.enter(who);
+    if (manager.current_rule() != rule) log.without_rule.fetch_add(1);
+    co_await async();
+    segments.async_segment();
+    if (manager.current_rule() != rule) log.without_rule.fetch_add(1);
+    std::this_thread::yield();
+    co_await sync();
+    segments.sync_segment();
+    if (manager.current_rule() != rule) log.without_rule.fetch_add(1);
+    log.leave();
+  }
+  if (manager.current_rule() != nullptr) log.without_rule.fetch_add(100);  // released
+  co_await async();
+  segments.async_segment();
+  if (manager.current_rule() != nullptr) log.without_rule.fetch_add(100);
+}
+
+TEST_P(CoroutineTest, HoldWaitsInFifoWithEveryHolderKindAndGoesOnHoldingTheRule) {
+  const Rule rule = rules::path("/shared/tree");
+  HoldLog log;
+  Segments segments;
+  std::latch entered(1), release(1);
+  // A plain thread holds the rule until every request below has entered the table.
+  std::thread holder([&] {
+    manager_->begin_rule(rule);
+    entered.count_down();
+    release.wait();
+    manager_->end_rule(rule);
+  });
+  entered.wait();
+  scheduler().schedule(make_tasklet(holds_across_hops("coroutine A", rule, *manager_, log, segments)),
+                       Directive::sync);
+  auto job = make_job(
+      "job J",
+      [&](ProgressMonitor&) {
+        log.enter("job J");
+        log.leave();
+      },
+      manager_);
+  job->set_rule(rules::path("/shared"));  // contains the coroutines' rule: conflicts with it
+  // Coroutine lambdas take what they use as parameters: captures would die with the lambda.
+  scheduler().schedule(make_tasklet([](std::shared_ptr<Job> scheduled) -> Task<void> {
+                         scheduled->schedule();  // enters after A, before B
+                         co_return;
+                       }(job)),
+                       Directive::sync);
+  scheduler().schedule(make_tasklet(holds_across_hops("coroutine B", rule, *manager_, log, segments)),
+                       Directive::sync);
+  auto plain = make_tasklet([](HoldLog& holders) -> Task<void> {
+    holders.enter("tasklet T");
+    holders.leave();
+    co_return;
+  }(log));
+  plain->set_rule(rules::path("/shared/tree/leaf"));
+  scheduler().schedule(make_tasklet([](Scheduler& on, std::shared_ptr<Tasklet> last, std::latch& done) -> Task<void> {
+                         on.schedule(std::move(last), Directive::async);  // after B
+                         done.count_down();  // every sync phase before this one has run
+                         co_return;
+                       }(scheduler(), plain, release)),
+                       Directive::sync);
+  scheduler().run();
+  holder.join();
+  job->join();
+  EXPECT_EQ(log.order, (std::vector<std::string>{"coroutine A", "job J", "coroutine B", "tasklet T"}));
+  EXPECT_EQ(log.overlaps.load(), 0);
+  EXPECT_EQ(log.without_rule.load(), 0);
+  EXPECT_EQ(segments.misplaced.load(), 0);
+  EXPECT_EQ(manager_->rule_stats().held, 0u);
+}
+
+Task<void> many_holders(Rule rule, JobManager& manager, HoldLog& log, int round) {
+  for (int i = 0; i < 3; ++i) {
+    co_await async();
+    auto held = co_await hold(rule);  // taken on a worker
+    log.enter("");
+    if (manager.current_rule() != rule) log.without_rule.fetch_add(1);
+    co_await sync();
+    if (manager.current_rule() != rule) log.without_rule.fetch_add(1);
+    co_await async();
+    log.leave();
+    if (round % 2 == 0) held.release();  // early, then held across nothing
+    if (manager.current_rule() != (round % 2 == 0 ? nullptr : rule)) log.without_rule.fetch_add(1);
+  }
+}
+
+TEST_P(CoroutineTest, ConflictingHoldsNeverOverlap) {
+  const Rule rule = rules::mutex("hold rule");
+  HoldLog log;
+  constexpr int coroutines = 16;
+  for (int i = 0; i < coroutines; ++i) {
+    scheduler().schedule(make_tasklet(many_holders(rule, *manager_, log, i)), Directive::sync);
+    // Plain tasklets with the same rule in between.
+    auto plain = make_tasklet([](HoldLog& holders) -> Task<void> {
+      holders.enter("");
+      holders.leave();
+      co_return;
+    }(log));
+    plain->set_rule(rule);
+    scheduler().schedule(plain, Directive::sync);
+  }
+  scheduler().run();
+  EXPECT_EQ(log.order.size(), static_cast<std::size_t>(coroutines * 3 + coroutines));
+  EXPECT_EQ(log.overlaps.load(), 0);
+  EXPECT_EQ(log.without_rule.load(), 0);
+  EXPECT_EQ(manager_->rule_stats().held, 0u);
+}
+
+Task<std::string> nests(JobManager& manager) {
+  std::string seen;
+  {
+    auto inner = co_await hold(rules::path("/a/b"));  // contained in the tasklet's own rule
+    seen += inner.owns_rule() ? "owns" : "nested";
+    seen += manager.current_rule() == nullptr ? " none" : " " + manager.current_rule()->to_string();
+  }
+  try {
+    auto outside = co_await hold(rules::path("/c"));
+    seen += " (not refused)";
+  } catch (const RuleNotContained&) {
+    seen += " / not contained";
+  }
+  auto none = co_await hold(nullptr);
+  seen += none.owns_rule() ? " (null owns)" : " / null";
+  co_return seen;
+}
+
+TEST_P(CoroutineTest, HoldsNestOnlyInsideTheRuleHeld) {
+  auto tasklet = make_tasklet(nests(*manager_), rules::path("/a"));
+  scheduler().schedule(tasklet, Directive::sync);
+  scheduler().run();
+  EXPECT_EQ(tasklet->result(), "nested path(/a) / not contained / null");
+}
+
+Task<std::string> nests_in_an_outer_hold(JobManager& manager) {
+  std::string seen;
+  co_await async();
+  auto outer = co_await hold(rules::path("/x"));
+  const Rule scope = rules::path("/x/y");
+  manager.begin_rule(scope);  // begin_rule nests in the held rule
+  try {
+    auto inside_scope = co_await hold(rules::path("/x/y"));
+    seen += "(not refused)";
+  } catch (const IllegalState&) {
+    seen += "refused inside begin_rule";
+  }
+  manager.end_rule(scope);
+  auto inner = co_await hold(rules::path("/x/z"));
+  seen += inner.owns_rule() ? " / owns" : " / nested";
+  co_return seen;
+}
+
+TEST_P(CoroutineTest, AHoldIsTheOuterRuleOfLaterBeginRulesAndHolds) {
+  auto tasklet = make_tasklet(nests_in_an_outer_hold(*manager_));
+  scheduler().schedule(tasklet, Directive::sync);
+  scheduler().run();
+  EXPECT_EQ(tasklet->result(), "refused inside begin_rule / nested");
+  EXPECT_EQ(manager_->rule_stats().held, 0u);
+}
+
+TEST_P(CoroutineTest, ReleasingAHoldLetsWaitersInBeforeTheCoroutineEnds) {
+  const Rule rule = rules::mutex("released early");
+  std::string seen;
+  std::shared_ptr<Tasklet> waiter;
+  // The tasklet that waits: made in the give, so that it resumes the coroutine it waits for.
+  auto coroutine = make_tasklet([](Rule held_rule, std::shared_ptr<Tasklet>& next, Scheduler& on,
+                                   std::string& note) -> Task<void> {
+    auto held = co_await hold(held_rule);
+    std::shared_ptr<Tasklet> waiting;
+    co_await wait([&](Rescheduler resume) {
+      waiting = make_tasklet([](Rescheduler go_on, std::string& text) -> Task<void> {
+        text += "waiter ran; ";
+        go_on.resume(Directive::sync);
+        co_return;
+      }(std::move(resume), note));
+      waiting->set_rule(held_rule);
+      on.schedule(waiting, Directive::sync);  // waits for the rule held here
+      next = waiting;
+      held.release();  // lets it in while this coroutine is parked
+    });
+    note += "resumed";
+  }(rule, waiter, scheduler(), seen));
+  scheduler().schedule(coroutine, Directive::sync);
+  scheduler().run();
+  EXPECT_EQ(seen, "waiter ran; resumed");
+  EXPECT_TRUE(coroutine->finished());
+}
+
+struct FrameGone {
+  std::atomic<int>* gone;
+  ~FrameGone() { gone->fetch_add(1); }
+};
+
+TEST_P(CoroutineTest, DestroyingTheSchedulerWithdrawsAWaitingHold) {
+  const Rule rule = rules::mutex("held by the test thread");
+  std::atomic<int> gone{0}, got_rule{0};
+  manager_->begin_rule(rule);
+  {
+    auto scheduler = Scheduler::create(SchedulerOptions{manager_, nullptr, 0});
+    scheduler->schedule(make_tasklet([](Rule wanted, std::atomic<int>& frames, std::atomic<int>& got) -> Task<void> {
+                          FrameGone guard{&frames};
+                          auto held = co_await hold(wanted);
+                          got.fetch_add(1);
+                        }(rule, gone, got_rule)),
+                        Directive::sync);
+    // It waits for the rule this thread holds: run() cannot return.
+    EXPECT_THROW(scheduler->run(), WaitCycle);
+    EXPECT_EQ(manager_->rule_snapshot().requests.size(), 2u);  // the holder and the waiter
+  }
+  EXPECT_EQ(gone.load(), 1);  // the parked coroutine went with its scheduler
+  EXPECT_EQ(got_rule.load(), 0);
+  EXPECT_EQ(manager_->rule_snapshot().requests.size(), 1u);  // only this thread's hold is left
+  manager_->end_rule(rule);
+  EXPECT_EQ(manager_->rule_stats().held, 0u);
 }
 
 TASKLET_WORKER_COUNTS(CoroutineTest);
