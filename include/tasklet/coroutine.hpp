@@ -55,6 +55,11 @@ template <class T = void>
 class Task;
 
 namespace detail {
+template <class T>
+class TaskSteps;
+}  // namespace detail
+
+namespace detail {
 
 /// What the coroutines of one tasklet share (the outermost one and those it awaits inline): the
 /// frame to resume at the next phase, and the directive its last co_await chose. It lives in the
@@ -310,8 +315,7 @@ class [[nodiscard]] Task {
   Awaiter operator co_await() && noexcept { return Awaiter{std::exchange(handle_, nullptr)}; }
 
  private:
-  template <class U>
-  friend class CoroutineTasklet;
+  friend class detail::TaskSteps<T>;
   explicit Task(std::coroutine_handle<promise_type> handle) noexcept : handle_(handle) {}
   void reset() noexcept {
     if (handle_) std::exchange(handle_, nullptr).destroy();
@@ -334,46 +338,88 @@ struct Task<void>::promise_type : detail::CoroutinePromise {
   void return_void() noexcept {}
 };
 
+namespace detail {
+
+/// A Task<T> run step by step by a tasklet: a CoroutineTasklet, or the run of a coroutine job.
+/// Owns the coroutine; empty once moved from.
+template <class T>
+class TaskSteps {
+ public:
+  TaskSteps() noexcept = default;
+  TaskSteps(Task<T> task, Tasklet& runner, std::stop_token stop) noexcept
+      : handle_(std::exchange(task.handle_, nullptr)) {
+    CoroutineStack& stack = *handle_.promise().stack_;
+    stack.resume_next = handle_;
+    stack.tasklet = &runner;
+    stack.stop = std::move(stop);
+  }
+  TaskSteps(TaskSteps&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+  TaskSteps& operator=(TaskSteps&& other) noexcept {
+    if (this != &other) {
+      reset();
+      handle_ = std::exchange(other.handle_, nullptr);
+    }
+    return *this;
+  }
+  ~TaskSteps() { reset(); }
+
+  explicit operator bool() const noexcept { return handle_ != nullptr; }
+  /// Resumes the coroutine where its last co_await left it; the directive that co_await chose, or
+  /// done once it has ended (returned or thrown: see error()).
+  Directive step() {
+    CoroutineStack& stack = *handle_.promise().stack_;
+    stack.resume_next.resume();
+    return stack.next;
+  }
+  bool done() const noexcept { return handle_.done(); }
+  /// What it threw, once ended.
+  const std::exception_ptr& error() const noexcept { return handle_.promise().error_; }
+  /// What it returned, once ended without an exception.
+  auto& value() const noexcept
+  requires(!std::is_void_v<T>)
+  {
+    return *handle_.promise().value_;
+  }
+  void reset() noexcept {
+    if (handle_) std::exchange(handle_, nullptr).destroy();
+  }
+
+ private:
+  std::coroutine_handle<typename Task<T>::promise_type> handle_;
+};
+
+}  // namespace detail
+
 /// The tasklet that runs a Task<T>: each phase resumes the coroutine where its last co_await left
 /// it. result() gives the value once it is done.
 template <class T>
 class CoroutineTasklet final : public Tasklet {
  public:
   explicit CoroutineTasklet(Task<T> task, std::stop_token stop = {}) noexcept
-      : handle_(std::exchange(task.handle_, nullptr)) {
-    detail::CoroutineStack& stack = *handle_.promise().stack_;
-    stack.resume_next = handle_;
-    stack.tasklet = this;
-    stack.stop = std::move(stop);
-  }
-  ~CoroutineTasklet() override {
-    if (handle_) handle_.destroy();
-  }
+      : steps_(std::move(task), *this, std::move(stop)) {}
 
   /// Resumes the coroutine; the directive of the co_await it stopped at (done at its end). An
   /// exception that left the coroutine comes out of here, ending the tasklet with it.
   Directive task() override {
-    if (handle_.done()) throw IllegalState(name() + ": the coroutine has ended");
-    detail::CoroutineStack& stack = *handle_.promise().stack_;
-    stack.resume_next.resume();
-    if (stack.next == Directive::done && handle_.promise().error_)
-      std::rethrow_exception(handle_.promise().error_);
-    return stack.next;
+    if (steps_.done()) throw IllegalState(name() + ": the coroutine has ended");
+    const Directive next = steps_.step();
+    if (next == Directive::done && steps_.error()) std::rethrow_exception(steps_.error());
+    return next;
   }
 
   /// Whether the coroutine has ended (returned or thrown).
-  bool finished() const noexcept { return handle_.done(); }
+  bool finished() const noexcept { return steps_.done(); }
   /// The value it returned (a reference to it; for Task<void>, nothing). Throws what the coroutine
   /// threw, and IllegalState before it has ended. Not synchronised with the tasklet's phases: call
   /// it once run() returned, or from the thread that saw the tasklet end.
   decltype(auto) result() const {
-    if (!handle_.done()) throw IllegalState(name() + ": result() before the coroutine ended");
-    if (handle_.promise().error_) std::rethrow_exception(handle_.promise().error_);
-    if constexpr (!std::is_void_v<T>) return static_cast<const T&>(*handle_.promise().value_);
+    if (!steps_.done()) throw IllegalState(name() + ": result() before the coroutine ended");
+    if (steps_.error()) std::rethrow_exception(steps_.error());
+    if constexpr (!std::is_void_v<T>) return static_cast<const T&>(steps_.value());
   }
 
  private:
-  std::coroutine_handle<typename Task<T>::promise_type> handle_;  // its only state: see CoroutineStack
+  detail::TaskSteps<T> steps_;  // its only state: see CoroutineStack
 };
 
 /// Wraps a coroutine as a tasklet with an optional rule, held from before its first step to its
@@ -537,6 +583,37 @@ class AllEnded {
 [[nodiscard]] inline detail::JobEnd join(std::shared_ptr<Job> job) { return detail::JobEnd(std::move(job)); }
 [[nodiscard]] inline detail::JobEnd operator co_await(std::shared_ptr<Job> job) {
   return join(std::move(job));
+}
+
+namespace detail {
+inline Task<Status> ended_ok(Task<void> run) {
+  co_await std::move(run);
+  co_return Status::ok();
+}
+}  // namespace detail
+
+/// A job whose run is a coroutine: each run calls `run(monitor)` for a new Task<Status> (or a
+/// Task<void>, which ends ok unless it throws) and resumes it on the manager's workers, under the
+/// job's rule, until it returns its Status. While it awaits (co_await hold(rule), a job, wait(), a
+/// when_all) the run holds no worker; it stays running, holding the job's rule, and a manager
+/// that shuts down waits for it. Cancellation works as for other jobs: cancel() cancels the
+/// monitor (and calls canceling()), which the coroutine polls. A run goes on only on the workers:
+/// co_await sync() ends it with an error, and a Rescheduler from wait() must resume it with
+/// Directive::async. An exception that leaves the coroutine ends the run with an error Status
+/// carrying it. Made on `manager` (the global manager when null). Throws std::invalid_argument for
+/// an empty `run`, std::bad_alloc.
+template <class F>
+requires std::is_same_v<std::invoke_result_t<F&, ProgressMonitor&>, Task<Status>> ||
+         std::is_same_v<std::invoke_result_t<F&, ProgressMonitor&>, Task<void>>
+std::shared_ptr<Job> make_job(std::string name, F run, std::shared_ptr<JobManager> manager = nullptr) {
+  if constexpr (std::is_same_v<std::invoke_result_t<F&, ProgressMonitor&>, Task<Status>>) {
+    return detail::make_coroutine_job(std::move(name), std::move(run), std::move(manager));
+  } else {
+    return detail::make_coroutine_job(
+        std::move(name),
+        [run = std::move(run)](ProgressMonitor& monitor) mutable { return detail::ended_ok(run(monitor)); },
+        std::move(manager));
+  }
 }
 
 /// `auto [a, b] = co_await tasklet::when_all(task_a(), task_b())`: runs the tasks at once, each as

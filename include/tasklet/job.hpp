@@ -64,6 +64,13 @@ class JobListener {
   virtual void awake(const JobEvent&) {}
 };
 
+template <class T>
+class Task;
+namespace detail {
+std::shared_ptr<Job> make_coroutine_job(std::string name, std::function<Task<Status>(ProgressMonitor&)> run,
+                                        std::shared_ptr<JobManager> manager);
+}  // namespace detail
+
 class Job : public std::enable_shared_from_this<Job> {
  public:
   /// A job of `manager` (the global manager when null). The job refers to its manager without
@@ -198,9 +205,13 @@ class Job : public std::enable_shared_from_this<Job> {
   struct Core;
 
  private:
-  class Function;  // make_job's jobs
+  class Function;   // make_job's jobs
+  class Coroutine;  // make_job's jobs whose run is a coroutine (tasklet/coroutine.hpp)
   friend std::shared_ptr<Job> make_job(std::string, std::function<Status(ProgressMonitor&)>,
                                        std::shared_ptr<JobManager>);
+  friend std::shared_ptr<Job> detail::make_coroutine_job(std::string,
+                                                         std::function<Task<Status>(ProgressMonitor&)>,
+                                                         std::shared_ptr<JobManager>);
   Job(std::string name, const std::shared_ptr<JobManager>& manager, Core& placed) noexcept;
 
   std::string name_;

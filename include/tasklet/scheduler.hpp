@@ -59,9 +59,10 @@ class Rescheduler {
   /// Continues the tasklet with `directive`. Throws AlreadyResumed when this suspension was
   /// resumed already or has ended (the tasklet returned something other than wait, or its
   /// scheduler is gone; also for an empty Rescheduler), and SchedulerNotRunning for `async` while
-  /// the scheduler's run() is not active (the tasklet then stays parked). Does not block, except
-  /// that resume(sync) on the implicit scheduler's own thread runs the phases inline as schedule()
-  /// does (and rethrows their exceptions).
+  /// the scheduler's run() is not active, and IllegalState for `sync` on a job manager's own
+  /// scheduler (a job's run: it has no synchronous thread; the tasklet then stays parked). Does not
+  /// block, except that resume(sync) on the implicit scheduler's own thread runs the phases inline
+  /// as schedule() does (and rethrows their exceptions).
   void resume(Directive directive) const;
 
   /// Resumes with `directive` once `delay` has passed, on the job manager's timer, unless the

@@ -1,10 +1,17 @@
 // Job's and JobGroup's public methods: each reaches the job's core (src/jobs/job_core.hpp) and
 // hands the work to the manager's job side (Jobs).
+#include <exception>
+#include <functional>
+#include <memory>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
+#include "context.hpp"
 #include "job_core.hpp"
 #include "jobs.hpp"
+#include "tasklet/coroutine.hpp"
 #include "tasklet/detail/allocator.hpp"
 #include "tasklet/error.hpp"
 #include "tasklet/job.hpp"
@@ -71,6 +78,52 @@ class Job::Function final : public Job {
   Core placed_core_;
   std::function<Status(ProgressMonitor&)> fn_;
 };
+
+// make_job's jobs whose run is a coroutine (tasklet/coroutine.hpp): the run is a JobRun whose
+// phases resume the coroutine, one step each, so a run that awaits (a rule, a job, a Rescheduler)
+// holds no worker meanwhile.
+// The job, its coroutine's maker and its core in one block, as make_job's Function jobs.
+class Job::Coroutine final : public Job {
+ public:
+  Coroutine(std::string name, std::function<Task<Status>(ProgressMonitor&)> make,
+            const std::shared_ptr<JobManager>& manager, std::shared_ptr<detail::Jobs> jobs) noexcept
+      : Job(std::move(name), manager, placed_core_), placed_core_(*this, std::move(jobs)), make_(std::move(make)) {}
+  ~Coroutine() override {
+    steps_.reset();  // a run's coroutine left suspended (its run ended with an error, or never went on)
+    static_cast<void>(core_.release());  // a member: destroyed after this
+  }
+
+ protected:
+  // Called in each phase of the run: the first starts the coroutine, the others resume it.
+  Status run(ProgressMonitor& monitor) override {
+    if (!steps_) steps_ = detail::TaskSteps<Status>(make_(monitor), *detail::state().tasklet, {});
+    const Directive next = steps_.step();
+    if (next != Directive::done) {
+      detail::JobRun::go_on_in(next);
+      return Status::ok();  // not the result: the run goes on
+    }
+    const detail::TaskSteps<Status> ended = std::move(steps_);  // the frame goes with this scope
+    if (ended.error()) std::rethrow_exception(ended.error());
+    return std::move(ended.value());
+  }
+
+ private:
+  Core placed_core_;
+  std::function<Task<Status>(ProgressMonitor&)> make_;
+  detail::TaskSteps<Status> steps_;  // the running coroutine, between the phases of its run
+};
+
+std::shared_ptr<Job> detail::make_coroutine_job(std::string name,
+                                                std::function<Task<Status>(ProgressMonitor&)> run,
+                                                std::shared_ptr<JobManager> manager) {
+  // The running coroutine's handle takes it past make_job's 384-byte class, into the 448-byte one.
+  static_assert(sizeof(Job::Coroutine) <= 448 - 16, "a coroutine job's block outgrew its size class");
+  if (!run) throw std::invalid_argument("make_job(" + name + "): empty coroutine function");
+  if (!manager) manager = JobManager::global();
+  auto jobs = detail::shared_jobs_of(*manager);
+  return std::allocate_shared<Job::Coroutine>(detail::Allocator<Job::Coroutine>{}, std::move(name), std::move(run),
+                                              manager, std::move(jobs));
+}
 
 namespace {
 

@@ -146,17 +146,26 @@ class JobTasklet : public Tasklet {
   /// A job's run: set while it finishes later (its next phase ends it with the result done()
   /// gave). Here, beside the priority, it takes no room of its own.
   bool finishing = false;
+  /// A job's run: set when its run() goes on in another phase (a coroutine job's), with the
+  /// directive of that phase (go_on_in).
+  bool continuing = false;
+  Directive then = Directive::async;
 
  private:
   Priority priority_ = Priority::interactive;
   std::int64_t deadline_ = 0;
 };
 
-/// One run of a job: a tasklet whose only phase runs the job (Jobs::run).
+/// One run of a job: a tasklet whose phase runs the job (Jobs::run), or whose phases do, one step
+/// each, for a run that goes on over several.
 class JobRun final : public JobTasklet {
  public:
   explicit JobRun(JobCore& core) noexcept : core_(core) {}
   Directive task() override;
+  /// Called by a job's run() that has not ended (a coroutine job's, in this run's phase): the
+  /// run goes on in the next phase, with `next` (wait: it suspended this run; async), where
+  /// run() is called again.
+  static void go_on_in(Directive next) noexcept;
   /// The job ends with the error instead.
   void abandoned(std::exception_ptr error) noexcept override;
   std::string describe() const override;

@@ -23,7 +23,14 @@ Directive JobRun::task() {
     core_.jobs().finish_run_later(core_, *this);
     return Directive::done;
   }
-  return core_.jobs().run(core_, *this) ? Directive::done : Directive::wait;
+  if (continuing) return core_.jobs().go_on(core_, *this);
+  return core_.jobs().run(core_, *this);
+}
+
+void JobRun::go_on_in(Directive next) noexcept {
+  auto& run = static_cast<JobRun&>(*state().tasklet);  // a job's run() runs in its JobRun's phase
+  run.continuing = true;
+  run.then = next;
 }
 
 std::string JobRun::describe() const { return "job '" + core_.job().name() + "'"; }
@@ -307,6 +314,7 @@ void Jobs::attach_run(JobCore& job, JobRun& run) noexcept {
   run.prepare(job.priority, deadline_for(job.priority));
   // Validated by set_rule; null too, as the run may be the job's own from a time it had a rule.
   TaskletAccess::set_trusted_rule(run, job.rule);
+  run.continuing = false;
   job.run = &run;
 }
 

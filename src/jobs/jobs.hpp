@@ -146,9 +146,12 @@ class Jobs final {
   void remove_listener(const std::shared_ptr<JobListener>& listener);
   void set_progress_provider(JobManager::ProgressProvider provider);
 
-  /// One run of a job, as its JobRun's phase: false when the run finishes later (the phase then
-  /// returns wait, and its next phase is finish_run_later()).
-  bool run(JobCore& job, JobRun& run) noexcept;
+  /// One run of a job, as its JobRun's phase: the phase's directive. `wait` when the run finishes
+  /// later (its next phase is finish_run_later()); `wait` or `async` when it goes on in another
+  /// phase (a coroutine job's: its next phase is go_on()).
+  Directive run(JobCore& job, JobRun& run) noexcept;
+  /// The next phase of a run that goes on over several (see JobRun::go_on_in).
+  Directive go_on(JobCore& job, JobRun& run) noexcept;
   /// Job::done(): hands the result to the run that finishes later and resumes it.
   void done(JobCore& job, Status result);
   /// The phase after done(): ends the run with the result done() gave.
@@ -181,6 +184,8 @@ class Jobs final {
   RunEnd finish_run(JobCore& job, Status result, ToStart& to_start);
   // The end of a run that has started: its rule released, the word ended, the group told.
   void end_started_run(JobCore& job, Status result) noexcept;
+  // Calls the job's run() in a phase of its run, and ends the run unless it goes on later.
+  Directive run_step(JobCore& job, JobRun& run, ProgressMonitor& monitor) noexcept;
   // Parks the run in a suspension of its own until done(), and returns nothing; or returns the
   // result to end with now: the one a done() gave already, or out of memory.
   std::optional<Status> finish_later(JobCore& job, JobRun& run) noexcept;

@@ -382,7 +382,7 @@ void Jobs::end_unrun(JobCore& job, Tasklet& run, Status result) noexcept {
 
 // The run's end holds the job (RunEnd::owner) until complete() is done with it; the registry holds it
 // until then too, and complete() unlists it last.
-bool Jobs::run(JobCore& job, JobRun& run) noexcept {
+Directive Jobs::run(JobCore& job, JobRun& run) noexcept {
   bool canceled = false;  // before the run started
   // Nothing starts once the manager shuts down: a run the shutdown's cancels have not reached yet
   // (a runner freed by canceling a running job takes the next one) ends unrun too.
@@ -390,7 +390,7 @@ bool Jobs::run(JobCore& job, JobRun& run) noexcept {
   {
     std::unique_lock job_lock(job.lock);
     const std::uint32_t word = job.load();
-    if (job.run != &run || jw::phase(word) != JobState::waiting) return true;  // taken back meanwhile
+    if (job.run != &run || jw::phase(word) != JobState::waiting) return Directive::done;  // taken back meanwhile
     job.run = nullptr;
     canceled = (word & jw::canceled) != 0 || stopping;
     const bool suspended = suspended_.load(std::memory_order_acquire);
@@ -423,7 +423,7 @@ bool Jobs::run(JobCore& job, JobRun& run) noexcept {
         }
       }
       start(let_in);
-      if (!canceled) return true;
+      if (!canceled) return Directive::done;
     }
   }
 
@@ -514,7 +514,7 @@ bool Jobs::run(JobCore& job, JobRun& run) noexcept {
     }
     start(to_start);
     complete(std::move(ended));
-    return true;
+    return Directive::done;
   }
   if (told) {
     try {
@@ -526,12 +526,21 @@ bool Jobs::run(JobCore& job, JobRun& run) noexcept {
     deliver_before_run(job);  // about_to_run and running are told before the run starts
   }
 
+  return run_step(job, run, *running_monitor);
+}
+
+Directive Jobs::go_on(JobCore& job, JobRun& run) noexcept {
+  run.continuing = false;
+  return run_step(job, run, *job.monitor);  // the job holds its monitor while it runs
+}
+
+Directive Jobs::run_step(JobCore& job, JobRun& run, ProgressMonitor& monitor) noexcept {
   TaskState& here = state();
   void* outer = here.job;
   here.job = &job;
   Status result;
   try {
-    result = job.hooks().run(job.job(), *running_monitor);
+    result = job.hooks().run(job.job(), monitor);
   } catch (const std::exception& error) {
     result = Status::error(error.what(), std::current_exception());
   } catch (...) {
@@ -540,20 +549,30 @@ bool Jobs::run(JobCore& job, JobRun& run) noexcept {
   TaskState& after = state();  // the run may have moved to another thread (begin_rule, yield_rule)
   after.job = outer;
   // Rules begun in run() and left open are released now, before join() can return, and fail the run.
-  if (const std::string open = end_frames_above(after, after.phase_base);
-      !open.empty() && !result.is_error()) {
-    const std::string message = "job '" + job.job().name() + "' began " + open +
-                                " in run() and did not end it; rules begun in a run must be ended in it "
-                                "(they have been released)";
-    result = Status::error(message, std::make_exception_ptr(RuleMismatch(message)));
+  if (const std::string open = end_frames_above(after, after.phase_base); !open.empty()) {
+    run.continuing = false;  // a run that goes on ends here instead
+    if (!result.is_error()) {
+      const std::string message = "job '" + job.job().name() + "' began " + open +
+                                  " in run() and did not end it; rules begun in a run must be ended in it "
+                                  "(they have been released)";
+      result = Status::error(message, std::make_exception_ptr(RuleMismatch(message)));
+    }
+  }
+  if (run.continuing) {
+    if (run.then != Directive::sync) return run.then;
+    run.continuing = false;
+    const std::string message = "job '" + job.job().name() +
+                                "' asked to go on in a sync phase (co_await sync()); jobs run on the "
+                                "workers, which have no synchronous thread";
+    result = Status::error(message, std::make_exception_ptr(IllegalState(message)));
   }
   if (result.finishes_later()) {
     std::optional<Status> now = finish_later(job, run);
-    if (!now) return false;
+    if (!now) return Directive::wait;
     result = std::move(*now);
   }
   end_started_run(job, std::move(result));
-  return true;
+  return Directive::done;
 }
 
 std::optional<Status> Jobs::finish_later(JobCore& job, JobRun& run) noexcept {

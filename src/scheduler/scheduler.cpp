@@ -339,8 +339,12 @@ Scheduler& Scheduler::schedule_after(std::chrono::steady_clock::duration delay,
 Rescheduler Scheduler::suspend(Tasklet& tasklet) {
   // Made first: out of memory, nothing is suspended.
   using Made = detail::Suspension;
-  auto made =
-      std::allocate_shared<Made>(detail::Allocator<Made>{}, weak_from_this(), tasklet.weak_from_this(), 0);
+  // In its own phase, the phase's owning reference: it may alias another object (a job's own run).
+  const detail::TaskState& here = detail::state();
+  std::weak_ptr<Tasklet> suspended = here.tasklet == &tasklet && here.phase_owner != nullptr
+                                         ? std::weak_ptr<Tasklet>(*here.phase_owner)
+                                         : tasklet.weak_from_this();
+  auto made = std::allocate_shared<Made>(detail::Allocator<Made>{}, weak_from_this(), std::move(suspended), 0);
   made->generation = detail::impl(*this).suspend(tasklet);
   return Rescheduler(std::move(made));
 }

@@ -74,6 +74,11 @@ void detail::SchedulerImpl::check_resumable(const Tasklet& tasklet, std::uint64_
     throw AlreadyResumed("resume(" + std::string(to_string(directive)) + "): " + tasklet.name() +
                          " was already resumed with " + std::string(to_string(st::resume_directive(word))));
   }
+  if (directive == Directive::sync && background_) {
+    throw IllegalState("resume(sync) of " + tasklet.name() +
+                       ": its scheduler (a job manager's, for jobs and serial executors) has no synchronous "
+                       "thread; resume(async). The tasklet stays parked");
+  }
   // The tasklet counts in active_, so run() cannot stop between this check and the dispatch.
   if (directive == Directive::async && !running_.load(std::memory_order_acquire)) {
     throw SchedulerNotRunning("resume(async) of " + tasklet.name() +

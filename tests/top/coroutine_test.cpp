@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "support/job_support.hpp"
 #include "support/test_support.hpp"
 #include "tasklet/coroutine.hpp"
 #include "tasklet/job_manager.hpp"
@@ -565,6 +566,182 @@ TEST_P(CoroutineTest, DestroyingTheSchedulerWithdrawsAWaitingHold) {
   EXPECT_EQ(manager_->rule_snapshot().requests.size(), 1u);  // only this thread's hold is left
   manager_->end_rule(rule);
   EXPECT_EQ(manager_->rule_stats().held, 0u);
+}
+
+// ---- Coroutine jobs
+
+TEST_P(CoroutineTest, ACoroutineJobEndsWithTheStatusItReturnsOrTheExceptionItThrows) {
+  auto returns = make_job(
+      "returns",
+      [](ProgressMonitor&) -> Task<Status> {
+        co_await async();
+        co_return Status::cancel("chose to stop");
+      },
+      manager_);
+  auto throws = make_job(
+      "throws",
+      [](ProgressMonitor&) -> Task<void> {
+        co_await async();
+        throw std::runtime_error("coroutine job failed");
+      },
+      manager_);
+  auto plain_void = make_job("void", [](ProgressMonitor&) -> Task<void> { co_return; }, manager_);
+  for (const auto& job : {returns, throws, plain_void}) job->schedule();
+  for (const auto& job : {returns, throws, plain_void}) job->join();
+  EXPECT_TRUE(returns->result().is_canceled());
+  EXPECT_EQ(returns->result().message, "chose to stop");
+  EXPECT_TRUE(throws->result().is_error());
+  EXPECT_EQ(throws->result().message, "coroutine job failed");
+  EXPECT_TRUE(plain_void->result().is_ok());
+}
+
+TEST_P(CoroutineTest, AnAwaitingCoroutineJobFreesItsWorker) {
+  // Every worker runs a coroutine job that awaits the last job: only jobs that free their worker
+  // while they await let it run.
+  const int workers = GetParam();
+  auto last = make_job("last", [](ProgressMonitor&) {}, manager_);
+  std::vector<std::shared_ptr<Job>> awaiting;
+  std::latch all_started(workers);
+  for (int i = 0; i < workers; ++i) {
+    awaiting.push_back(make_job(
+        "awaits " + std::to_string(i),
+        [&all_started, last](ProgressMonitor&) -> Task<Status> {
+          all_started.count_down();
+          all_started.wait();  // every worker is taken by one of these
+          const Status status = co_await last;
+          co_return status;
+        },
+        manager_));
+    awaiting.back()->schedule();
+  }
+  all_started.wait();
+  last->schedule();
+  for (const auto& job : awaiting) {
+    ASSERT_TRUE(job->join(test::patience));
+    EXPECT_TRUE(job->result().is_ok()) << job->result().message;
+  }
+}
+
+TEST_P(CoroutineTest, ACoroutineJobHoldsItsRuleAcrossStepsAndTakesMoreWithHold) {
+  const Rule own = rules::path("/jobs/own");
+  const Rule taken = rules::mutex("taken by hold");
+  std::atomic<int> wrong{0};
+  std::latch entered(1);
+  std::shared_ptr<Job> job = make_job(
+      "holder",
+      [&](ProgressMonitor&) -> Task<void> {
+        JobManager& manager = *manager_;
+        if (manager.current_rule() != own) wrong.fetch_add(1);
+        co_await async();  // a step of its own: the job's rule is still held
+        if (manager.current_rule() != own) wrong.fetch_add(1);
+        entered.count_down();
+        try {
+          auto extra = co_await hold(taken);  // not contained in the job's rule
+          wrong.fetch_add(100);
+        } catch (const RuleNotContained&) {
+        }
+        co_return;
+      },
+      manager_);
+  job->set_rule(own);
+  job->schedule();
+  entered.wait();
+  ASSERT_TRUE(job->join(test::patience));
+  EXPECT_TRUE(job->result().is_ok()) << job->result().message;
+  EXPECT_EQ(wrong.load(), 0);
+
+  // A job without a rule takes one with hold(), waiting behind this thread without a worker.
+  std::atomic<int> got{0};
+  manager_->begin_rule(taken);
+  auto waits = make_job(
+      "waits",
+      [&](ProgressMonitor&) -> Task<void> {
+        auto held = co_await hold(taken);
+        if (manager_->current_rule() == taken) got.fetch_add(1);
+        co_await async();
+        if (manager_->current_rule() == taken) got.fetch_add(1);
+      },
+      manager_);
+  waits->schedule();
+  ASSERT_TRUE(test::eventually([&] { return manager_->rule_snapshot().requests.size() == 2; }));
+  EXPECT_EQ(waits->state(), JobState::running);
+  manager_->end_rule(taken);
+  ASSERT_TRUE(waits->join(test::patience));
+  EXPECT_EQ(got.load(), 2);
+  EXPECT_EQ(manager_->rule_stats().held, 0u);
+}
+
+TEST_P(CoroutineTest, ACoroutineJobCannotGoOnInASyncPhase) {
+  auto job = make_job(
+      "sync hop",
+      [](ProgressMonitor&) -> Task<void> {
+        co_await sync();
+        ADD_FAILURE() << "went on after co_await sync()";
+      },
+      manager_);
+  job->schedule();
+  job->join();
+  EXPECT_TRUE(job->result().is_error());
+  EXPECT_NE(job->result().message.find("sync"), std::string::npos) << job->result().message;
+  EXPECT_NE(job->result().message.find("sync hop"), std::string::npos) << job->result().message;
+}
+
+TEST_P(CoroutineTest, ACanceledCoroutineJobSeesItsMonitorAndListenersSeeOneRun) {
+  struct Events final : JobListener {
+    std::atomic<int> runs{0}, ends{0};
+    void running(const JobEvent&) override { runs.fetch_add(1); }
+    void done(const JobEvent&) override { ends.fetch_add(1); }
+  };
+  auto events = std::make_shared<Events>();
+  Rescheduler parked;
+  std::latch handed(1);
+  std::string sync_refusal;
+  auto job = make_job(
+      "cancelable",
+      [&](ProgressMonitor& monitor) -> Task<Status> {
+        co_await wait([&](Rescheduler resume) {
+          parked = std::move(resume);
+          handed.count_down();
+        });
+        co_return monitor.is_canceled() ? Status::cancel("saw the cancel") : Status::ok();
+      },
+      manager_);
+  job->add_listener(events);
+  job->schedule();
+  handed.wait();
+  EXPECT_EQ(job->state(), JobState::running);
+  EXPECT_FALSE(job->cancel());  // running: its monitor is canceled
+  try {
+    parked.resume(Directive::sync);
+  } catch (const IllegalState& refused) {
+    sync_refusal = refused.what();
+  }
+  EXPECT_NE(sync_refusal.find("resume(async)"), std::string::npos) << sync_refusal;
+  parked.resume(Directive::async);
+  job->join();
+  EXPECT_TRUE(job->result().is_canceled());
+  EXPECT_EQ(job->result().message, "saw the cancel");
+  EXPECT_EQ(events->runs.load(), 1);
+  EXPECT_TRUE(test::eventually([&] { return events->ends.load() == 1; }));  // told after join() returns
+}
+
+TEST_P(CoroutineTest, EachRunOfACoroutineJobIsANewCoroutine) {
+  std::atomic<int> made{0};
+  auto job = make_job(
+      "runs twice",
+      [&made](ProgressMonitor&) -> Task<Status> {
+        const int run = made.fetch_add(1) + 1;
+        co_await async();
+        co_return run == 1 ? Status::ok() : Status::cancel("run " + std::to_string(run));
+      },
+      manager_);
+  job->schedule();
+  job->join();
+  EXPECT_TRUE(job->result().is_ok());
+  job->schedule();
+  job->join();
+  EXPECT_EQ(job->result().message, "run 2");
+  EXPECT_EQ(made.load(), 2);
 }
 
 TASKLET_WORKER_COUNTS(CoroutineTest);
