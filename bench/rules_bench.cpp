@@ -24,6 +24,8 @@
 //                  tasklets' manager (2 workers). Four rows: no rule, one shared mutex rule, shared
 //                  path rules, a fresh path rule per job
 //                                                  (<= 2x tasklets; 10^6 within 1.5x of 10^3)
+//                  and the jobs of two of them (no rule, shared path rules) with a coroutine as
+//                  their run, against the same jobs with a function                  (<= 1.2x)
 //   begin/end      begin_rule + end_rule on one thread, uncontended (a mutex rule, a path rule),
 //                  against std::mutex lock + unlock                                  (<= 3x)
 //
@@ -62,6 +64,7 @@
 #include <oneapi/tbb/version.h>
 
 #include "harness.hpp"
+#include "tasklet/coroutine.hpp"
 #include "tasklet/tasklet.hpp"
 
 namespace {
@@ -155,8 +158,13 @@ concept Workload = requires(const W& workload, std::size_t i, const std::string&
 
 // How the user runs the n jobs: async tasklets of a scheduler (a seed's sync phase schedules them,
 // run() awaits them), or the Job API (make_job, set_rule, schedule() from this plain thread, then
-// join() every job). Both on the same manager, so on the same workers and rule table.
-enum class Form { tasklets, jobs };
+// join() every job), with a plain function or a coroutine as the run. All on the same manager, so
+// on the same workers and rule table.
+enum class Form { tasklets, jobs, coroutine_jobs };
+
+std::string name_of(Form form) {
+  return form == Form::tasklets ? "tasklets" : form == Form::jobs ? "jobs" : "coroutine jobs";
+}
 
 class Runner {
  public:
@@ -178,13 +186,22 @@ class Runner {
       return;
     }
     for (std::size_t i = 0; i < n; ++i) {
-      std::shared_ptr<Job> job = tasklet::make_job(
-          "bench job",
-          [&workload, i](tasklet::ProgressMonitor&) {
-            workload.visit(i);
-            return tasklet::Status::ok();
-          },
-          manager_);
+      std::shared_ptr<Job> job =
+          form == Form::jobs ? tasklet::make_job(
+                                   "bench job",
+                                   [&workload, i](tasklet::ProgressMonitor&) {
+                                     workload.visit(i);
+                                     return tasklet::Status::ok();
+                                   },
+                                   manager_)
+                             : tasklet::make_job(
+                                   "bench job",
+                                   // The closure lives in the job, so its captures outlive the coroutine.
+                                   [&workload, i](tasklet::ProgressMonitor&) -> tasklet::Task<tasklet::Status> {
+                                     workload.visit(i);
+                                     co_return tasklet::Status::ok();
+                                   },
+                                   manager_);
       if (Rule rule = workload.rule(i)) job->set_rule(std::move(rule));
       job->schedule();
       jobs_.push_back(std::move(job));
@@ -198,7 +215,7 @@ class Runner {
   template <Workload W>
   std::function<void()> sample(Form form, W workload, std::size_t n, const Options& options) {
     return [this, form, workload, n, reps = repetitions_for(n, options)] {
-      const std::string who = form == Form::tasklets ? "tasklets" : "jobs";
+      const std::string who = name_of(form);
       for (std::size_t r = 0; r < reps; ++r) {
         workload.reset();
         run(form, workload, n);
@@ -598,7 +615,7 @@ void bench_trace(Report& report, const Options& options) {
         const PathWorkload workload = paths.at(n, PathRules::shared);
         workload.reset();
         runner.run(form, workload, n);
-        workload.check(form == Form::tasklets ? "tasklets" : "jobs");
+        workload.check(name_of(form));
       };
     };
     const Comparison result = tasklet::bench::compare(options.repeats, n, sample(quiet), sample(recording));
@@ -648,6 +665,19 @@ void bench_jobs(Report& report, const Options& options, const std::shared_ptr<Jo
           tasklet::bench::compare(options.repeats, sample_ops(n, options), workload.sample(Form::tasklets, n),
                                   workload.sample(Form::jobs, n));
       report.add(comparison_row(workload.versus_tasklets, n, result, 2.0));
+    }
+  }
+  // A job whose run is a coroutine against one whose run is a function, on the same workloads.
+  const std::vector<std::pair<std::string, const JobWorkload*>> coroutine_rows = {
+      {"coroutine jobs: no rule vs jobs", &workloads[0]},
+      {"coroutine jobs: shared path rules vs jobs", &workloads[2]},
+  };
+  for (const std::size_t n : sizes(options)) {
+    for (const auto& [row, workload] : coroutine_rows) {
+      const Comparison result =
+          tasklet::bench::compare(options.repeats, sample_ops(n, options), workload->sample(Form::jobs, n),
+                                  workload->sample(Form::coroutine_jobs, n));
+      report.add(comparison_row(row, n, result, 1.2));
     }
   }
   add_growth_row(

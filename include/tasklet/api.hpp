@@ -1,7 +1,8 @@
 // tasklet/api.hpp: the per-thread API (the Java library's SchedulerAPI).
 //
-// Each thread has a current scheduler: inside a phase or run(), the scheduler running it;
-// otherwise the thread's implicit scheduler, made on first use, whose `sync` tasklets scheduled
+// Each thread has a current scheduler: inside a phase or run(), the scheduler running it (inside a
+// job's run, its manager's background scheduler, which runs async phases only); otherwise the
+// thread's implicit scheduler, made on first use, whose `sync` tasklets scheduled
 // from that thread run inline inside schedule(). ASYNC phases start with their spawning scheduler
 // as the current one. New schedulers take the thread's configured options, which ASYNC phases
 // inherit from their scheduler.

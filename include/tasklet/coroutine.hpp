@@ -74,6 +74,8 @@ struct CoroutineStack {
 /// Whether the calling code runs a sync phase (on a scheduler's synchronous thread): where a
 /// coroutine that parks goes on once it is resumed for it.
 bool in_sync_phase() noexcept;
+/// Scheduler::suspend of `tasklet` by its own scheduler, in its phase (a job's run included).
+Rescheduler suspend_in_phase(Tasklet& tasklet);
 
 /// The promise's part that does not depend on the result type.
 class CoroutinePromise {
@@ -144,7 +146,7 @@ struct Parking {
   requires std::is_base_of_v<CoroutinePromise, Promise>
   bool await_suspend(std::coroutine_handle<Promise> here) {
     CoroutineStack& stack = *here.promise().stack_;
-    Rescheduler resume = api::current().suspend(*stack.tasklet);  // throws into the coroutine
+    Rescheduler resume = suspend_in_phase(*stack.tasklet);  // throws into the coroutine
     stack.resume_next = here;
     stack.next = Directive::wait;
     try {
@@ -617,8 +619,8 @@ std::shared_ptr<Job> make_job(std::string name, F run, std::shared_ptr<JobManage
 }
 
 /// `auto [a, b] = co_await tasklet::when_all(task_a(), task_b())`: runs the tasks at once, each as
-/// a tasklet of its own on the awaiting coroutine's scheduler (started where the awaiter is: a sync
-/// phase, or an async one), parks the awaiter until all have ended, and gives their values in order
+/// a tasklet of its own on the awaiting coroutine's scheduler, api::current() (in a job's run: its
+/// manager's background scheduler), started where the awaiter is (a sync phase, or an async one), parks the awaiter until all have ended, and gives their values in order
 /// (std::monostate for a Task<void>); if any threw, the first exception, once all have ended. The
 /// tasks see the awaiter's stop token.
 template <class... T>

@@ -14,7 +14,12 @@ std::shared_ptr<Scheduler> new_scheduler(SchedulerOptions options) {
 }
 
 Scheduler& current() {
-  if (detail::SchedulerImpl* current = detail::state().current) return current->self_;
+  if (detail::SchedulerImpl* current = detail::state().current) {
+    // A job's run: the jobs' own scheduler orders job runs only; the user's tasklets go to the
+    // manager's background scheduler.
+    if (current->order_ != nullptr) return current->domain_.background();
+    return current->self_;
+  }
   auto& mine = detail::thread_options();
   if (!mine.implicit) {
     mine.implicit = Scheduler::create(mine.configured);

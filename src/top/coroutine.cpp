@@ -2,6 +2,7 @@
 #include "tasklet/coroutine.hpp"
 
 #include "context.hpp"
+#include "scheduler_impl.hpp"
 
 namespace tasklet::detail {
 
@@ -10,6 +11,14 @@ namespace tasklet::detail {
 bool in_sync_phase() noexcept {
   const TaskState& ctx = state();
   return ctx.phase_of != nullptr && ctx.worker_of == nullptr;
+}
+
+Rescheduler suspend_in_phase(Tasklet& tasklet) {
+  const TaskState& here = state();
+  if (here.tasklet != &tasklet || here.phase_of == nullptr) {
+    throw IllegalState("a coroutine of " + tasklet.name() + " parks outside its tasklet's phase");
+  }
+  return here.phase_of->self_.suspend(tasklet);
 }
 
 }  // namespace tasklet::detail

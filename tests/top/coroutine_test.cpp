@@ -725,6 +725,37 @@ TEST_P(CoroutineTest, ACanceledCoroutineJobSeesItsMonitorAndListenersSeeOneRun) 
   EXPECT_TRUE(test::eventually([&] { return events->ends.load() == 1; }));  // told after join() returns
 }
 
+Task<int> worth(int value) {
+  co_await async();
+  co_return value;
+}
+
+TEST_P(CoroutineTest, WhenAllInACoroutineJobRunsItsTasksOnTheManagersBackgroundScheduler) {
+  std::atomic<int> sum{0};
+  auto job = make_job(
+      "fans out",
+      [&sum](ProgressMonitor&) -> Task<void> {
+        auto [a, b, c] = co_await when_all(worth(1), worth(20), worth(300));
+        sum.store(a + b + c);
+        // A plain tasklet scheduled from a job's run goes there too: it resumes this one.
+        bool ran = false;
+        co_await wait([&ran](Rescheduler resume) {
+          api::current().schedule(make_tasklet([&ran, go_on = std::move(resume)] {
+                                    ran = true;
+                                    go_on.resume(Directive::async);
+                                    return Directive::done;
+                                  }),
+                                  Directive::async);
+        });
+        if (!ran) sum.store(-1);
+      },
+      manager_);
+  job->schedule();
+  job->join();
+  EXPECT_TRUE(job->result().is_ok()) << job->result().message;
+  EXPECT_EQ(sum.load(), 321);
+}
+
 TEST_P(CoroutineTest, EachRunOfACoroutineJobIsANewCoroutine) {
   std::atomic<int> made{0};
   auto job = make_job(
