@@ -808,7 +808,8 @@ enum class Queued { behind_held_rule, on_suspended_manager };
 // callable, everything the engine keeps for a waiting job) beyond the user's callable. The handles
 // (a vector of shared_ptr) are made resident before measuring. Then lets them run, joins every job
 // and checks that each ran. Runs in a child process of its own (a manager of its own).
-double queued_job_bytes(const std::string& label, std::size_t n, Queued queued) {
+// With `coroutine`, the jobs' runs are coroutines (the callable is the same size).
+double queued_job_bytes(const std::string& label, std::size_t n, Queued queued, bool coroutine = false) {
   const auto manager = make_manager();
   const Rule rule = tasklet::rules::mutex("bench job memory");
   std::atomic<std::size_t> ran{0};
@@ -816,6 +817,11 @@ double queued_job_bytes(const std::string& label, std::size_t n, Queued queued) 
     ran.fetch_add(1, std::memory_order_relaxed);
     return tasklet::Status::ok();
   };
+  auto coroutine_body = [&ran](tasklet::ProgressMonitor&) -> tasklet::Task<tasklet::Status> {
+    ran.fetch_add(1, std::memory_order_relaxed);
+    co_return tasklet::Status::ok();
+  };
+  static_assert(sizeof(coroutine_body) == sizeof(body));
   std::vector<std::shared_ptr<Job>> jobs(n);
   if (queued == Queued::behind_held_rule) {
     manager->begin_rule(rule);
@@ -824,7 +830,8 @@ double queued_job_bytes(const std::string& label, std::size_t n, Queued queued) 
   }
   const std::size_t before = tasklet::bench::resident_bytes();
   for (std::shared_ptr<Job>& job : jobs) {
-    job = tasklet::make_job("bench job", body, manager);
+    job = coroutine ? tasklet::make_job("bench job", coroutine_body, manager)
+                    : tasklet::make_job("bench job", body, manager);
     if (queued == Queued::behind_held_rule) job->set_rule(rule);
     job->schedule();
   }
@@ -850,12 +857,14 @@ double queued_job_bytes(const std::string& label, std::size_t n, Queued queued) 
 // rule on a suspended manager, what any scheduled job costs before it starts.
 void bench_job_memory(Report& report, const Options& options) {
   const std::size_t n = memory_n(options);
-  const auto add_row = [&](const std::string& label, Queued queued) {
-    const double bytes = tasklet::bench::in_child_process([&] { return queued_job_bytes(label, n, queued); });
+  const auto add_row = [&](const std::string& label, Queued queued, bool coroutine) {
+    const double bytes =
+        tasklet::bench::in_child_process([&] { return queued_job_bytes(label, n, queued, coroutine); });
     report.add(figure_row(label, n, bytes, "bytes", 512.0));
   };
-  add_row("memory: job queued on a held mutex rule", Queued::behind_held_rule);
-  add_row("memory: job queued on a suspended manager", Queued::on_suspended_manager);
+  add_row("memory: job queued on a held mutex rule", Queued::behind_held_rule, false);
+  add_row("memory: job queued on a suspended manager", Queued::on_suspended_manager, false);
+  add_row("memory: coroutine job queued on a held mutex rule", Queued::behind_held_rule, true);
 }
 
 }  // namespace

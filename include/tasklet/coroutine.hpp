@@ -298,8 +298,15 @@ class [[nodiscard]] Task {
   }
   ~Task() { reset(); }
 
-  /// Awaiting a Task runs it inside the awaiting coroutine (the same tasklet).
+  /// Awaiting a Task runs it inside the awaiting coroutine (the same tasklet). It owns the awaited
+  /// coroutine: one destroyed while suspended (its tasklet dropped) destroys the awaited one too.
   struct Awaiter {
+    explicit Awaiter(std::coroutine_handle<promise_type> awaited) noexcept : child(awaited) {}
+    Awaiter(const Awaiter&) = delete;
+    Awaiter& operator=(const Awaiter&) = delete;
+    ~Awaiter() {
+      if (child) child.destroy();
+    }
     std::coroutine_handle<promise_type> child;
     bool await_ready() const noexcept { return false; }
     template <class Promise>
@@ -312,9 +319,9 @@ class [[nodiscard]] Task {
       return child;
     }
     /// Its value, or its exception.
-    T await_resume() { return take(child); }
+    T await_resume() { return take(std::exchange(child, nullptr)); }
   };
-  Awaiter operator co_await() && noexcept { return Awaiter{std::exchange(handle_, nullptr)}; }
+  Awaiter operator co_await() && noexcept { return Awaiter(std::exchange(handle_, nullptr)); }
 
  private:
   friend class detail::TaskSteps<T>;

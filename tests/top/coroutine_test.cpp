@@ -551,17 +551,22 @@ TEST_P(CoroutineTest, DestroyingTheSchedulerWithdrawsAWaitingHold) {
   manager_->begin_rule(rule);
   {
     auto scheduler = Scheduler::create(SchedulerOptions{manager_, nullptr, 0});
-    scheduler->schedule(make_tasklet([](Rule wanted, std::atomic<int>& frames, std::atomic<int>& got) -> Task<void> {
+    // The hold waits in a coroutine awaited inline: both frames go.
+    const auto inner = [](Rule wanted, std::atomic<int>& frames, std::atomic<int>& got) -> Task<void> {
+      FrameGone guard{&frames};
+      auto held = co_await hold(wanted);
+      got.fetch_add(1);
+    };
+    scheduler->schedule(make_tasklet([](Task<void> awaited, std::atomic<int>& frames) -> Task<void> {
                           FrameGone guard{&frames};
-                          auto held = co_await hold(wanted);
-                          got.fetch_add(1);
-                        }(rule, gone, got_rule)),
+                          co_await std::move(awaited);
+                        }(inner(rule, gone, got_rule), gone)),
                         Directive::sync);
     // It waits for the rule this thread holds: run() cannot return.
     EXPECT_THROW(scheduler->run(), WaitCycle);
     EXPECT_EQ(manager_->rule_snapshot().requests.size(), 2u);  // the holder and the waiter
   }
-  EXPECT_EQ(gone.load(), 1);  // the parked coroutine went with its scheduler
+  EXPECT_EQ(gone.load(), 2);  // the parked coroutines went with their scheduler
   EXPECT_EQ(got_rule.load(), 0);
   EXPECT_EQ(manager_->rule_snapshot().requests.size(), 1u);  // only this thread's hold is left
   manager_->end_rule(rule);
