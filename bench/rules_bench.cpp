@@ -187,21 +187,22 @@ class Runner {
     }
     for (std::size_t i = 0; i < n; ++i) {
       std::shared_ptr<Job> job =
-          form == Form::jobs ? tasklet::make_job(
-                                   "bench job",
-                                   [&workload, i](tasklet::ProgressMonitor&) {
-                                     workload.visit(i);
-                                     return tasklet::Status::ok();
-                                   },
-                                   manager_)
-                             : tasklet::make_job(
-                                   "bench job",
-                                   // The closure lives in the job, so its captures outlive the coroutine.
-                                   [&workload, i](tasklet::ProgressMonitor&) -> tasklet::Task<tasklet::Status> {
-                                     workload.visit(i);
-                                     co_return tasklet::Status::ok();
-                                   },
-                                   manager_);
+          form == Form::jobs
+              ? tasklet::make_job(
+                    "bench job",
+                    [&workload, i](tasklet::ProgressMonitor&) {
+                      workload.visit(i);
+                      return tasklet::Status::ok();
+                    },
+                    manager_)
+              : tasklet::make_job(
+                    "bench job",
+                    // The closure lives in the job, so its captures outlive the coroutine.
+                    [&workload, i](tasklet::ProgressMonitor&) -> tasklet::Task<tasklet::Status> {
+                      workload.visit(i);
+                      co_return tasklet::Status::ok();
+                    },
+                    manager_);
       if (Rule rule = workload.rule(i)) job->set_rule(std::move(rule));
       job->schedule();
       jobs_.push_back(std::move(job));

@@ -42,7 +42,8 @@ std::string object(const std::string& name) { return "/project/build/" + name + 
 
 bool overlaps(const std::string& a, const std::string& b) {
   const auto under = [](const std::string& path, const std::string& dir) {
-    return path == dir || (path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 && path[dir.size()] == '/');
+    return path == dir ||
+           (path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 && path[dir.size()] == '/');
   };
   return under(a, b) || under(b, a);
 }
@@ -91,7 +92,9 @@ class Tree {
 
 // Marks a step's paths busy for its scope.
 struct Touching {
-  Touching(Tree& tree, std::vector<std::string> paths) : tree_(tree), paths_(std::move(paths)) { tree_.enter(paths_); }
+  Touching(Tree& tree, std::vector<std::string> paths) : tree_(tree), paths_(std::move(paths)) {
+    tree_.enter(paths_);
+  }
   ~Touching() { tree_.leave(paths_); }
   Touching(const Touching&) = delete;
   Touching& operator=(const Touching&) = delete;
@@ -128,7 +131,8 @@ int main() {
       [&tree](ProgressMonitor&) -> Task<void> {
         const Touching touching(tree, {"/project/src"});
         std::string listing;
-        for (const std::string& name : sources) listing += source(name) + " " + std::to_string(tree.at(source(name)).size()) + "\n";
+        for (const std::string& name : sources)
+          listing += source(name) + " " + std::to_string(tree.at(source(name)).size()) + "\n";
         tree.at("/project/src/.index") = listing;
         co_return;
       },
@@ -174,7 +178,8 @@ int main() {
       "lint /project/src",
       [&tree, &linted, &two_linted, &paused](ProgressMonitor& monitor) -> Task<Status> {
         for (const std::string& name : sources) {
-          if (monitor.is_canceled()) co_return Status::cancel("canceled after " + std::to_string(linted.load()) + " files");
+          if (monitor.is_canceled())
+            co_return Status::cancel("canceled after " + std::to_string(linted.load()) + " files");
           auto held = co_await hold(rules::read_path(source(name)));
           const Touching touching(tree, {source(name)});
           if (linted.fetch_add(1) + 1 == 2) {
@@ -193,7 +198,7 @@ int main() {
   docs->schedule();
   lint->schedule();
   two_linted.wait();
-  lint->cancel();                     // a running job: its monitor is canceled
+  lint->cancel();                   // a running job: its monitor is canceled
   paused.resume(Directive::async);  // jobs go on on the workers
 
   for (const auto& compile : compiles) compile->join();
@@ -202,16 +207,18 @@ int main() {
   for (const auto& compile : compiles) expect(compile->result().is_ok(), "every compile job ended ok");
   expect(compiled.load() == static_cast<int>(sources.size()), "every source was compiled");
   expect(tree.at("/project/build/lexer.o") == "object of int lexer();\n", "lexer.o was written");
-  expect(tree.at("/project/src/.index").find("/project/src/parser.cpp") != std::string::npos, "the index lists parser.cpp");
-  expect(docs->result().is_ok() && tree.at("/project/docs/faq.md") == "# faq\n", "the documents were formatted");
+  expect(tree.at("/project/src/.index").find("/project/src/parser.cpp") != std::string::npos,
+         "the index lists parser.cpp");
+  expect(docs->result().is_ok() && tree.at("/project/docs/faq.md") == "# faq\n",
+         "the documents were formatted");
   expect(lint->result().is_canceled(), "lint was canceled");
   expect(linted.load() == 2, "lint stopped after two files");
   expect(!tree.violations(), "no two steps touched overlapping paths at once");
   expect(manager->rule_stats().held == 0, "no rule is left held");
 
   std::printf("index: %s\n", index->result().is_ok() ? "ok" : index->result().message.c_str());
-  std::printf("compiled %d sources after the index; formatted %zu bytes of documents at once\n", compiled.load(),
-              formatted_bytes);
+  std::printf("compiled %d sources after the index; formatted %zu bytes of documents at once\n",
+              compiled.load(), formatted_bytes);
   std::printf("lint: %s\n", lint->result().message.c_str());
   std::printf("%s\n", ok ? "all jobs ended as expected" : "SOMETHING WENT WRONG");
   return ok ? 0 : 1;

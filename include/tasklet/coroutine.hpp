@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <exception>
 #include <memory>
+#include <new>
 #include <optional>
 #include <stop_token>
 #include <tuple>
@@ -249,8 +250,8 @@ struct RuleWait {
       case HoldAnswer::granted:
         return RuleHold(tasklet);
       case HoldAnswer::cancelled:
-        throw IllegalState("hold(" + describe(rule) + "): the job manager shut down while " + tasklet->name() +
-                           " waited for the rule");
+        throw IllegalState("hold(" + describe(rule) + "): the job manager shut down while " +
+                           tasklet->name() + " waited for the rule");
       case HoldAnswer::refused:
         throw std::bad_alloc();
       default:
@@ -384,11 +385,7 @@ class TaskSteps {
   /// What it threw, once ended.
   const std::exception_ptr& error() const noexcept { return handle_.promise().error_; }
   /// What it returned, once ended without an exception.
-  auto& value() const noexcept
-  requires(!std::is_void_v<T>)
-  {
-    return *handle_.promise().value_;
-  }
+  auto& value() const noexcept requires(!std::is_void_v<T>) { return *handle_.promise().value_; }
   void reset() noexcept {
     if (handle_) std::exchange(handle_, nullptr).destroy();
   }
@@ -595,10 +592,64 @@ class AllEnded {
 }
 
 namespace detail {
+
 inline Task<Status> ended_ok(Task<void> run) {
   co_await std::move(run);
   co_return Status::ok();
 }
+
+/// What a coroutine job does with the callable make_job was given, erased: the callable lives in
+/// `room` bytes of the job itself when it fits (a lambda capturing two references, say), else on
+/// the heap with its address there. Smaller than a std::function, so that a coroutine job, with its
+/// running coroutine's handle, takes no more room than a plain make_job job.
+struct CoroutineMaker {
+  static constexpr std::size_t room = 16;
+  void (*construct)(void* room, void* callable);  // moves the callable in; throws what that throws
+  Task<Status> (*make)(void* room, ProgressMonitor& monitor);
+  void (*destroy)(void* room) noexcept;
+};
+
+template <class F>
+constexpr bool fits_in_room = sizeof(F) <= CoroutineMaker::room &&
+                              alignof(F) <= alignof(void*) && std::is_nothrow_move_constructible_v<F>;
+
+template <class F>
+F& callable_in(void* room) noexcept {
+  if constexpr (fits_in_room<F>) {
+    return *std::launder(static_cast<F*>(room));
+  } else {
+    return **static_cast<F**>(room);
+  }
+}
+
+template <class F>
+inline constexpr CoroutineMaker maker_of{
+    [](void* room, void* callable) {
+      if constexpr (fits_in_room<F>) {
+        ::new (room) F(std::move(*static_cast<F*>(callable)));
+      } else {
+        *static_cast<F**>(room) = new F(std::move(*static_cast<F*>(callable)));
+      }
+    },
+    [](void* room, ProgressMonitor& monitor) -> Task<Status> {
+      if constexpr (std::is_same_v<std::invoke_result_t<F&, ProgressMonitor&>, Task<Status>>) {
+        return callable_in<F>(room)(monitor);
+      } else {
+        return ended_ok(callable_in<F>(room)(monitor));
+      }
+    },
+    [](void* room) noexcept {
+      if constexpr (fits_in_room<F>) {
+        std::launder(static_cast<F*>(room))->~F();
+      } else {
+        delete *static_cast<F**>(room);
+      }
+    },
+};
+
+std::shared_ptr<Job> make_coroutine_job(std::string name, const CoroutineMaker& maker, void* callable,
+                                        std::shared_ptr<JobManager> manager);
+
 }  // namespace detail
 
 /// A job whose run is a coroutine: each run calls `run(monitor)` for a new Task<Status> (or a
@@ -609,27 +660,21 @@ inline Task<Status> ended_ok(Task<void> run) {
 /// monitor (and calls canceling()), which the coroutine polls. A run goes on only on the workers:
 /// co_await sync() ends it with an error, and a Rescheduler from wait() must resume it with
 /// Directive::async. An exception that leaves the coroutine ends the run with an error Status
-/// carrying it. Made on `manager` (the global manager when null). Throws std::invalid_argument for
-/// an empty `run`, std::bad_alloc.
+/// carrying it. `run` lives as long as the job, so a lambda's captures outlive each run's
+/// coroutine. Made on `manager` (the global manager when null). Throws std::bad_alloc.
 template <class F>
 requires std::is_same_v<std::invoke_result_t<F&, ProgressMonitor&>, Task<Status>> ||
-         std::is_same_v<std::invoke_result_t<F&, ProgressMonitor&>, Task<void>>
-std::shared_ptr<Job> make_job(std::string name, F run, std::shared_ptr<JobManager> manager = nullptr) {
-  if constexpr (std::is_same_v<std::invoke_result_t<F&, ProgressMonitor&>, Task<Status>>) {
-    return detail::make_coroutine_job(std::move(name), std::move(run), std::move(manager));
-  } else {
-    return detail::make_coroutine_job(
-        std::move(name),
-        [run = std::move(run)](ProgressMonitor& monitor) mutable { return detail::ended_ok(run(monitor)); },
-        std::move(manager));
-  }
+    std::is_same_v<std::invoke_result_t<F&, ProgressMonitor&>, Task<void>>
+        std::shared_ptr<Job> make_job(std::string name, F run,
+                                      std::shared_ptr<JobManager> manager = nullptr) {
+  return detail::make_coroutine_job(std::move(name), detail::maker_of<F>, &run, std::move(manager));
 }
 
 /// `auto [a, b] = co_await tasklet::when_all(task_a(), task_b())`: runs the tasks at once, each as
 /// a tasklet of its own on the awaiting coroutine's scheduler, api::current() (in a job's run: its
-/// manager's background scheduler), started where the awaiter is (a sync phase, or an async one), parks the awaiter until all have ended, and gives their values in order
-/// (std::monostate for a Task<void>); if any threw, the first exception, once all have ended. The
-/// tasks see the awaiter's stop token.
+/// manager's background scheduler), started where the awaiter is (a sync phase, or an async one), parks the
+/// awaiter until all have ended, and gives their values in order (std::monostate for a Task<void>); if any
+/// threw, the first exception, once all have ended. The tasks see the awaiter's stop token.
 template <class... T>
 [[nodiscard]] detail::AllEnded<T...> when_all(Task<T>... tasks) {
   return detail::AllEnded<T...>(std::move(tasks)...);

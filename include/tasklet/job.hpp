@@ -64,10 +64,9 @@ class JobListener {
   virtual void awake(const JobEvent&) {}
 };
 
-template <class T>
-class Task;
 namespace detail {
-std::shared_ptr<Job> make_coroutine_job(std::string name, std::function<Task<Status>(ProgressMonitor&)> run,
+struct CoroutineMaker;
+std::shared_ptr<Job> make_coroutine_job(std::string name, const CoroutineMaker& maker, void* callable,
                                         std::shared_ptr<JobManager> manager);
 }  // namespace detail
 
@@ -209,8 +208,7 @@ class Job : public std::enable_shared_from_this<Job> {
   class Coroutine;  // make_job's jobs whose run is a coroutine (tasklet/coroutine.hpp)
   friend std::shared_ptr<Job> make_job(std::string, std::function<Status(ProgressMonitor&)>,
                                        std::shared_ptr<JobManager>);
-  friend std::shared_ptr<Job> detail::make_coroutine_job(std::string,
-                                                         std::function<Task<Status>(ProgressMonitor&)>,
+  friend std::shared_ptr<Job> detail::make_coroutine_job(std::string, const detail::CoroutineMaker&, void*,
                                                          std::shared_ptr<JobManager>);
   Job(std::string name, const std::shared_ptr<JobManager>& manager, Core& placed) noexcept;
 

@@ -85,18 +85,27 @@ class Job::Function final : public Job {
 // The job, its coroutine's maker and its core in one block, as make_job's Function jobs.
 class Job::Coroutine final : public Job {
  public:
-  Coroutine(std::string name, std::function<Task<Status>(ProgressMonitor&)> make,
-            const std::shared_ptr<JobManager>& manager, std::shared_ptr<detail::Jobs> jobs) noexcept
-      : Job(std::move(name), manager, placed_core_), placed_core_(*this, std::move(jobs)), make_(std::move(make)) {}
+  Coroutine(std::string name, const detail::CoroutineMaker& maker, void* callable,
+            const std::shared_ptr<JobManager>& manager, std::shared_ptr<detail::Jobs> jobs)
+      : Job(std::move(name), manager, placed_core_), placed_core_(*this, std::move(jobs)), maker_(maker) {
+    try {
+      maker_.construct(room_, callable);
+    } catch (...) {
+      static_cast<void>(core_.release());  // a member: unwound after this
+      throw;
+    }
+  }
   ~Coroutine() override {
     steps_.reset();  // a run's coroutine left suspended (its run ended with an error, or never went on)
+    maker_.destroy(room_);
     static_cast<void>(core_.release());  // a member: destroyed after this
   }
 
  protected:
   // Called in each phase of the run: the first starts the coroutine, the others resume it.
   Status run(ProgressMonitor& monitor) override {
-    if (!steps_) steps_ = detail::TaskSteps<Status>(make_(monitor), *detail::state().tasklet, {});
+    if (!steps_)
+      steps_ = detail::TaskSteps<Status>(maker_.make(room_, monitor), *detail::state().tasklet, {});
     const Directive next = steps_.step();
     if (next != Directive::done) {
       detail::JobRun::go_on_in(next);
@@ -109,20 +118,18 @@ class Job::Coroutine final : public Job {
 
  private:
   Core placed_core_;
-  std::function<Task<Status>(ProgressMonitor&)> make_;
+  const detail::CoroutineMaker& maker_;
+  alignas(void*) unsigned char room_[detail::CoroutineMaker::room];  // the callable, or its address
   detail::TaskSteps<Status> steps_;  // the running coroutine, between the phases of its run
 };
 
-std::shared_ptr<Job> detail::make_coroutine_job(std::string name,
-                                                std::function<Task<Status>(ProgressMonitor&)> run,
+std::shared_ptr<Job> detail::make_coroutine_job(std::string name, const CoroutineMaker& maker, void* callable,
                                                 std::shared_ptr<JobManager> manager) {
-  // The running coroutine's handle takes it past make_job's 384-byte class, into the 448-byte one.
-  static_assert(sizeof(Job::Coroutine) <= 448 - 16, "a coroutine job's block outgrew its size class");
-  if (!run) throw std::invalid_argument("make_job(" + name + "): empty coroutine function");
+  static_assert(sizeof(Job::Coroutine) <= sizeof(Job::Function), "a coroutine job outgrew make_job's block");
   if (!manager) manager = JobManager::global();
   auto jobs = detail::shared_jobs_of(*manager);
-  return std::allocate_shared<Job::Coroutine>(detail::Allocator<Job::Coroutine>{}, std::move(name), std::move(run),
-                                              manager, std::move(jobs));
+  return std::allocate_shared<Job::Coroutine>(detail::Allocator<Job::Coroutine>{}, std::move(name), maker,
+                                              callable, manager, std::move(jobs));
 }
 
 namespace {

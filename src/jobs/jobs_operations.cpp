@@ -390,7 +390,8 @@ Directive Jobs::run(JobCore& job, JobRun& run) noexcept {
   {
     std::unique_lock job_lock(job.lock);
     const std::uint32_t word = job.load();
-    if (job.run != &run || jw::phase(word) != JobState::waiting) return Directive::done;  // taken back meanwhile
+    if (job.run != &run || jw::phase(word) != JobState::waiting)
+      return Directive::done;  // taken back meanwhile
     job.run = nullptr;
     canceled = (word & jw::canceled) != 0 || stopping;
     const bool suspended = suspended_.load(std::memory_order_acquire);

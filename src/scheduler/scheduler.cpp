@@ -344,7 +344,8 @@ Rescheduler Scheduler::suspend(Tasklet& tasklet) {
   std::weak_ptr<Tasklet> suspended = here.tasklet == &tasklet && here.phase_owner != nullptr
                                          ? std::weak_ptr<Tasklet>(*here.phase_owner)
                                          : tasklet.weak_from_this();
-  auto made = std::allocate_shared<Made>(detail::Allocator<Made>{}, weak_from_this(), std::move(suspended), 0);
+  auto made =
+      std::allocate_shared<Made>(detail::Allocator<Made>{}, weak_from_this(), std::move(suspended), 0);
   made->generation = detail::impl(*this).suspend(tasklet);
   return Rescheduler(std::move(made));
 }

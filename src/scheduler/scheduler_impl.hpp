@@ -72,7 +72,8 @@ class SchedulerImpl final {
   void resume(const TaskletPtr& tasklet, std::uint32_t generation, Directive directive);
   /// resume() without draining inline; with `checked` false, for a suspension the engine made and
   /// knows to be current and unused (then it does not throw).
-  void resume_suspension(const TaskletPtr& tasklet, std::uint32_t generation, Directive directive, bool checked);
+  void resume_suspension(const TaskletPtr& tasklet, std::uint32_t generation, Directive directive,
+                         bool checked);
   /// Scheduler::schedule_after and Rescheduler::resume_after, on the manager's timer
   /// (scheduler_timer.cpp).
   void schedule_after(Clock::duration delay, TaskletPtr tasklet, Directive directive);

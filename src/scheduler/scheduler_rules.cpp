@@ -175,7 +175,8 @@ struct detail::SchedulerImpl::PhaseHold final : detail::InlineRuleRequest<4>, de
       delete this;
     }
     // A scheduler that is going drops its parked tasklets instead.
-    if (!impl.going_.load(std::memory_order_acquire)) impl.resume_suspension(resumed, generation, then, false);
+    if (!impl.going_.load(std::memory_order_acquire))
+      impl.resume_suspension(resumed, generation, then, false);
   }
 
   TaskletPtr tasklet;
@@ -190,13 +191,14 @@ detail::HoldAnswer detail::SchedulerImpl::begin_hold(Tasklet& tasklet, const Rul
   TaskState& here = detail::state();
   if (!rule) return HoldAnswer::nested;  // no rule: nothing to take
   if (here.rule_stack.size() > here.phase_base) {
-    throw IllegalState("hold(" + describe(rule) + ") in " + describe_tasklet(tasklet) +
-                       " inside begin_rule scopes of its phase; end them first, or hold the rule before them");
+    throw IllegalState(
+        "hold(" + describe(rule) + ") in " + describe_tasklet(tasklet) +
+        " inside begin_rule scopes of its phase; end them first, or hold the rule before them");
   }
   if (const Rule& held = tasklet.rule()) {
     if (TaskletAccess::hold(tasklet) == nullptr) {
-      throw IllegalState("hold(" + describe(rule) + "): " + describe_tasklet(tasklet) +
-                         " gave its rule " + describe(held) + " away (transfer_rule)");
+      throw IllegalState("hold(" + describe(rule) + "): " + describe_tasklet(tasklet) + " gave its rule " +
+                         describe(held) + " away (transfer_rule)");
     }
     if (!held->contains(*rule)) {
       throw RuleNotContained("hold(" + describe(rule) + ") in " + describe_tasklet(tasklet) +

@@ -347,7 +347,8 @@ struct HoldLog {
   void leave() { inside.fetch_sub(1); }
 };
 
-Task<void> holds_across_hops(std::string who, Rule rule, JobManager& manager, HoldLog& log, Segments& segments) {
+Task<void> holds_across_hops(std::string who, Rule rule, JobManager& manager, HoldLog& log,
+                             Segments& segments) {
   segments.sync_segment();
   if (manager.current_rule() != nullptr) log.without_rule.fetch_add(100);  // holds nothing yet
   {
@@ -408,12 +409,13 @@ TEST_P(CoroutineTest, HoldWaitsInFifoWithEveryHolderKindAndGoesOnHoldingTheRule)
     co_return;
   }(log));
   plain->set_rule(rules::path("/shared/tree/leaf"));
-  scheduler().schedule(make_tasklet([](Scheduler& on, std::shared_ptr<Tasklet> last, std::latch& done) -> Task<void> {
-                         on.schedule(std::move(last), Directive::async);  // after B
-                         done.count_down();  // every sync phase before this one has run
-                         co_return;
-                       }(scheduler(), plain, release)),
-                       Directive::sync);
+  scheduler().schedule(
+      make_tasklet([](Scheduler& on, std::shared_ptr<Tasklet> last, std::latch& done) -> Task<void> {
+        on.schedule(std::move(last), Directive::async);  // after B
+        done.count_down();                               // every sync phase before this one has run
+        co_return;
+      }(scheduler(), plain, release)),
+      Directive::sync);
   scheduler().run();
   holder.join();
   job->join();
@@ -517,23 +519,23 @@ TEST_P(CoroutineTest, ReleasingAHoldLetsWaitersInBeforeTheCoroutineEnds) {
   std::string seen;
   std::shared_ptr<Tasklet> waiter;
   // The tasklet that waits: made in the give, so that it resumes the coroutine it waits for.
-  auto coroutine = make_tasklet([](Rule held_rule, std::shared_ptr<Tasklet>& next, Scheduler& on,
-                                   std::string& note) -> Task<void> {
-    auto held = co_await hold(held_rule);
-    std::shared_ptr<Tasklet> waiting;
-    co_await wait([&](Rescheduler resume) {
-      waiting = make_tasklet([](Rescheduler go_on, std::string& text) -> Task<void> {
-        text += "waiter ran; ";
-        go_on.resume(Directive::sync);
-        co_return;
-      }(std::move(resume), note));
-      waiting->set_rule(held_rule);
-      on.schedule(waiting, Directive::sync);  // waits for the rule held here
-      next = waiting;
-      held.release();  // lets it in while this coroutine is parked
-    });
-    note += "resumed";
-  }(rule, waiter, scheduler(), seen));
+  auto coroutine = make_tasklet(
+      [](Rule held_rule, std::shared_ptr<Tasklet>& next, Scheduler& on, std::string& note) -> Task<void> {
+        auto held = co_await hold(held_rule);
+        std::shared_ptr<Tasklet> waiting;
+        co_await wait([&](Rescheduler resume) {
+          waiting = make_tasklet([](Rescheduler go_on, std::string& text) -> Task<void> {
+            text += "waiter ran; ";
+            go_on.resume(Directive::sync);
+            co_return;
+          }(std::move(resume), note));
+          waiting->set_rule(held_rule);
+          on.schedule(waiting, Directive::sync);  // waits for the rule held here
+          next = waiting;
+          held.release();  // lets it in while this coroutine is parked
+        });
+        note += "resumed";
+      }(rule, waiter, scheduler(), seen));
   scheduler().schedule(coroutine, Directive::sync);
   scheduler().run();
   EXPECT_EQ(seen, "waiter ran; resumed");
@@ -590,7 +592,8 @@ TEST_P(CoroutineTest, ACoroutineJobEndsWithTheStatusItReturnsOrTheExceptionItThr
         throw std::runtime_error("coroutine job failed");
       },
       manager_);
-  auto plain_void = make_job("void", [](ProgressMonitor&) -> Task<void> { co_return; }, manager_);
+  auto plain_void = make_job(
+      "void", [](ProgressMonitor&) -> Task<void> { co_return; }, manager_);
   for (const auto& job : {returns, throws, plain_void}) job->schedule();
   for (const auto& job : {returns, throws, plain_void}) job->join();
   EXPECT_TRUE(returns->result().is_canceled());
@@ -604,7 +607,8 @@ TEST_P(CoroutineTest, AnAwaitingCoroutineJobFreesItsWorker) {
   // Every worker runs a coroutine job that awaits the last job: only jobs that free their worker
   // while they await let it run.
   const int workers = GetParam();
-  auto last = make_job("last", [](ProgressMonitor&) {}, manager_);
+  auto last = make_job(
+      "last", [](ProgressMonitor&) {}, manager_);
   std::vector<std::shared_ptr<Job>> awaiting;
   std::latch all_started(workers);
   for (int i = 0; i < workers; ++i) {
