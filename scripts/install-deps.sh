@@ -4,7 +4,9 @@ set -euo pipefail
 
 packages=(g++ cmake ninja-build libtbb-dev libboost-dev libgtest-dev libgmock-dev libbenchmark-dev
           python3  # the docs' snippet check (scripts/check_snippets.py), a test
-          nlohmann-json3-dev  # the trace test reads the Chrome trace it writes
+          nlohmann-json3-dev  # the trace test reads the Chrome trace it writes; tasklet::etcd's JSON
+          libcurl4-openssl-dev  # tasklet::etcd speaks to etcd's JSON gateway
+          etcd-server etcd-client  # the etcd tests start their own etcd on loopback
           chromium  # the timeline test renders the HTML timeline headless
           clang libclang-rt-14-dev)  # clang and its libFuzzer runtime: the fuzz lane (scripts/fuzz.sh)
 missing=()

@@ -1,0 +1,103 @@
+// tasklet/etcd/etcd.hpp: a session with an etcd v3 cluster, the coordinator that shares rules
+// across processes (target tasklet::etcd).
+//
+// connect() reaches one of the endpoints, signs in when a user is given, takes a lease of
+// `lease_ttl` and checks that the session may write under `prefix`; from then on a background
+// thread keeps the lease alive. Everything the session puts in etcd is bound to the lease, so a
+// process that dies (or pauses past the TTL) frees its keys when the lease expires. Destroying the
+// session revokes the lease.
+//
+// It speaks etcd's v3 JSON gateway (the /v3/... endpoints of etcd 3.4 and later) through libcurl.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tasklet/error.hpp"
+
+namespace tasklet::etcd {
+
+/// Any failure to talk to etcd.
+class EtcdError : public Error {
+ public:
+  using Error::Error;
+};
+/// No endpoint answered (down, unreachable, or too slow for `request_timeout`).
+class EtcdUnavailable : public EtcdError {
+ public:
+  using EtcdError::EtcdError;
+};
+/// etcd refused the user name or password, or asked for them when none were given.
+class EtcdAuthFailed : public EtcdError {
+ public:
+  using EtcdError::EtcdError;
+};
+/// The user's roles do not allow what was asked (writing under the prefix, say).
+class EtcdPermissionDenied : public EtcdError {
+ public:
+  using EtcdError::EtcdError;
+};
+/// The session's lease is gone: it expired (the process paused past its TTL, or etcd was out of
+/// reach for that long) or was revoked. What the session held is not held any more.
+class EtcdLeaseLost : public EtcdError {
+ public:
+  using EtcdError::EtcdError;
+};
+
+struct EtcdOptions {
+  /// Client URLs, tried in order ("http://127.0.0.1:2379"); https:// ones use the TLS settings.
+  std::vector<std::string> endpoints{};
+  /// Every key of the session lives under it.
+  std::string prefix = "/tasklet";
+  /// The lease's time to live; the session renews it every third of that.
+  std::chrono::seconds lease_ttl{10};
+  /// Signs in when not empty.
+  std::string user{};
+  std::string password{};
+  /// TLS: the CA bundle that verifies the server, and a client certificate and key (PEM files).
+  std::string ca_file{};
+  std::string cert_file{};
+  std::string key_file{};
+  /// How long one request (and one attempt to connect to an endpoint) may take.
+  std::chrono::milliseconds request_timeout{2000};
+};
+
+/// A session with etcd. Thread-safe.
+class EtcdSession {
+ public:
+  /// Connects (see the header comment). Throws std::invalid_argument for options without an
+  /// endpoint or with a TTL under 2 s; EtcdUnavailable when no endpoint answers, EtcdAuthFailed,
+  /// EtcdPermissionDenied when the user may not write under the prefix, EtcdError for anything
+  /// else etcd answers. Never waits longer than request_timeout per endpoint and request.
+  static std::shared_ptr<EtcdSession> connect(EtcdOptions options);
+
+  /// Revokes the lease (best effort: an etcd out of reach lets it expire) and stops renewing it.
+  ~EtcdSession();
+  EtcdSession(const EtcdSession&) = delete;
+  EtcdSession& operator=(const EtcdSession&) = delete;
+
+  const EtcdOptions& options() const noexcept;
+  /// The lease every key of the session is bound to.
+  std::int64_t lease_id() const noexcept;
+  /// The endpoint that answered last.
+  std::string endpoint() const;
+  /// False once the lease was lost (see EtcdLeaseLost); it never comes back.
+  bool lease_alive() const noexcept;
+  /// How many times the lease was renewed so far.
+  std::uint64_t renewals() const noexcept;
+  /// Called once, on the renewing thread, when the lease is found lost; immediately when it was
+  /// lost already. Must not block for long.
+  void on_lease_lost(std::function<void(const std::string& why)> listener);
+
+  class Impl;
+
+ private:
+  explicit EtcdSession(std::unique_ptr<Impl> impl) noexcept;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tasklet::etcd

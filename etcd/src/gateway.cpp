@@ -1,0 +1,196 @@
+// etcd's v3 JSON gateway through libcurl: one easy handle per thread (so its connections are
+// reused), endpoints tried in turn, and etcd's gRPC errors mapped to the library's exceptions.
+#include "gateway.hpp"
+
+#include <curl/curl.h>
+
+#include <memory>
+#include <mutex>
+#include <utility>
+
+#include <boost/archive/iterators/base64_from_binary.hpp>
+#include <boost/archive/iterators/binary_from_base64.hpp>
+#include <boost/archive/iterators/transform_width.hpp>
+
+namespace tasklet::etcd::detail {
+
+namespace {
+
+// gRPC status codes that etcd's gateway reports in its error bodies.
+constexpr int grpc_permission_denied = 7;
+constexpr int grpc_unavailable = 14;
+constexpr int grpc_unauthenticated = 16;
+
+void init_curl_once() {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+struct HandleDeleter {
+  void operator()(CURL* handle) const noexcept { curl_easy_cleanup(handle); }
+};
+
+// This thread's handle: kept between calls, so that its connection to etcd is reused.
+CURL* thread_handle() {
+  thread_local std::unique_ptr<CURL, HandleDeleter> handle;
+  if (!handle) {
+    init_curl_once();
+    handle.reset(curl_easy_init());
+    if (!handle) throw EtcdError("etcd: libcurl could not make a handle");
+  }
+  curl_easy_reset(handle.get());
+  return handle.get();
+}
+
+struct HeaderList {
+  curl_slist* list = nullptr;
+  ~HeaderList() { curl_slist_free_all(list); }
+  void add(const std::string& header) {
+    curl_slist* longer = curl_slist_append(list, header.c_str());
+    if (longer == nullptr) throw std::bad_alloc();
+    list = longer;
+  }
+};
+
+std::size_t append_body(char* data, std::size_t size, std::size_t count, void* out) {
+  static_cast<std::string*>(out)->append(data, size * count);
+  return size * count;
+}
+
+bool mentions(const std::string& text, const char* what) { return text.find(what) != std::string::npos; }
+
+}  // namespace
+
+std::string base64(std::string_view bytes) {
+  using namespace boost::archive::iterators;
+  using Encode = base64_from_binary<transform_width<std::string_view::const_iterator, 6, 8>>;
+  std::string text(Encode(bytes.begin()), Encode(bytes.end()));
+  text.append((3 - bytes.size() % 3) % 3, '=');
+  return text;
+}
+
+std::string unbase64(std::string_view text) {
+  using namespace boost::archive::iterators;
+  using Decode = transform_width<binary_from_base64<std::string_view::const_iterator>, 8, 6>;
+  std::size_t padding = 0;
+  while (!text.empty() && text.back() == '=') {
+    text.remove_suffix(1);
+    ++padding;
+  }
+  try {
+    return std::string(Decode(text.begin()), Decode(text.end()));
+  } catch (const std::exception& error) {
+    throw EtcdError(std::string("etcd: an answer carried bad base64: ") + error.what());
+  }
+}
+
+Gateway::Gateway(EtcdOptions options) : options_(std::move(options)) {}
+
+std::string Gateway::endpoint() const {
+  std::lock_guard lock(mutex_);
+  return options_.endpoints[current_];
+}
+
+Gateway::Answer Gateway::post(const std::string& endpoint, const std::string& path, const std::string& body,
+                              const std::string& token) const {
+  CURL* handle = thread_handle();
+  HeaderList headers;
+  headers.add("Content-Type: application/json");
+  if (!token.empty()) headers.add("Authorization: " + token);
+  Answer answer;
+  const std::string url = endpoint + path;
+  const auto timeout = static_cast<long>(options_.request_timeout.count());
+  curl_easy_setopt(handle, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(handle, CURLOPT_POST, 1L);
+  curl_easy_setopt(handle, CURLOPT_POSTFIELDS, body.c_str());
+  curl_easy_setopt(handle, CURLOPT_POSTFIELDSIZE, static_cast<long>(body.size()));
+  curl_easy_setopt(handle, CURLOPT_HTTPHEADER, headers.list);
+  curl_easy_setopt(handle, CURLOPT_WRITEFUNCTION, &append_body);
+  curl_easy_setopt(handle, CURLOPT_WRITEDATA, &answer.body);
+  curl_easy_setopt(handle, CURLOPT_TIMEOUT_MS, timeout);
+  curl_easy_setopt(handle, CURLOPT_CONNECTTIMEOUT_MS, timeout);
+  curl_easy_setopt(handle, CURLOPT_NOSIGNAL, 1L);  // timeouts without signals: any thread may call
+  if (!options_.ca_file.empty()) curl_easy_setopt(handle, CURLOPT_CAINFO, options_.ca_file.c_str());
+  if (!options_.cert_file.empty()) curl_easy_setopt(handle, CURLOPT_SSLCERT, options_.cert_file.c_str());
+  if (!options_.key_file.empty()) curl_easy_setopt(handle, CURLOPT_SSLKEY, options_.key_file.c_str());
+  const CURLcode code = curl_easy_perform(handle);
+  if (code != CURLE_OK) throw EtcdUnavailable(url + ": " + curl_easy_strerror(code));
+  curl_easy_getinfo(handle, CURLINFO_RESPONSE_CODE, &answer.status);
+  return answer;
+}
+
+Json Gateway::call_once(const std::string& path, const Json& body, const std::string& token) {
+  const std::string text = body.dump();
+  std::size_t first = 0;
+  {
+    std::lock_guard lock(mutex_);
+    first = current_;
+  }
+  std::string failures;
+  for (std::size_t tried = 0; tried < options_.endpoints.size(); ++tried) {
+    const std::size_t at = (first + tried) % options_.endpoints.size();
+    const std::string& endpoint = options_.endpoints[at];
+    Answer answer;
+    try {
+      answer = post(endpoint, path, text, token);
+    } catch (const EtcdUnavailable& unreachable) {
+      failures += std::string(failures.empty() ? "" : "; ") + unreachable.what();
+      continue;
+    }
+    Json parsed = Json::parse(answer.body, nullptr, false);
+    if (parsed.is_discarded() || !parsed.is_object()) {
+      throw EtcdError("etcd at " + endpoint + path + " answered HTTP " + std::to_string(answer.status) +
+                      " with something other than JSON: " + answer.body.substr(0, 200));
+    }
+    if (answer.status == 200 && !parsed.contains("error")) {
+      std::lock_guard lock(mutex_);
+      current_ = at;
+      return parsed;
+    }
+    const int code = parsed.value("code", 0);
+    const std::string message = parsed.value("message", parsed.value("error", std::string("no message")));
+    const std::string where = "etcd at " + endpoint + path + ": " + message;
+    if (code == grpc_unavailable) {
+      failures += std::string(failures.empty() ? "" : "; ") + where;
+      continue;
+    }
+    if (code == grpc_unauthenticated || mentions(message, "authentication failed") ||
+        mentions(message, "invalid auth token") || mentions(message, "user name is empty") ||
+        mentions(message, "user name not found")) {
+      throw EtcdAuthFailed(where);
+    }
+    if (code == grpc_permission_denied || mentions(message, "permission denied"))
+      throw EtcdPermissionDenied(where);
+    throw EtcdError(where);
+  }
+  throw EtcdUnavailable("etcd: no endpoint answered " + path + " (" + failures + ")");
+}
+
+Json Gateway::call(const std::string& path, const Json& body) {
+  std::string token;
+  {
+    std::lock_guard lock(mutex_);
+    token = token_;
+  }
+  try {
+    return call_once(path, body, token);
+  } catch (const EtcdAuthFailed&) {
+    if (token.empty()) throw;
+    authenticate();  // simple tokens expire: sign in again, once
+    std::lock_guard lock(mutex_);
+    token = token_;
+  }
+  return call_once(path, body, token);
+}
+
+void Gateway::authenticate() {
+  if (options_.user.empty()) return;
+  const Json answer =
+      call_once("/v3/auth/authenticate", Json{{"name", options_.user}, {"password", options_.password}}, {});
+  const std::string token = answer.value("token", std::string());
+  if (token.empty()) throw EtcdAuthFailed("etcd: signing in as '" + options_.user + "' gave no token");
+  std::lock_guard lock(mutex_);
+  token_ = token;
+}
+
+}  // namespace tasklet::etcd::detail

@@ -1,0 +1,55 @@
+// Private: calls to etcd's v3 JSON gateway (the /v3/... endpoints) through libcurl, on the first
+// of the session's endpoints that answers.
+#pragma once
+
+#include <cstddef>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "tasklet/etcd/etcd.hpp"
+
+namespace tasklet::etcd::detail {
+
+using Json = nlohmann::json;
+
+/// etcd's JSON carries keys and values as base64.
+std::string base64(std::string_view bytes);
+std::string unbase64(std::string_view text);
+
+class Gateway {
+ public:
+  explicit Gateway(EtcdOptions options);
+
+  /// POSTs `body` to `path` ("/v3/kv/put") and returns the answer. An endpoint that cannot be
+  /// reached, or answers "unavailable", is left for the next one. Throws EtcdUnavailable when none
+  /// answered; EtcdAuthFailed, EtcdPermissionDenied, or EtcdError with etcd's message otherwise.
+  /// When signed in, an expired token is renewed once, transparently.
+  Json call(const std::string& path, const Json& body);
+
+  /// Signs in with the options' user and password (nothing when there is no user).
+  void authenticate();
+
+  /// The endpoint that answered last.
+  std::string endpoint() const;
+  const EtcdOptions& options() const noexcept { return options_; }
+
+ private:
+  struct Answer {
+    long status = 0;
+    std::string body;
+  };
+  // One attempt on one endpoint; throws EtcdUnavailable when it cannot be reached.
+  Answer post(const std::string& endpoint, const std::string& path, const std::string& body,
+              const std::string& token) const;
+  Json call_once(const std::string& path, const Json& body, const std::string& token);
+
+  EtcdOptions options_;
+  mutable std::mutex mutex_;  // guards token_ and current_
+  std::string token_;
+  std::size_t current_ = 0;
+};
+
+}  // namespace tasklet::etcd::detail

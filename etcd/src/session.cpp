@@ -1,0 +1,172 @@
+// The session: sign in, a lease, a key that proves the session may write under its prefix, and a
+// thread that renews the lease every third of its TTL until the session goes or the lease is lost.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <exception>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "gateway.hpp"
+#include "tasklet/etcd/etcd.hpp"
+
+namespace tasklet::etcd {
+
+using detail::base64;
+using detail::Json;
+
+namespace {
+
+// etcd's JSON gives 64-bit integers as strings.
+std::int64_t integer_of(const Json& value) {
+  if (value.is_string()) return std::stoll(value.get<std::string>());
+  if (value.is_number_integer()) return value.get<std::int64_t>();
+  return 0;
+}
+
+}  // namespace
+
+class EtcdSession::Impl {
+ public:
+  explicit Impl(EtcdOptions options) : gateway(std::move(options)) {}
+  ~Impl() {
+    {
+      std::lock_guard lock(mutex);
+      stopping = true;
+    }
+    wake.notify_all();
+    if (renewer.joinable()) renewer.join();
+    if (lease_id != 0 && alive.load()) {
+      try {
+        gateway.call("/v3/lease/revoke", Json{{"ID", std::to_string(lease_id)}});
+      } catch (const std::exception&) {
+        // Out of reach: the lease expires by itself after its TTL.
+      }
+    }
+  }
+
+  void start() {
+    const EtcdOptions& options = gateway.options();
+    gateway.authenticate();
+    const Json granted = gateway.call("/v3/lease/grant", Json{{"TTL", options.lease_ttl.count()}});
+    lease_id = integer_of(granted.value("ID", Json()));
+    if (lease_id == 0) throw EtcdError("etcd: the lease grant gave no lease ID: " + granted.dump());
+    // The session's own key, bound to the lease: writing it proves the session may write under the
+    // prefix (EtcdPermissionDenied at connect, rather than at the first rule).
+    char id[32];
+    std::snprintf(id, sizeof id, "%016llx", static_cast<unsigned long long>(lease_id));
+    session_key = options.prefix + "/sessions/" + id;
+    gateway.call(
+        "/v3/kv/put",
+        Json{{"key", base64(session_key)}, {"value", base64("alive")}, {"lease", std::to_string(lease_id)}});
+    last_renewal = std::chrono::steady_clock::now();
+    renewer = std::thread([this] { renew(); });
+  }
+
+  // Renews the lease every third of its TTL. A lease that etcd no longer knows, or that could not
+  // be renewed before it would have expired, is lost.
+  void renew() {
+    const auto ttl =
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(gateway.options().lease_ttl);
+    std::unique_lock lock(mutex);
+    while (!stopping) {
+      wake.wait_for(lock, ttl / 3, [this] { return stopping; });
+      if (stopping) return;
+      lock.unlock();
+      std::string lost_because;
+      try {
+        const Json answer = gateway.call("/v3/lease/keepalive", Json{{"ID", std::to_string(lease_id)}});
+        const Json& result = answer.contains("result") ? answer["result"] : answer;
+        if (integer_of(result.value("TTL", Json())) > 0) {
+          last_renewal = std::chrono::steady_clock::now();
+          renewal_count.fetch_add(1, std::memory_order_release);
+        } else {
+          lost_because =
+              "etcd no longer knows lease " + std::to_string(lease_id) + " (it expired or was revoked)";
+        }
+      } catch (const std::exception& error) {
+        if (std::chrono::steady_clock::now() - last_renewal >= ttl) {
+          lost_because =
+              "lease " + std::to_string(lease_id) + " could not be renewed within its TTL: " + error.what();
+        }
+      }
+      if (!lost_because.empty()) {
+        lose(lost_because);
+        return;
+      }
+      lock.lock();
+    }
+  }
+
+  void lose(const std::string& why) {
+    std::vector<std::function<void(const std::string&)>> told;
+    {
+      std::lock_guard lock(mutex);
+      alive.store(false, std::memory_order_release);
+      lost_reason = why;
+      told.swap(listeners);
+    }
+    for (auto& listener : told) {
+      try {
+        listener(why);
+      } catch (...) {
+        // A listener's failure does not keep the others from being told.
+      }
+    }
+  }
+
+  detail::Gateway gateway;
+  std::int64_t lease_id = 0;
+  std::string session_key;
+  std::atomic<bool> alive{true};
+  std::atomic<std::uint64_t> renewal_count{0};
+  std::chrono::steady_clock::time_point last_renewal;  // the renewing thread's
+  std::mutex mutex;                                    // guards what follows
+  std::condition_variable wake;
+  bool stopping = false;
+  std::string lost_reason;
+  std::vector<std::function<void(const std::string&)>> listeners;
+  std::thread renewer;
+};
+
+std::shared_ptr<EtcdSession> EtcdSession::connect(EtcdOptions options) {
+  if (options.endpoints.empty()) throw std::invalid_argument("etcd: connect needs at least one endpoint");
+  if (options.lease_ttl < std::chrono::seconds(2)) {
+    throw std::invalid_argument("etcd: a lease TTL under 2 s cannot be renewed reliably (got " +
+                                std::to_string(options.lease_ttl.count()) + " s)");
+  }
+  auto impl = std::make_unique<Impl>(std::move(options));
+  impl->start();
+  return std::shared_ptr<EtcdSession>(new EtcdSession(std::move(impl)));
+}
+
+EtcdSession::EtcdSession(std::unique_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
+EtcdSession::~EtcdSession() = default;
+
+const EtcdOptions& EtcdSession::options() const noexcept { return impl_->gateway.options(); }
+std::int64_t EtcdSession::lease_id() const noexcept { return impl_->lease_id; }
+std::string EtcdSession::endpoint() const { return impl_->gateway.endpoint(); }
+bool EtcdSession::lease_alive() const noexcept { return impl_->alive.load(std::memory_order_acquire); }
+std::uint64_t EtcdSession::renewals() const noexcept {
+  return impl_->renewal_count.load(std::memory_order_acquire);
+}
+
+void EtcdSession::on_lease_lost(std::function<void(const std::string& why)> listener) {
+  std::string lost;
+  {
+    std::lock_guard lock(impl_->mutex);
+    if (impl_->alive.load(std::memory_order_acquire)) {
+      impl_->listeners.push_back(std::move(listener));
+      return;
+    }
+    lost = impl_->lost_reason;
+  }
+  listener(lost);
+}
+
+}  // namespace tasklet::etcd
