@@ -183,6 +183,110 @@ Json Gateway::call(const std::string& path, const Json& body) {
   return call_once(path, body, token);
 }
 
+void StreamStop::stop() noexcept {
+  std::lock_guard lock(mutex_);
+  stopped_ = true;
+  if (multi_ != nullptr) curl_multi_wakeup(static_cast<CURLM*>(multi_));
+}
+
+bool StreamStop::stopped() const noexcept {
+  std::lock_guard lock(mutex_);
+  return stopped_;
+}
+
+void Gateway::stream(const std::string& path, const Json& body,
+                     const std::function<bool(const Json&)>& on_message, StreamStop& stop) {
+  std::string token;
+  std::string endpoint;
+  {
+    std::lock_guard lock(mutex_);
+    token = token_;
+    endpoint = options_.endpoints[current_];
+  }
+  struct Stream {
+    std::string pending;  // received, not yet a whole message
+    const std::function<bool(const Json&)>* on_message;
+    bool ended = false;  // on_message said so
+    std::string bad;     // what was not JSON
+  } received{{}, &on_message, false, {}};
+  // The gateway sends one JSON object per line.
+  const auto on_data = +[](char* data, std::size_t size, std::size_t count, void* out) -> std::size_t {
+    auto& stream = *static_cast<Stream*>(out);
+    stream.pending.append(data, size * count);
+    for (std::size_t end = stream.pending.find('\n'); end != std::string::npos;
+         end = stream.pending.find('\n')) {
+      const std::string line = stream.pending.substr(0, end);
+      stream.pending.erase(0, end + 1);
+      if (line.empty() || stream.ended) continue;
+      Json message = Json::parse(line, nullptr, false);
+      if (message.is_discarded()) {
+        stream.bad = line.substr(0, 200);
+        return 0;  // ends the transfer
+      }
+      if (!(*stream.on_message)(message)) stream.ended = true;
+    }
+    return stream.ended ? 0 : size * count;
+  };
+
+  init_curl_once();
+  std::unique_ptr<CURL, HandleDeleter> handle(curl_easy_init());
+  std::unique_ptr<CURLM, decltype(&curl_multi_cleanup)> multi(curl_multi_init(), &curl_multi_cleanup);
+  if (!handle || !multi) throw EtcdError("etcd: libcurl could not make a handle");
+  HeaderList headers;
+  headers.add("Content-Type: application/json");
+  if (!token.empty()) headers.add("Authorization: " + token);
+  const std::string url = endpoint + path;
+  const std::string text = body.dump();
+  curl_easy_setopt(handle.get(), CURLOPT_URL, url.c_str());
+  curl_easy_setopt(handle.get(), CURLOPT_POST, 1L);
+  curl_easy_setopt(handle.get(), CURLOPT_POSTFIELDS, text.c_str());
+  curl_easy_setopt(handle.get(), CURLOPT_POSTFIELDSIZE, static_cast<long>(text.size()));
+  curl_easy_setopt(handle.get(), CURLOPT_HTTPHEADER, headers.list);
+  curl_easy_setopt(handle.get(), CURLOPT_WRITEFUNCTION, on_data);
+  curl_easy_setopt(handle.get(), CURLOPT_WRITEDATA, &received);
+  curl_easy_setopt(handle.get(), CURLOPT_CONNECTTIMEOUT_MS,
+                   static_cast<long>(options_.request_timeout.count()));
+  curl_easy_setopt(handle.get(), CURLOPT_NOSIGNAL, 1L);
+  if (!options_.ca_file.empty()) curl_easy_setopt(handle.get(), CURLOPT_CAINFO, options_.ca_file.c_str());
+  if (!options_.cert_file.empty())
+    curl_easy_setopt(handle.get(), CURLOPT_SSLCERT, options_.cert_file.c_str());
+  if (!options_.key_file.empty()) curl_easy_setopt(handle.get(), CURLOPT_SSLKEY, options_.key_file.c_str());
+  curl_multi_add_handle(multi.get(), handle.get());
+  {
+    std::lock_guard lock(stop.mutex_);
+    if (stop.stopped_) {
+      curl_multi_remove_handle(multi.get(), handle.get());
+      return;
+    }
+    stop.multi_ = multi.get();
+  }
+  struct Unregister {
+    StreamStop& stop;
+    CURLM* multi;
+    CURL* handle;
+    ~Unregister() {
+      std::lock_guard lock(stop.mutex_);
+      stop.multi_ = nullptr;
+      curl_multi_remove_handle(multi, handle);
+    }
+  } const unregister{stop, multi.get(), handle.get()};
+  int running = 1;
+  while (running != 0 && !stop.stopped() && !received.ended) {
+    if (curl_multi_perform(multi.get(), &running) != CURLM_OK) break;
+    if (running != 0) curl_multi_poll(multi.get(), nullptr, 0, 1000, nullptr);
+  }
+  if (stop.stopped() || received.ended) return;
+  if (!received.bad.empty())
+    throw EtcdError("etcd at " + url + " streamed something other than JSON: " + received.bad);
+  int left = 0;
+  CURLcode result = CURLE_OK;
+  while (CURLMsg* message = curl_multi_info_read(multi.get(), &left)) {
+    if (message->msg == CURLMSG_DONE) result = message->data.result;
+  }
+  throw EtcdUnavailable("etcd: the stream from " + url + " ended: " +
+                        (result == CURLE_OK ? std::string("closed by etcd") : curl_easy_strerror(result)));
+}
+
 void Gateway::authenticate() {
   if (options_.user.empty()) return;
   const Json answer =

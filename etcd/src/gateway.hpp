@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -19,6 +20,20 @@ using Json = nlohmann::json;
 std::string base64(std::string_view bytes);
 std::string unbase64(std::string_view text);
 
+/// Lets another thread end a Gateway::stream.
+class StreamStop {
+ public:
+  /// Ends the stream (soon, from its own thread) and any later one given this StreamStop.
+  void stop() noexcept;
+  bool stopped() const noexcept;
+
+ private:
+  friend class Gateway;
+  mutable std::mutex mutex_;
+  bool stopped_ = false;
+  void* multi_ = nullptr;  // the running stream's curl multi handle
+};
+
 class Gateway {
  public:
   explicit Gateway(EtcdOptions options);
@@ -28,6 +43,13 @@ class Gateway {
   /// answered; EtcdAuthFailed, EtcdPermissionDenied, or EtcdError with etcd's message otherwise.
   /// When signed in, an expired token is renewed once, transparently.
   Json call(const std::string& path, const Json& body);
+
+  /// POSTs `body` to a streaming `path` ("/v3/watch") on the endpoint that answered last, and hands
+  /// each JSON message of the answer to `on_message`, until the stream ends (returns), `stop` is
+  /// stopped, or `on_message` returns false. Throws EtcdUnavailable when the endpoint cannot be
+  /// reached or the stream breaks, EtcdError for an answer that is not a stream of JSON objects.
+  void stream(const std::string& path, const Json& body, const std::function<bool(const Json&)>& on_message,
+              StreamStop& stop);
 
   /// Signs in with the options' user and password (nothing when there is no user).
   void authenticate();

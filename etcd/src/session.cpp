@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "gateway.hpp"
+#include "locks.hpp"
+#include "session_access.hpp"
 #include "tasklet/etcd/etcd.hpp"
 
 namespace tasklet::etcd {
@@ -35,6 +37,7 @@ class EtcdSession::Impl {
  public:
   explicit Impl(EtcdOptions options) : gateway(std::move(options)) {}
   ~Impl() {
+    locks.reset();  // its watch first: the revocation below deletes its keys
     {
       std::lock_guard lock(mutex);
       stopping = true;
@@ -65,6 +68,7 @@ class EtcdSession::Impl {
         "/v3/kv/put",
         Json{{"key", base64(session_key)}, {"value", base64("alive")}, {"lease", std::to_string(lease_id)}});
     last_renewal = std::chrono::steady_clock::now();
+    locks = std::make_unique<detail::Locks>(gateway, options.prefix, lease_id);
     renewer = std::thread([this] { renew(); });
   }
 
@@ -132,7 +136,10 @@ class EtcdSession::Impl {
   std::string lost_reason;
   std::vector<std::function<void(const std::string&)>> listeners;
   std::thread renewer;
+  std::unique_ptr<detail::Locks> locks;
 };
+
+detail::Locks& detail::SessionAccess::locks(EtcdSession& session) noexcept { return *session.impl_->locks; }
 
 std::shared_ptr<EtcdSession> EtcdSession::connect(EtcdOptions options) {
   if (options.endpoints.empty()) throw std::invalid_argument("etcd: connect needs at least one endpoint");

@@ -21,6 +21,10 @@
 
 namespace tasklet::etcd {
 
+namespace detail {
+struct SessionAccess;
+}  // namespace detail
+
 /// Any failure to talk to etcd.
 class EtcdError : public Error {
  public:
@@ -96,6 +100,7 @@ class EtcdSession {
   class Impl;
 
  private:
+  friend struct detail::SessionAccess;  // the library's own parts (the claims in etcd)
   explicit EtcdSession(std::unique_ptr<Impl> impl) noexcept;
   std::unique_ptr<Impl> impl_;
 };
