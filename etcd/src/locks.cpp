@@ -67,31 +67,31 @@ std::string Locks::node_prefix(const std::string& path) const {
 
 std::string Locks::queue_key(const std::string& path) const { return node_prefix(path) + "\x01/"; }
 
-void Locks::find_blockers(const Claim& claim, std::int64_t revision, std::set<std::string>& blockers) {
-  const auto earlier_conflicting = [&](const std::string& from, const std::string& to) {
-    const Json answer =
-        gateway_.call("/v3/kv/range", Json{{"key", base64(from)},
-                                           {"range_end", base64(to)},
-                                           {"max_create_revision", std::to_string(revision - 1)}});
-    if (!answer.contains("kvs")) return;
-    for (const Json& kv : answer["kvs"]) {
-      if (claim.exclusive || unbase64(kv.value("value", std::string())) == "X")
-        blockers.insert(unbase64(kv.value("key", std::string())));
-    }
-  };
+std::vector<std::pair<std::string, std::string>> Locks::ranges_of(const Claim& claim) const {
   // The node and everything below it, then each ancestor's own claims.
+  std::vector<std::pair<std::string, std::string>> ranges;
   const std::string below = node_prefix(claim.path);
-  earlier_conflicting(below, prefix_end(below));
+  ranges.emplace_back(below, prefix_end(below));
   for (const std::string& ancestor : ancestors_of(claim.path)) {
     const std::string own = queue_key(ancestor);
-    earlier_conflicting(own, prefix_end(own));
+    ranges.emplace_back(own, prefix_end(own));
+  }
+  return ranges;
+}
+
+void Locks::add_blockers(const Json& range, const Claim& claim, std::int64_t revision,
+                         std::set<std::string>& blockers) {
+  if (!range.contains("kvs")) return;
+  for (const Json& kv : range["kvs"]) {
+    if (integer_of(kv.value("create_revision", Json())) >= revision) continue;  // the request's own, or later
+    if (claim.exclusive || unbase64(kv.value("value", std::string())) == "X")
+      blockers.insert(unbase64(kv.value("key", std::string())));
   }
 }
 
 std::shared_ptr<Ticket> Locks::request(const std::vector<Claim>& claims,
                                        std::function<void(std::int64_t)> granted) {
   auto ticket = std::make_shared<Ticket>();
-  Json puts = Json::array();
   {
     std::lock_guard lock(mutex_);
     for (const Claim& claim : claims) {
@@ -101,17 +101,30 @@ std::shared_ptr<Ticket> Locks::request(const std::vector<Claim>& claims,
       ticket->keys.push_back(queue_key(claim.path) + id);
     }
   }
+  // One transaction puts every key of the request (so they share one revision, its ticket) and
+  // reads what else is there: everything it reads is earlier.
+  Json ops = Json::array();
   for (std::size_t i = 0; i < claims.size(); ++i) {
-    puts.push_back(Json{{"request_put",
-                         {{"key", base64(ticket->keys[i])},
-                          {"value", base64(claims[i].exclusive ? "X" : "S")},
-                          {"lease", std::to_string(lease_)}}}});
+    ops.push_back(Json{{"request_put",
+                        {{"key", base64(ticket->keys[i])},
+                         {"value", base64(claims[i].exclusive ? "X" : "S")},
+                         {"lease", std::to_string(lease_)}}}});
   }
-  // One transaction: every key of the request has the same revision, its ticket.
-  const Json done = gateway_.call("/v3/kv/txn", Json{{"success", puts}});
+  std::vector<std::size_t> claim_of_range;
+  for (std::size_t i = 0; i < claims.size(); ++i) {
+    for (const auto& [from, to] : ranges_of(claims[i])) {
+      ops.push_back(Json{{"request_range", {{"key", base64(from)}, {"range_end", base64(to)}}}});
+      claim_of_range.push_back(i);
+    }
+  }
+  const Json done = gateway_.call("/v3/kv/txn", Json{{"success", ops}});
   ticket->revision = integer_of(done["header"].value("revision", Json()));
   std::set<std::string> blockers;
-  for (const Claim& claim : claims) find_blockers(claim, ticket->revision, blockers);
+  const Json& responses = done["responses"];
+  for (std::size_t r = 0; r < claim_of_range.size(); ++r) {
+    add_blockers(responses.at(claims.size() + r).value("response_range", Json::object()),
+                 claims[claim_of_range[r]], ticket->revision, blockers);
+  }
   {
     std::lock_guard lock(mutex_);
     ticket->blockers = blockers;
@@ -121,8 +134,17 @@ std::shared_ptr<Ticket> Locks::request(const std::vector<Claim>& claims,
   if (!blockers.empty()) {
     // A blocker deleted before it was registered above may have gone past the watcher: what is
     // left now is what still exists.
+    Json reads = Json::array();
+    for (std::size_t i = 0; i < claims.size(); ++i) {
+      for (const auto& [from, to] : ranges_of(claims[i]))
+        reads.push_back(Json{{"request_range", {{"key", base64(from)}, {"range_end", base64(to)}}}});
+    }
+    const Json now = gateway_.call("/v3/kv/txn", Json{{"success", reads}});
     std::set<std::string> still;
-    for (const Claim& claim : claims) find_blockers(claim, ticket->revision, still);
+    for (std::size_t r = 0; r < claim_of_range.size(); ++r) {
+      add_blockers(now["responses"].at(r).value("response_range", Json::object()), claims[claim_of_range[r]],
+                   ticket->revision, still);
+    }
     for (const std::string& key : blockers) {
       if (still.count(key) == 0) deleted(key);
     }

@@ -1,7 +1,8 @@
 // Private: claims on resources held in etcd, granted in the order etcd saw them.
 //
 // A request puts one key per claim, all in one transaction, so they share one revision: the
-// request's ticket (and the holder's fencing token). It is granted once every earlier request
+// request's ticket (and the holder's fencing token). The same transaction reads where conflicting
+// keys can be. It is granted once every earlier request
 // (lower revision) with a conflicting claim is gone, which is etcd's own lock recipe (wait for the
 // deletion of the conflicting keys with lower revisions) extended to a tree: a claim on a path
 // conflicts with claims on the same path, on its ancestors and on its descendants, unless both
@@ -22,6 +23,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gateway.hpp"
@@ -63,8 +65,11 @@ class Locks {
  private:
   std::string node_prefix(const std::string& path) const;  // <prefix>/q<path>/
   std::string queue_key(const std::string& path) const;    // node_prefix(path) + "\x01/"
-  // The earlier conflicting keys of one claim, as etcd has them at the request's revision.
-  void find_blockers(const Claim& claim, std::int64_t revision, std::set<std::string>& blockers);
+  // Where a claim's conflicting keys can be: its node's subtree and each ancestor's own keys.
+  std::vector<std::pair<std::string, std::string>> ranges_of(const Claim& claim) const;
+  // The keys of a range answer that an earlier request holds in a mode that conflicts with `claim`.
+  static void add_blockers(const Json& range, const Claim& claim, std::int64_t revision,
+                           std::set<std::string>& blockers);
   void watch();
   void deleted(const std::string& key);
 

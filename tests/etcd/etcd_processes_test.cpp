@@ -1,0 +1,163 @@
+// Claims in etcd across processes (tests/etcd/contender.cpp): four processes contend for random
+// paths, shared and exclusive, and a checker proves from their logs that no two conflicting
+// holders overlapped and that conflicting requests were granted in revision order; a process
+// killed with SIGKILL while it holds a claim frees it once its lease's TTL has passed.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "etcd_server.hpp"
+#include "session_access.hpp"
+#include "tasklet/etcd/etcd.hpp"
+
+extern char** environ;
+
+namespace tasklet::etcd {
+namespace {
+
+using detail::Claim;
+
+pid_t spawn(std::vector<std::string> args, int stdout_to = -1) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (stdout_to >= 0) posix_spawn_file_actions_adddup2(&actions, stdout_to, 1);
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  const int failed = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (failed != 0) throw std::runtime_error("cannot start " + args[0]);
+  return pid;
+}
+
+int exit_status(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+struct Hold {
+  std::int64_t token = 0;
+  long long start = 0, end = 0;
+  std::vector<Claim> claims;
+  int process = 0;
+};
+
+bool under(const std::string& path, const std::string& dir) {
+  if (dir == "/") return true;
+  return path == dir ||
+         (path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 && path[dir.size()] == '/');
+}
+
+bool conflict(const Hold& a, const Hold& b) {
+  for (const Claim& x : a.claims) {
+    for (const Claim& y : b.claims) {
+      if ((x.exclusive || y.exclusive) && (under(x.path, y.path) || under(y.path, x.path))) return true;
+    }
+  }
+  return false;
+}
+
+std::string describe(const Hold& hold) {
+  std::string text = "process " + std::to_string(hold.process) + " token " + std::to_string(hold.token) +
+                     " [" + std::to_string(hold.start) + ", " + std::to_string(hold.end) + "]";
+  for (const Claim& claim : hold.claims)
+    text += std::string(" ") + (claim.exclusive ? "X " : "S ") + claim.path;
+  return text;
+}
+
+TEST(EtcdProcessesTest, FourProcessesNeverOverlapOnConflictingPathsAndGoInRevisionOrder) {
+  test::EtcdServer server;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("tasklet-contenders-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  constexpr int processes = 4, requests = 100;
+  std::vector<pid_t> children;
+  for (int p = 0; p < processes; ++p) {
+    children.push_back(
+        spawn({TASKLET_ETCD_CONTENDER, server.endpoint(), "/oracle", "contend", std::to_string(p + 1),
+               std::to_string(requests), (dir / ("log" + std::to_string(p))).string()}));
+  }
+  for (const pid_t child : children) ASSERT_EQ(exit_status(child), 0);
+
+  std::vector<Hold> holds;
+  for (int p = 0; p < processes; ++p) {
+    std::ifstream log(dir / ("log" + std::to_string(p)));
+    std::string line;
+    while (std::getline(log, line)) {
+      std::istringstream fields(line);
+      Hold hold;
+      hold.process = p;
+      fields >> hold.token >> hold.start >> hold.end;
+      std::string mode, path;
+      while (fields >> mode >> path) hold.claims.push_back({path, mode == "X"});
+      holds.push_back(hold);
+    }
+  }
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(holds.size(), static_cast<std::size_t>(processes * requests));
+  int conflicting_pairs = 0;
+  for (std::size_t i = 0; i < holds.size(); ++i) {
+    for (std::size_t j = i + 1; j < holds.size(); ++j) {
+      const Hold& a = holds[i].token < holds[j].token ? holds[i] : holds[j];
+      const Hold& b = holds[i].token < holds[j].token ? holds[j] : holds[i];
+      ASSERT_NE(a.token, b.token) << "two requests with one revision: " << describe(a) << " / "
+                                  << describe(b);
+      if (!conflict(a, b)) continue;
+      ++conflicting_pairs;
+      // The earlier request (lower revision) held first, and let go before the later one began.
+      ASSERT_LT(a.end, b.start) << "overlap or out of revision order:\n  " << describe(a) << "\n  "
+                                << describe(b);
+    }
+  }
+  EXPECT_GT(conflicting_pairs, processes * requests);  // the tree is small: they did contend
+}
+
+TEST(EtcdProcessesTest, AProcessKilledWhileHoldingFreesItsClaimOnceItsLeaseExpires) {
+  test::EtcdServer server;
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  const pid_t holder = spawn({TASKLET_ETCD_CONTENDER, server.endpoint(), "/killed", "hold", "/k"}, out[1]);
+  close(out[1]);
+  std::unique_ptr<FILE, int (*)(FILE*)> said(fdopen(out[0], "r"), &fclose);
+  std::array<char, 64> line{};
+  ASSERT_NE(std::fgets(line.data(), line.size(), said.get()), nullptr);  // "held TOKEN"
+  const long long held_token = std::stoll(std::string(line.data()).substr(5));
+
+  EtcdOptions options;
+  options.endpoints = {server.endpoint()};
+  options.prefix = "/killed";
+  auto session = EtcdSession::connect(options);
+  auto granted = std::make_shared<std::promise<std::int64_t>>();
+  std::future<std::int64_t> token = granted->get_future();
+  auto ticket = detail::SessionAccess::locks(*session).request(
+      {{"/k", true}}, [granted](std::int64_t revision) { granted->set_value(revision); });
+  EXPECT_NE(token.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  const auto killed = std::chrono::steady_clock::now();
+  kill(holder, SIGKILL);
+  waitpid(holder, nullptr, 0);
+  ASSERT_EQ(token.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_GT(token.get(), held_token);
+  // Nothing deleted the holder's key but the lease's expiry (TTL 2 s).
+  EXPECT_GE(std::chrono::steady_clock::now() - killed, std::chrono::milliseconds(500));
+  detail::SessionAccess::locks(*session).release(ticket);
+}
+
+}  // namespace
+}  // namespace tasklet::etcd
