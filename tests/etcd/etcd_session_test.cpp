@@ -90,13 +90,19 @@ TEST(EtcdSessionTest, OptionsWithoutAnEndpointOrWithATinyTtlAreRefused) {
   EXPECT_THROW(EtcdSession::connect(options), std::invalid_argument);
 }
 
+// Options that sign in as `user` on a server where authentication is on.
+EtcdOptions signed_in(const EtcdServer& server, const std::string& user, const std::string& password) {
+  EtcdOptions options = options_for({server.endpoint()});
+  options.user = user;
+  options.password = password;
+  return options;
+}
+
 TEST(EtcdSessionTest, AWrongPasswordOrNoneIsEtcdAuthFailed) {
   EtcdServer server;
   server.add_user("builder", "right", "/app/", true);
   server.enable_auth("rootpw");
-  EtcdOptions options = options_for({server.endpoint()});
-  options.user = "builder";
-  options.password = "wrong";
+  EtcdOptions options = signed_in(server, "builder", "wrong");
   EXPECT_THROW(EtcdSession::connect(options), EtcdAuthFailed);
   EXPECT_THROW(EtcdSession::connect(options_for({server.endpoint()})), EtcdAuthFailed);
   options.password = "right";
@@ -108,10 +114,7 @@ TEST(EtcdSessionTest, AUserWhoMayNotWriteThePrefixIsEtcdPermissionDeniedAtConnec
   EtcdServer server;
   server.add_user("reader", "pw", "/app/", false);
   server.enable_auth("rootpw");
-  EtcdOptions options = options_for({server.endpoint()});
-  options.user = "reader";
-  options.password = "pw";
-  EXPECT_THROW(EtcdSession::connect(options), EtcdPermissionDenied);
+  EXPECT_THROW(EtcdSession::connect(signed_in(server, "reader", "pw")), EtcdPermissionDenied);
 }
 
 TEST(EtcdSessionTest, TheLeaseIsRenewedAndItsLossIsTold) {
