@@ -42,7 +42,8 @@ struct CallFrame {
 /// ours: a task suspended in a wait may resume on another thread, so what it knows travels with
 /// it (see Wakeup::wait) instead of living in the thread.
 struct TaskState {
-  /// api::current() while set (run loop, phases, api::with); else the implicit scheduler.
+  /// api::current() while set (run loop, phases, api::with; in a job's run, its manager's
+  /// background scheduler instead); else the implicit scheduler.
   SchedulerImpl* current = nullptr;
   /// The scheduler whose synchronous thread this is (inside run() or an inline drain).
   SchedulerImpl* sync_of = nullptr;
