@@ -61,6 +61,12 @@ bool mentions(const std::string& text, const char* what) { return text.find(what
 
 }  // namespace
 
+std::int64_t integer_of(const Json& value) {
+  if (value.is_string()) return std::stoll(value.get<std::string>());
+  if (value.is_number_integer()) return value.get<std::int64_t>();
+  return 0;
+}
+
 std::string base64(std::string_view bytes) {
   using namespace boost::archive::iterators;
   using Encode = base64_from_binary<transform_width<std::string_view::const_iterator, 6, 8>>;

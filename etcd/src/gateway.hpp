@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -15,6 +16,9 @@
 namespace tasklet::etcd::detail {
 
 using Json = nlohmann::json;
+
+/// etcd's JSON gives 64-bit integers as strings; 0 for anything else (a field left out).
+std::int64_t integer_of(const Json& value);
 
 /// etcd's JSON carries keys and values as base64.
 std::string base64(std::string_view bytes);

@@ -13,12 +13,6 @@ namespace tasklet::etcd::detail {
 
 namespace {
 
-std::int64_t integer_of(const Json& value) {
-  if (value.is_string()) return std::stoll(value.get<std::string>());
-  if (value.is_number_integer()) return value.get<std::int64_t>();
-  return 0;
-}
-
 // The first key after every key that starts with `prefix` (etcd's range_end for a prefix).
 std::string prefix_end(std::string prefix) {
   while (!prefix.empty()) {
@@ -110,13 +104,16 @@ std::shared_ptr<Ticket> Locks::request(const std::vector<Claim>& claims,
                          {"value", base64(claims[i].exclusive ? "X" : "S")},
                          {"lease", std::to_string(lease_)}}}});
   }
+  // Where each claim's blockers can be, as request_range operations, and whose each one is.
+  Json reads = Json::array();
   std::vector<std::size_t> claim_of_range;
   for (std::size_t i = 0; i < claims.size(); ++i) {
     for (const auto& [from, to] : ranges_of(claims[i])) {
-      ops.push_back(Json{{"request_range", {{"key", base64(from)}, {"range_end", base64(to)}}}});
+      reads.push_back(Json{{"request_range", {{"key", base64(from)}, {"range_end", base64(to)}}}});
       claim_of_range.push_back(i);
     }
   }
+  ops.insert(ops.end(), reads.begin(), reads.end());
   const Json done = gateway_.call("/v3/kv/txn", Json{{"success", ops}});
   ticket->revision = integer_of(done["header"].value("revision", Json()));
   std::set<std::string> blockers;
@@ -134,11 +131,6 @@ std::shared_ptr<Ticket> Locks::request(const std::vector<Claim>& claims,
   if (!blockers.empty()) {
     // A blocker deleted before it was registered above may have gone past the watcher: what is
     // left now is what still exists.
-    Json reads = Json::array();
-    for (std::size_t i = 0; i < claims.size(); ++i) {
-      for (const auto& [from, to] : ranges_of(claims[i]))
-        reads.push_back(Json{{"request_range", {{"key", base64(from)}, {"range_end", base64(to)}}}});
-    }
     const Json now = gateway_.call("/v3/kv/txn", Json{{"success", reads}});
     std::set<std::string> still;
     for (std::size_t r = 0; r < claim_of_range.size(); ++r) {

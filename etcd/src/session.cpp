@@ -20,18 +20,8 @@
 namespace tasklet::etcd {
 
 using detail::base64;
+using detail::integer_of;
 using detail::Json;
-
-namespace {
-
-// etcd's JSON gives 64-bit integers as strings.
-std::int64_t integer_of(const Json& value) {
-  if (value.is_string()) return std::stoll(value.get<std::string>());
-  if (value.is_number_integer()) return value.get<std::int64_t>();
-  return 0;
-}
-
-}  // namespace
 
 class EtcdSession::Impl {
  public:

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "etcd_server.hpp"
+#include "support/job_support.hpp"
 #include "tasklet/etcd/etcd.hpp"
 
 namespace tasklet::etcd {
@@ -35,17 +36,6 @@ std::string lease_hex(std::int64_t lease) {
   char text[32];
   std::snprintf(text, sizeof text, "%llx", static_cast<unsigned long long>(lease));
   return text;
-}
-
-// Spins (yielding) until `done()`, at most `patience`: for what nothing notifies.
-template <class Done>
-bool eventually(Done done, std::chrono::seconds patience = 30s) {
-  const auto give_up = std::chrono::steady_clock::now() + patience;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > give_up) return false;
-    std::this_thread::yield();
-  }
-  return true;
 }
 
 TEST(EtcdSessionTest, ConnectsWithALeaseItsKeyAndRevokesThemWhenItGoes) {
@@ -123,7 +113,7 @@ TEST(EtcdSessionTest, TheLeaseIsRenewedAndItsLossIsTold) {
   options.lease_ttl = 2s;
   auto session = EtcdSession::connect(options);
   // Renewed every third of its TTL: three renewals outlive the TTL itself.
-  ASSERT_TRUE(eventually([&] { return session->renewals() >= 3; }));
+  ASSERT_TRUE(test::eventually([&] { return session->renewals() >= 3; }));
   EXPECT_TRUE(session->lease_alive());
   EXPECT_NE(server.etcdctl("lease timetolive " + lease_hex(session->lease_id())).find("remaining"),
             std::string::npos);

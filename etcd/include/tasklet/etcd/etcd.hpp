@@ -45,12 +45,6 @@ class EtcdPermissionDenied : public EtcdError {
  public:
   using EtcdError::EtcdError;
 };
-/// The session's lease is gone: it expired (the process paused past its TTL, or etcd was out of
-/// reach for that long) or was revoked. What the session held is not held any more.
-class EtcdLeaseLost : public EtcdError {
- public:
-  using EtcdError::EtcdError;
-};
 
 struct EtcdOptions {
   /// Client URLs, tried in order ("http://127.0.0.1:2379"); https:// ones use the TLS settings.
@@ -89,7 +83,8 @@ class EtcdSession {
   std::int64_t lease_id() const noexcept;
   /// The endpoint that answered last.
   std::string endpoint() const;
-  /// False once the lease was lost (see EtcdLeaseLost); it never comes back.
+  /// False once the lease was lost (it expired, or was revoked by someone else); it never comes
+  /// back.
   bool lease_alive() const noexcept;
   /// How many times the lease was renewed so far.
   std::uint64_t renewals() const noexcept;
