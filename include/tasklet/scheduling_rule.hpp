@@ -39,13 +39,16 @@ using Rule = std::shared_ptr<const SchedulingRule>;
 ///    conflict with every path at, above or below them; shared paths conflict only with exclusive
 ///    ones at, above or below them;
 ///  - multi: the union of its children (no child is itself multi);
+///  - named: conflicts with and contains exactly the named rules of the same name (segments holds
+///    the one name), whatever object they are; a manager that shares rules across processes
+///    shares these (see rules::named_mutex);
 ///  - custom (the default): no index; the table asks is_conflicting pairwise, always with the
 ///    custom rule as the receiver, because built-in rules know nothing of it.
 struct RuleKey {
-  enum class Kind : std::uint8_t { custom, identity, path, multi };
+  enum class Kind : std::uint8_t { custom, identity, path, multi, named };
   Kind kind = Kind::custom;
   bool shared = false;                         ///< path: a shared (read) rule
-  std::span<const std::string_view> segments;  ///< path: normalised segments, root = empty
+  std::span<const std::string_view> segments;  ///< path: normalised segments, root = empty; named: the name
   std::span<const Rule> children;              ///< multi: flattened children, never empty
 };
 
@@ -114,7 +117,7 @@ std::string describe(const SchedulingRule* rule);
 /// Checks the laws that can be checked cheaply: the rule contains and conflicts with itself (only
 /// shared path rules are exempt from self-conflict), and neither conflicts with nor contains a
 /// private sentinel rule it cannot know. Multi rules are checked child by child. Rules whose key
-/// says identity or path are trusted as the built-in ones, not checked. Null rules are valid.
+/// says identity, path or named are trusted as the built-in ones, not checked. Null rules are valid.
 /// Throws InvalidRule naming the rule. Thread-safe.
 void validate_rule(const Rule& rule);
 

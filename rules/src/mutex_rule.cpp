@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "key_relations.hpp"
+#include "tasklet/error.hpp"
 
 namespace tasklet {
 
@@ -28,5 +29,32 @@ std::string MutexRule::to_string() const {
 }
 
 RuleKey MutexRule::key() const noexcept { return {RuleKey::Kind::identity, false, {}, {}}; }
+
+NamedMutexRule::NamedMutexRule(std::string name) : name_(std::move(name)), view_(name_) {
+  if (name_.empty() || name_.find('\0') != std::string::npos)
+    throw InvalidRule("named_mutex: a name must be non-empty and hold no NUL byte (got \"" + name_ + "\")");
+}
+
+bool NamedMutexRule::contains(const SchedulingRule& other) const {
+  if (&other == this) return true;
+  const RuleKey theirs = other.key();
+  return theirs.kind == RuleKey::Kind::named && theirs.segments[0] == view_;
+}
+
+bool NamedMutexRule::is_conflicting(const SchedulingRule& other) const {
+  if (&other == this) return true;
+  const RuleKey theirs = other.key();
+  if (theirs.kind == RuleKey::Kind::named) return theirs.segments[0] == view_;
+  if (theirs.kind != RuleKey::Kind::multi) return false;
+  const RuleKey mine = key();
+  for (const Rule& child : theirs.children) {
+    if (rules::detail::atoms_conflict(*this, mine, *child, child->key())) return true;
+  }
+  return false;
+}
+
+std::string NamedMutexRule::to_string() const { return "named_mutex(" + name_ + ")"; }
+
+RuleKey NamedMutexRule::key() const noexcept { return {RuleKey::Kind::named, false, {&view_, 1}, {}}; }
 
 }  // namespace tasklet

@@ -10,6 +10,8 @@ namespace tasklet::rules {
 
 Rule mutex(std::string name) { return detail::make_rule<MutexRule>(std::move(name)); }
 
+Rule named_mutex(std::string name) { return detail::make_rule<NamedMutexRule>(std::move(name)); }
+
 Rule path(std::string_view path) { return detail::make_rule<PathRule>(path, PathRule::Mode::exclusive); }
 
 Rule write_path(std::string_view path) { return rules::path(path); }

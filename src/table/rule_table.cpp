@@ -235,7 +235,7 @@ bool RuleTable::put_in(RuleRequest& request, Grants& grants, Orphans& orphans) {
         at_root = true;
         claims = entry.mode() != LockMode::is && entry.mode() != LockMode::ix;
       } else {
-        on_path = on_path || entry.node()->identity == nullptr;
+        on_path = on_path || (entry.node()->identity == nullptr && entry.node()->parent != &names_);
       }
     }
     const bool rootless = on_path && !at_root;

@@ -7,7 +7,7 @@
 // Built-in rules are indexed, so a decision costs O(path depth), not O(requests):
 //  - a request is a set of (node, mode) entries, as in multi-granularity locking: an exclusive path
 //    rule takes X on its node and IX on every ancestor, a shared one S and IS, a mutex rule X on
-//    its identity node, a multi rule the union of its children (merged per node: IX + S = SIX);
+//    its identity node, a named mutex X on its name's node, a multi rule the union of its children (merged per node: IX + S = SIX);
 //  - two requests conflict exactly when some node holds incompatible modes of them;
 //  - a waiting entry is "clear" at its node when it is compatible with the granted modes and with
 //    every earlier waiting entry there. A request is granted when it is clear at all its nodes.
@@ -310,6 +310,9 @@ class RuleTable {
   const RuleRequest* releasing_ = nullptr;  // while a recorder is set: whose exit grants, in take_out
   std::size_t held_ = 0;
   RuleNode root_;
+  // The parent of one node per named mutex (RuleKey::Kind::named), apart from the paths: no
+  // path's entries, root intents included, ever meet a name's.
+  RuleNode names_;
   std::size_t path_nodes_ = 0;         // trie nodes below the root
   std::uint64_t node_generation_ = 0;  // nodes freed so far (rule notes' validity)
   // Unused nodes kept for reuse (see prune()).

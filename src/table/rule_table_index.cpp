@@ -16,6 +16,7 @@ std::size_t entry_count_hint(const SchedulingRule& rule) noexcept {
   const RuleKey key = rule.key();
   switch (key.kind) {
     case RuleKey::Kind::identity:
+    case RuleKey::Kind::named:
       return 1;
     case RuleKey::Kind::path:
       return key.segments.size() + 1;
@@ -108,6 +109,9 @@ void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom, const
     case RuleKey::Kind::identity:
       add_entry(request, identity_node(atom), LockMode::x, merge);
       return;
+    case RuleKey::Kind::named:
+      add_entry(request, path_node(names_, key.segments[0]), LockMode::x, merge);
+      return;
     case RuleKey::Kind::path: {
       const std::size_t count = key.segments.size() + 1;
       if (!merge) request.reserve_entries(count);
@@ -166,7 +170,7 @@ void RuleTable::prune(RuleNode& node) {
     if (identities_.size() <= kept_identity_nodes || !node.is_unused()) return;
     identities_.erase(node.identity);
   } else {
-    if (path_nodes_ <= kept_path_nodes || &node == &root_ || !node.is_unused()) return;
+    if (path_nodes_ <= kept_path_nodes || &node == &root_ || &node == &names_ || !node.is_unused()) return;
     RuleNode& parent = *node.parent;
     parent.children.erase(parent.children.find(std::string_view(node.segment)));
     --path_nodes_;

@@ -77,5 +77,47 @@ TEST(MutexRuleTest, NameAccessorAndDirectConstruction) {
   EXPECT_EQ(MutexRule().name(), "");
 }
 
+TEST(NamedMutexRuleTest, SameNameIsTheSameLockAcrossObjects) {
+  const Rule a = rules::named_mutex("tenant-42");
+  const Rule b = rules::named_mutex("tenant-42");
+  const Rule other = rules::named_mutex("tenant-7");
+  EXPECT_TRUE(a->is_conflicting(*b));
+  EXPECT_TRUE(b->is_conflicting(*a));
+  EXPECT_TRUE(a->contains(*b));
+  EXPECT_TRUE(b->contains(*a));
+  EXPECT_FALSE(a->is_conflicting(*other));
+  EXPECT_FALSE(a->contains(*other));
+  // Unrelated to identity mutexes of the same name and to paths, the root included.
+  for (const Rule& unrelated : {rules::mutex("tenant-42"), rules::path("/"), rules::read_path("/tenant-42")}) {
+    EXPECT_FALSE(a->is_conflicting(*unrelated)) << unrelated->to_string();
+    EXPECT_FALSE(unrelated->is_conflicting(*a)) << unrelated->to_string();
+    EXPECT_FALSE(a->contains(*unrelated)) << unrelated->to_string();
+    EXPECT_FALSE(unrelated->contains(*a)) << unrelated->to_string();
+  }
+}
+
+TEST(NamedMutexRuleTest, CombineKeepsOneOfTheSameNameAndConflictsThroughMulti) {
+  const Rule a = rules::named_mutex("x");
+  const Rule both = rules::combine({a, rules::named_mutex("x"), rules::path("/p")});
+  ASSERT_EQ(both->key().kind, RuleKey::Kind::multi);
+  EXPECT_EQ(both->key().children.size(), 2U) << both->to_string();
+  EXPECT_TRUE(both->contains(*rules::named_mutex("x")));
+  EXPECT_TRUE(rules::named_mutex("x")->is_conflicting(*both));
+  EXPECT_TRUE(both->is_conflicting(*rules::named_mutex("x")));
+  EXPECT_FALSE(rules::named_mutex("y")->is_conflicting(*both));
+}
+
+TEST(NamedMutexRuleTest, KeyToStringAndBadNames) {
+  const Rule lock = rules::named_mutex("db");
+  const RuleKey key = lock->key();
+  EXPECT_EQ(key.kind, RuleKey::Kind::named);
+  ASSERT_EQ(key.segments.size(), 1U);
+  EXPECT_EQ(key.segments[0], "db");
+  EXPECT_EQ(lock->to_string(), "named_mutex(db)");
+  EXPECT_THROW((void)rules::named_mutex(""), InvalidRule);
+  EXPECT_THROW((void)rules::named_mutex(std::string("a\0b", 3)), InvalidRule);
+  EXPECT_NO_THROW(validate_rule(lock));
+}
+
 }  // namespace
 }  // namespace tasklet

@@ -51,9 +51,9 @@ class TagRule final : public SchedulingRule {
 // --- the reference model ---------------------------------------------------------------------
 
 struct Atom {
-  enum class Kind : std::uint8_t { mutex, tag, path };
+  enum class Kind : std::uint8_t { mutex, tag, path, named };
   Kind kind;
-  int id = 0;          // mutex: index in the pool (same index, same object); tag: the tag
+  int id = 0;          // mutex: index in the pool (same index, same object); tag: the tag; named: the name
   std::string prefix;  // path: "/" for the root, else "/a/b/" (normalised, trailing '/')
   bool shared = false;
 };
@@ -150,6 +150,11 @@ class Generator {
     if (pick < 5) {
       const int tag = below(2);
       return {std::make_shared<const TagRule>(tag), {Atom{Atom::Kind::tag, tag, {}, false}}};
+    }
+    if (pick < 7) {
+      // A new object every time: the name alone makes two of them the same lock.
+      const int name = below(3);
+      return {rules::named_mutex("n" + std::to_string(name)), {Atom{Atom::Kind::named, name, {}, false}}};
     }
     return path();
   }

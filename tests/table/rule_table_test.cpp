@@ -104,6 +104,21 @@ TEST_F(RuleTableTest, DistinctMutexesDoNotWait) {
   table_.leave(b);
 }
 
+TEST_F(RuleTableTest, NamedMutexesOfOneNameAreOneLockApartFromPathsAndTheRoot) {
+  Probe first(rules::named_mutex("t1")), second(rules::named_mutex("t1")), other(rules::named_mutex("t2"));
+  Probe root(rules::path("/")), same_text(rules::path("/t1"));
+  EXPECT_TRUE(acquire(first));
+  EXPECT_FALSE(acquire(second)) << "another object of the same name";
+  EXPECT_TRUE(acquire(other));
+  EXPECT_TRUE(acquire(root)) << "a rule on the root claims no name";
+  EXPECT_FALSE(acquire(same_text)) << "below the held root";
+  table_.leave(first);
+  EXPECT_EQ(second.grants, 1);
+  table_.leave(root);
+  EXPECT_EQ(same_text.grants, 1);
+  for (Probe* probe : {&second, &other, &same_text}) table_.leave(*probe);
+}
+
 TEST_F(RuleTableTest, DirectoryExcludesItsFilesAndSiblingsRunTogether) {
   Probe project(rules::path("/project")), file(rules::path("/project/src/a.cpp"));
   Probe docs(rules::path("/project/docs")), src(rules::path("/project/src"));
@@ -736,18 +751,24 @@ class RuleFactory {
       case 3:
       case 4:
         return rules::read_path(random_path());
+      case 9:
+        return any_named();
       default:
         return rules::path(random_path());
     }
   }
 
  private:
+  // A new object each time: the name makes them one lock.
+  Rule any_named() { return rules::named_mutex("n" + std::to_string(pick(0, 1))); }
   int pick(int low, int high) { return std::uniform_int_distribution<int>(low, high)(random_); }
   // A rule on the root itself, which the table indexes lazily (requests that entered while nobody
   // claimed the root get their intent there when one comes).
   Rule any_root() { return pick(0, 1) == 0 ? rules::path("/") : rules::read_path("/"); }
   Rule any_simple() {
-    switch (pick(0, 4)) {
+    switch (pick(0, 5)) {
+      case 5:
+        return any_named();
       case 4:
         return any_root();
       case 0:

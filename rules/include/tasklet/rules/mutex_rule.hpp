@@ -11,6 +11,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "tasklet/scheduling_rule.hpp"
@@ -43,6 +44,37 @@ class MutexRule final : public SchedulingRule {
 
  private:
   std::string name_;
+};
+
+/// A mutex known by its name: every NamedMutexRule of the same name is the same lock (they conflict
+/// with and contain each other), so unrelated code, and other processes through a manager that
+/// shares rules across processes (tasklet::etcd), can agree on it by name. Immutable; thread-safe.
+/// Create one with rules::named_mutex() (tasklet/rules/rules.hpp).
+class NamedMutexRule final : public SchedulingRule {
+ public:
+  /// Throws InvalidRule for an empty name or one with a NUL byte; std::bad_alloc.
+  explicit NamedMutexRule(std::string name);
+  NamedMutexRule(const NamedMutexRule&) = delete;  // key() points into the object
+  NamedMutexRule& operator=(const NamedMutexRule&) = delete;
+
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+
+  /// True for every named mutex of the same name. Never throws.
+  [[nodiscard]] bool contains(const SchedulingRule& other) const override;
+
+  /// True for every named mutex of the same name, and for a multi rule with a child that
+  /// conflicts with this rule. Throws only what a custom child of a multi rule throws.
+  [[nodiscard]] bool is_conflicting(const SchedulingRule& other) const override;
+
+  /// `named_mutex(name)`.
+  [[nodiscard]] std::string to_string() const override;
+
+  /// Kind::named with the name as the one segment.
+  [[nodiscard]] RuleKey key() const noexcept override;
+
+ private:
+  std::string name_;
+  std::string_view view_;  // key()'s span points here
 };
 
 }  // namespace tasklet

@@ -1,6 +1,7 @@
 // tasklet/rules/rules.hpp: the built-in scheduling rules and their factory functions.
 //
 //   rules::mutex("light")      conflicts with and contains only itself (MutexRule)
+//   rules::named_mutex("t42")  the same lock as every named_mutex("t42") (NamedMutexRule)
 //   rules::path("/project")    exclusive lock on a path and its subtree (PathRule, write)
 //   rules::read_path("/p/src") shared lock: excludes writers at, above or below, not readers
 //   rules::combine(a, b)       both at once (MultiRule), flattened and reduced
@@ -32,6 +33,11 @@ namespace tasklet::rules {
 
 /// A new MutexRule named `name` (for diagnostics only). Throws only std::bad_alloc.
 [[nodiscard]] Rule mutex(std::string name = {});
+
+/// A new NamedMutexRule: conflicts with and contains every named mutex of the same `name`, in
+/// this process and, through a manager that shares rules (tasklet::etcd), in others. Throws
+/// InvalidRule for an empty name or one with a NUL byte.
+[[nodiscard]] Rule named_mutex(std::string name);
 
 /// A new exclusive (write) PathRule on the normalised `path`. Throws InvalidPath naming the input
 /// when it is empty, relative, goes above the root with "..", or holds a NUL byte.
