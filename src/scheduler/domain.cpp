@@ -241,8 +241,10 @@ void Domain::begin_rule(const Rule& rule) {
       ctx.rule_stack.back().hold = nullptr;
       const bool handed = hold->handed;
       detail::ThreadHold::recycle(hold);
-      if (!handed)
+      if (!handed) {
+        check_shared(rule);  // the backend gave up on it (its lease was lost)
         throw IllegalState("begin_rule(" + describe(rule) + "): the job manager shut down while waiting");
+      }
       // A rule containing this one was handed to this thread while it waited: it becomes the
       // outermost, and this begin_rule nests in it.
       detail::RuleFrame mine = std::move(ctx.rule_stack.back());
@@ -298,6 +300,7 @@ detail::ThreadHold* Domain::hold_for(detail::TaskState& ctx, const Rule& rule) {
                              describe(*outer) +
                              " held by this thread: a nested rule must be contained by it");
     }
+    check_shared(*outer);
     return nullptr;
   }
   for (const CallFrame* serving = ctx.serving_wait; serving != nullptr; serving = serving->outer) {
@@ -333,12 +336,26 @@ void Domain::end_rule(const Rule& rule) {
     throw RuleMismatch(mismatch(rule, top.rule, top.domain == this));
   detail::ThreadHold* hold = top.hold;
   if (hold == nullptr) {
+    const Rule nested = std::move(top.rule);
     ctx.rule_stack.pop_back();
+    if (table_.backend() != nullptr && nested && ctx.rule_stack.size() > ctx.phase_base) {
+      for (const detail::RuleFrame& frame : ctx.rule_stack) {
+        if (frame.hold != nullptr) check_shared(frame.rule);  // this thread's outermost hold
+      }
+    }
     return;
   }
   const Rule held = std::move(top.rule);  // alive until the table is done with the request
   ctx.rule_stack.pop_back();
   detail::ThreadHold::finish(hold, table_);
+  check_shared(held);
+}
+
+void Domain::check_shared(const Rule& held) const {
+  RuleBackend* backend = table_.backend();
+  if (backend == nullptr || !held) return;
+  if (std::exception_ptr failure = backend->failure(); failure && backend->shares(*held))
+    std::rethrow_exception(failure);
 }
 
 Rule Domain::current_rule() const {

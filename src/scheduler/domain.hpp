@@ -178,6 +178,9 @@ class Domain : public std::enable_shared_from_this<Domain> {
   void note_waiting(ThreadHold& hold);
   void note_waited() noexcept;
   Rule current_rule() const;
+  /// Throws the table's backend's failure (a lost lease) when it shares `held`, a rule this thread
+  /// holds or asked for: begin_rule and end_rule tell its holders so at their next call.
+  void check_shared(const Rule& held) const;
 
   /// The manager's own scheduler for work with no synchronous thread (serial executors):
   /// async phases only, always running. Made on first use.

@@ -240,7 +240,8 @@ bool RuleTable::put_in(RuleRequest& request, Grants& grants, Orphans& orphans) {
     }
     const bool rootless = on_path && !at_root;
     if (rootless) request.reserve_entries(request.entry_count_ + std::size_t{1});  // for give_root_intents
-    const bool parkable = request.parkable();
+    // A parked request would keep the backend's hold while it looks free here.
+    const bool parkable = request.parkable() && !shared_out(request);
     // Room for all that entering adds, taken before anything of the table changes: out of memory
     // (here or above) the request is refused with the table as it was, but for empty nodes. Its
     // queues' room waits for mark_clear() when nothing changes before (most nodes never queue).

@@ -54,6 +54,7 @@
 #include <oneapi/tbb/mutex.h>
 #include <boost/container/small_vector.hpp>
 
+#include "rule_backend.hpp"
 #include "rule_node.hpp"
 #include "rule_request.hpp"
 #include "tasklet/scheduling_rule.hpp"
@@ -181,6 +182,18 @@ class RuleTable {
   /// Tells the owners of `grants`, and of the requests refused for lack of memory meanwhile.
   void notify(const Grants& grants) noexcept;
 
+  /// Shares the rules `backend` shares beyond this process (see rule_backend.hpp): their requests
+  /// are told of a grant only once the backend granted them too, and never park. Set before the
+  /// first request enters; the table keeps it for its life.
+  void set_backend(std::shared_ptr<RuleBackend> backend) noexcept {
+    backend_ = backend.get();
+    backend_owner_ = std::move(backend);
+  }
+  RuleBackend* backend() const noexcept { return backend_; }
+  /// For the backend: takes a request it could not grant out of the table (its owner is then told
+  /// with cancelled(), by the backend). Nothing when it is not held here.
+  void abandon(RuleRequest& request);
+
   /// The recorder told of every entry, grant and exit from now on (null: none). The caller keeps
   /// it alive as long as the table.
   void set_trace(Trace* trace) noexcept { trace_.store(trace, std::memory_order_release); }
@@ -235,6 +248,26 @@ class RuleTable {
     return value;
   }
   bool has_conflicting_waiter_locked(const RuleRequest& held) const noexcept;
+  // Whether the backend shares the request's rule; whether it is held here and waits in the backend.
+  bool shared_out(const RuleRequest& request) const noexcept {
+    return backend_ != nullptr && backend_->shares(*request.rule_);
+  }
+  bool waits_outside(const RuleRequest& request) const noexcept {
+    return request.held_ && backend_ != nullptr && backend_->pending(request);
+  }
+  // Whether a withdrawal may take the request out: waiting here, or held here and waiting in the
+  // backend, which then gives it up.
+  bool waiting_anywhere(const RuleRequest& request) const noexcept {
+    return !request.held_ || waits_outside(request);
+  }
+  // Tells a request of its grant: at once, or through the backend when it shares the rule.
+  void deliver(RuleRequest& request) noexcept {
+    if (shared_out(request)) {
+      backend_->acquire(*this, request);
+    } else {
+      request.granted();
+    }
+  }
   template <class Which>
   std::vector<RuleBlocker> blockers_if(Which&& which);
   // blockers() under the lock.
@@ -307,6 +340,8 @@ class RuleTable {
   const std::uint64_t id_;  // distinguishes tables for rule notes (unique for the process's life)
   std::uint64_t next_ticket_ = 0;
   std::atomic<Trace*> trace_{nullptr};      // read under the lock, beside what entering writes
+  RuleBackend* backend_ = nullptr;          // set before the first request (set_backend)
+  std::shared_ptr<RuleBackend> backend_owner_;
   const RuleRequest* releasing_ = nullptr;  // while a recorder is set: whose exit grants, in take_out
   std::size_t held_ = 0;
   RuleNode root_;
@@ -341,7 +376,8 @@ std::size_t RuleTable::withdraw_collected(Collect&& collect) {
               [](const RuleRequest* a, const RuleRequest* b) { return a->ticket_ < b->ticket_; });
     auto kept = withdrawn.begin();
     for (RuleRequest* request : withdrawn) {
-      if (request->held_) continue;  // let through by an earlier withdrawal: it runs after all
+      // Let through by an earlier withdrawal (it runs after all), unless the backend still has it.
+      if (request->held_ && !(backend_ != nullptr && backend_->leave(*request, true))) continue;
       take_out(*request, grants);
       *kept++ = request;
     }
@@ -370,7 +406,7 @@ template <class Predicate>
 std::size_t RuleTable::withdraw_waiting(const SchedulingRule& rule, Predicate&& matches) {
   return withdraw_collected([&](std::vector<RuleRequest*>& withdrawn) {
     const auto consider = [&](RuleRequest& request) {
-      if (!request.held_ && request.rule_ == &rule && matches(static_cast<const RuleRequest&>(request))) {
+      if (request.rule_ == &rule && waiting_anywhere(request) && matches(static_cast<const RuleRequest&>(request))) {
         withdrawn.push_back(&request);
       }
     };
@@ -398,7 +434,8 @@ template <class Predicate>
 std::size_t RuleTable::withdraw_waiting_if(Predicate&& matches) {
   return withdraw_collected([&](std::vector<RuleRequest*>& withdrawn) {
     for (RuleRequest* request : live_) {
-      if (!request->held_ && matches(static_cast<const RuleRequest&>(*request))) withdrawn.push_back(request);
+      if (waiting_anywhere(*request) && matches(static_cast<const RuleRequest&>(*request)))
+        withdrawn.push_back(request);
     }
   });
 }

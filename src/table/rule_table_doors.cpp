@@ -44,7 +44,7 @@ void RuleTable::push_refused(RuleRequest& request) noexcept {
 }
 
 void RuleTable::notify(const Grants& grants) noexcept {
-  for (RuleRequest* request : grants) request->granted();
+  for (RuleRequest* request : grants) deliver(*request);
   if (refused_.load(std::memory_order_relaxed) == 0) return;
   // Oldest first; an owner may delete its request once told.
   std::uintptr_t newest = refused_.exchange(0, std::memory_order_acquire);
@@ -240,6 +240,7 @@ bool RuleTable::leave(RuleRequest& request, Grants& grants) {
   if (request.parkable_ && park(request)) return true;
   Locked lock(*this, grants);
   assert(request.in_table_ && request.held_);
+  if (shared_out(request)) backend_->leave(request, false);
   take_out(request, grants);
   return false;
 }
@@ -267,6 +268,7 @@ void RuleTable::hand_over(RuleRequest& from, RuleRequest& to) {
     to.has_custom_ = from.has_custom_;
     to.custom_blocked_ = false;
     live_[from.place_.in_table.live_index] = &to;
+    if (shared_out(from)) backend_->moved(from, to);
     if (from.has_custom_) *std::find(customs_.begin(), customs_.end(), &from) = &to;
     from.held_ = false;
     from.in_table_ = false;

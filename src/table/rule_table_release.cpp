@@ -32,7 +32,7 @@ void RuleTable::grant(RuleRequest& request, Grants& grants) {
     // Out of memory for the list (a release can let any number through): told at once, under
     // the lock, rather than never. A grant only queues its owner's next step (no user code), and
     // whatever that enters in the table meanwhile waits for the lock holder.
-    request.granted();
+    deliver(request);
   }
 }
 
@@ -136,13 +136,22 @@ bool RuleTable::withdraw(RuleRequest& request) {
   bool withdrawn = false;
   {
     Locked lock(*this, grants);
-    if (request.in_table_ && !request.held_) {
+    if (request.in_table_ && (!request.held_ || (backend_ != nullptr && backend_->leave(request, true)))) {
       take_out(request, grants);
       withdrawn = true;
     }
   }
   notify(grants);
   return withdrawn;
+}
+
+void RuleTable::abandon(RuleRequest& request) {
+  Grants grants;
+  {
+    Locked lock(*this, grants);
+    if (request.in_table_ && request.held_) take_out(request, grants);
+  }
+  notify(grants);
 }
 
 void RuleTable::cancel_all_waiting() {
@@ -153,12 +162,17 @@ void RuleTable::cancel_all_waiting() {
     for (RuleRequest* request : live_) {
       if (!request->held_) cancelled.push_back(request);
     }
+    const std::size_t waiting_here = cancelled.size();
+    for (RuleRequest* request : live_) {
+      if (waits_outside(*request)) cancelled.push_back(request);
+    }
     // In the order they came, so that their owners hear of it in that order.
-    std::sort(cancelled.begin(), cancelled.end(),
-              [](const RuleRequest* a, const RuleRequest* b) { return a->ticket_ < b->ticket_; });
+    const auto by_ticket = [](const RuleRequest* a, const RuleRequest* b) { return a->ticket_ < b->ticket_; };
+    std::sort(cancelled.begin(), cancelled.begin() + static_cast<std::ptrdiff_t>(waiting_here), by_ticket);
     // Every waiter goes, so nobody is left to be let through: unlink without walking.
     Trace* trace = trace_.load(std::memory_order_relaxed);
-    for (RuleRequest* request : cancelled) {
+    for (std::size_t at = 0; at < waiting_here; ++at) {
+      RuleRequest* request = cancelled[at];
       if (trace != nullptr) trace_left(*trace, *request, false);
       unlink_waiting(*request);
       erase_live(*request);
@@ -175,6 +189,15 @@ void RuleTable::cancel_all_waiting() {
       }
       request->clear_entries();
     }
+    // Then those held here and still waiting in the backend, withdrawn there: nobody waits here to
+    // be let through any more.
+    auto kept = cancelled.begin() + static_cast<std::ptrdiff_t>(waiting_here);
+    for (auto outside = kept; outside != cancelled.end(); ++outside) {
+      if (!backend_->leave(**outside, true)) continue;
+      take_out(**outside, grants);
+      *kept++ = *outside;
+    }
+    cancelled.erase(kept, cancelled.end());
   }
   notify(grants);
   for (RuleRequest* request : cancelled) request->cancelled();
