@@ -44,8 +44,8 @@ void bench_claims(Report& report, const Options& options) {
     for (std::size_t i = 0; i < n; ++i) {
       std::promise<std::int64_t> granted;
       auto ticket = locks.request({{"/bench/mutex", true}},
-                                  [&granted](std::int64_t revision) { granted.set_value(revision); });
-      granted.get_future().get();  // uncontended: granted before request() returned
+                                  {.granted = [&granted](std::int64_t revision) { granted.set_value(revision); }});
+      granted.get_future().get();
       locks.release(ticket);
     }
   };

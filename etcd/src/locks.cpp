@@ -1,5 +1,6 @@
-// Claims granted in revision order (locks.hpp says how); the watcher follows every deletion under
-// <prefix>/q and lets through the requests waiting for it.
+// Claims granted in revision order (locks.hpp says how): the courier sends requests and
+// deletions in batches, the watcher follows every deletion under <prefix>/c and lets through the
+// requests waiting for it.
 #include "locks.hpp"
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <exception>
+#include <iterator>
 #include <utility>
 
 namespace tasklet::etcd::detail {
@@ -43,31 +45,48 @@ Locks::Locks(Gateway& gateway, std::string prefix, std::int64_t lease)
     : gateway_(gateway), prefix_(std::move(prefix)), lease_(lease) {
   // Deletions from the next revision on: a request's blockers, read later, are all still there then.
   const Json now =
-      gateway_.call("/v3/kv/range", Json{{"key", base64(prefix_ + "/q/")}, {"count_only", true}});
+      gateway_.call("/v3/kv/range", Json{{"key", base64(prefix_ + "/c/")}, {"count_only", true}});
   start_revision_ = integer_of(now["header"].value("revision", Json())) + 1;
   watcher_ = std::thread([this] { watch(); });
+  courier_ = std::thread([this] { courier(); });
 }
 
 Locks::~Locks() {
   stop_.stop();
-  { const std::lock_guard lock(mutex_); }  // the watcher is waiting, or will see the stop
-  retry_.notify_all();
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  work_.notify_all();
+  courier_.join();
   watcher_.join();
 }
 
-std::string Locks::node_prefix(const std::string& path) const {
-  return prefix_ + "/q" + (path == "/" ? std::string() : path) + "/";
+std::string Locks::node_prefix(const Claim& claim) const {
+  if (claim.named) {
+    // Hex: a name may hold any byte but NUL, and no name's keys may start with another's.
+    static constexpr char digits[] = "0123456789abcdef";
+    std::string hex;
+    for (const char letter : claim.path) {
+      const auto byte = static_cast<unsigned char>(letter);
+      hex += digits[byte >> 4];
+      hex += digits[byte & 15];
+    }
+    return prefix_ + "/c/n/" + hex + "/";
+  }
+  return prefix_ + "/c/p" + (claim.path == "/" ? std::string() : claim.path) + "/";
 }
 
-std::string Locks::queue_key(const std::string& path) const { return node_prefix(path) + "\x01/"; }
+std::string Locks::queue_key(const Claim& claim) const { return node_prefix(claim) + "\x01/"; }
 
 std::vector<std::pair<std::string, std::string>> Locks::ranges_of(const Claim& claim) const {
-  // The node and everything below it, then each ancestor's own claims.
+  // The node and everything below it, then each ancestor's own claims (a name has neither).
   std::vector<std::pair<std::string, std::string>> ranges;
-  const std::string below = node_prefix(claim.path);
+  const std::string below = claim.named ? queue_key(claim) : node_prefix(claim);
   ranges.emplace_back(below, prefix_end(below));
+  if (claim.named) return ranges;
   for (const std::string& ancestor : ancestors_of(claim.path)) {
-    const std::string own = queue_key(ancestor);
+    const std::string own = queue_key(Claim{ancestor, true, false});
     ranges.emplace_back(own, prefix_end(own));
   }
   return ranges;
@@ -83,121 +102,233 @@ void Locks::add_blockers(const Json& range, const Claim& claim, std::int64_t rev
   }
 }
 
-std::shared_ptr<Ticket> Locks::request(const std::vector<Claim>& claims,
-                                       std::function<void(std::int64_t)> granted) {
+std::size_t Locks::operations_of(const Ticket& ticket) const {
+  std::size_t operations = 0;
+  for (const Claim& claim : ticket.claims) operations += 1 + ranges_of(claim).size();
+  return operations;
+}
+
+std::shared_ptr<Ticket> Locks::request(std::vector<Claim> claims, TicketCalls calls) {
   auto ticket = std::make_shared<Ticket>();
+  ticket->claims = std::move(claims);
+  ticket->calls = std::move(calls);
   {
     std::lock_guard lock(mutex_);
-    for (const Claim& claim : claims) {
+    for (const Claim& claim : ticket->claims) {
       char id[48];
       std::snprintf(id, sizeof id, "%016llx-%llu", static_cast<unsigned long long>(lease_),
                     static_cast<unsigned long long>(++sequence_));
-      ticket->keys.push_back(queue_key(claim.path) + id);
+      ticket->keys.push_back(queue_key(claim) + id);
     }
+    queued_.push_back(ticket);
   }
-  // One transaction puts every key of the request (so they share one revision, its ticket) and
-  // reads what else is there: everything it reads is earlier.
-  Json ops = Json::array();
-  for (std::size_t i = 0; i < claims.size(); ++i) {
-    ops.push_back(Json{{"request_put",
-                        {{"key", base64(ticket->keys[i])},
-                         {"value", base64(claims[i].exclusive ? "X" : "S")},
-                         {"lease", std::to_string(lease_)}}}});
-  }
-  // Where each claim's blockers can be, as request_range operations, and whose each one is.
-  Json reads = Json::array();
-  std::vector<std::size_t> claim_of_range;
-  for (std::size_t i = 0; i < claims.size(); ++i) {
-    for (const auto& [from, to] : ranges_of(claims[i])) {
-      reads.push_back(Json{{"request_range", {{"key", base64(from)}, {"range_end", base64(to)}}}});
-      claim_of_range.push_back(i);
-    }
-  }
-  ops.insert(ops.end(), reads.begin(), reads.end());
-  const Json done = gateway_.call("/v3/kv/txn", Json{{"success", ops}});
-  ticket->revision = integer_of(done["header"].value("revision", Json()));
-  std::set<std::string> blockers;
-  const Json& responses = done["responses"];
-  for (std::size_t r = 0; r < claim_of_range.size(); ++r) {
-    add_blockers(responses.at(claims.size() + r).value("response_range", Json::object()),
-                 claims[claim_of_range[r]], ticket->revision, blockers);
-  }
-  {
-    std::lock_guard lock(mutex_);
-    ticket->blockers = blockers;
-    ticket->granted = std::move(granted);
-    for (const std::string& key : blockers) waiting_on_[key].insert(ticket);
-  }
-  if (!blockers.empty()) {
-    // A blocker deleted before it was registered above may have gone past the watcher: what is
-    // left now is what still exists.
-    const Json now = gateway_.call("/v3/kv/txn", Json{{"success", reads}});
-    std::set<std::string> still;
-    for (std::size_t r = 0; r < claim_of_range.size(); ++r) {
-      add_blockers(now["responses"].at(r).value("response_range", Json::object()), claims[claim_of_range[r]],
-                   ticket->revision, still);
-    }
-    for (const std::string& key : blockers) {
-      if (still.count(key) == 0) deleted(key);
-    }
-    return ticket;
-  }
-  std::function<void(std::int64_t)> tell;
-  {
-    std::lock_guard lock(mutex_);
-    if (!ticket->answered) {
-      ticket->answered = true;
-      tell = std::move(ticket->granted);
-    }
-  }
-  if (tell) tell(ticket->revision);
+  work_.notify_one();
   return ticket;
-}
-
-void Locks::deleted(const std::string& key) {
-  std::vector<std::shared_ptr<Ticket>> through;
-  {
-    std::lock_guard lock(mutex_);
-    const auto found = waiting_on_.find(key);
-    if (found == waiting_on_.end()) return;
-    for (const std::shared_ptr<Ticket>& ticket : found->second) {
-      ticket->blockers.erase(key);
-      if (ticket->blockers.empty() && !ticket->answered) {
-        ticket->answered = true;
-        through.push_back(ticket);
-      }
-    }
-    waiting_on_.erase(found);
-  }
-  for (const std::shared_ptr<Ticket>& ticket : through) ticket->granted(ticket->revision);
 }
 
 void Locks::release(const std::shared_ptr<Ticket>& ticket) {
   {
     std::lock_guard lock(mutex_);
-    ticket->answered = true;  // a waiting request is withdrawn: never granted
-    for (const std::string& key : ticket->blockers) {
-      const auto found = waiting_on_.find(key);
-      if (found == waiting_on_.end()) continue;
-      found->second.erase(ticket);
-      if (found->second.empty()) waiting_on_.erase(found);
+    if (ticket->released) return;
+    ticket->released = true;  // a waiting request is withdrawn: never granted
+    switch (ticket->stage) {
+      case Ticket::Stage::queued:
+        std::erase(queued_, ticket);  // nothing of it is in etcd
+        ticket->stage = Ticket::Stage::done;
+        return;
+      case Ticket::Stage::sent:
+        return;  // the courier deletes its keys once the transaction is back
+      case Ticket::Stage::entered:
+        for (const std::string& key : ticket->blockers) {
+          const auto found = waiting_on_.find(key);
+          if (found == waiting_on_.end()) continue;
+          found->second.erase(ticket);
+          if (found->second.empty()) waiting_on_.erase(found);
+        }
+        ticket->blockers.clear();
+        ticket->stage = Ticket::Stage::done;
+        if (lease_lost_) return;  // etcd deleted the keys with the lease
+        deletions_.insert(deletions_.end(), ticket->keys.begin(), ticket->keys.end());
+        break;
+      case Ticket::Stage::done:
+        return;
     }
-    ticket->blockers.clear();
   }
-  Json deletes = Json::array();
-  for (const std::string& key : ticket->keys)
-    deletes.push_back(Json{{"request_delete_range", {{"key", base64(key)}}}});
-  gateway_.call("/v3/kv/txn", Json{{"success", deletes}});
+  work_.notify_one();
 }
 
-// Follows the deletions under <prefix>/q from start_revision_ on, resuming after the last revision
+void Locks::lease_lost() {
+  std::lock_guard lock(mutex_);
+  lease_lost_ = true;
+  for (const std::shared_ptr<Ticket>& ticket : queued_) ticket->stage = Ticket::Stage::done;
+  queued_.clear();
+  deletions_.clear();
+  waiting_on_.clear();
+}
+
+void Locks::ready(const std::shared_ptr<Ticket>& ticket, Told& told) {
+  if (ticket->granted || ticket->released || lease_lost_) return;
+  ticket->granted = true;
+  told.granted.push_back(ticket);
+}
+
+void Locks::tell(Told& told) noexcept {
+  for (const std::shared_ptr<Ticket>& ticket : told.granted) {
+    if (ticket->calls.granted) ticket->calls.granted(ticket->revision);
+  }
+  for (auto& [ticket, error] : told.failed) {
+    if (ticket->calls.failed) ticket->calls.failed(error);
+  }
+  told = {};
+}
+
+// Sends what callers asked for, a batch per transaction: the deletions first (so that a request of
+// this process sent with them does not wait for keys of its own that are on their way out), then
+// the requests in the order they came, while the transaction stays under etcd's limit of
+// operations. etcd out of reach: the same batch again shortly (a retried put keeps its key's first
+// revision, which the answer's previous value gives back), until the lease is lost.
+void Locks::courier() {
+  // etcd's default --max-txn-ops is 128; a single request beyond it goes alone, and etcd refuses it.
+  constexpr std::size_t most_operations = 120;
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    work_.wait(lock, [this] { return stopping_ || (!lease_lost_ && (!queued_.empty() || !deletions_.empty())); });
+    if (stopping_) return;
+    std::vector<std::string> deletes;
+    deletes.swap(deletions_);
+    std::vector<std::shared_ptr<Ticket>> sent;
+    std::size_t operations = deletes.size();
+    std::size_t taken = 0;
+    for (; taken < queued_.size(); ++taken) {
+      const std::size_t cost = operations_of(*queued_[taken]);
+      if (operations != 0 && operations + cost > most_operations) break;
+      operations += cost;
+      queued_[taken]->stage = Ticket::Stage::sent;
+      sent.push_back(queued_[taken]);
+    }
+    queued_.erase(queued_.begin(), queued_.begin() + static_cast<std::ptrdiff_t>(taken));
+    sending_ = true;
+    lock.unlock();
+
+    Told told;
+    Json answer;
+    bool unreachable = false;
+    std::exception_ptr refused;
+    try {
+      answer = send(deletes, sent);
+    } catch (const EtcdUnavailable&) {
+      unreachable = true;
+    } catch (...) {
+      refused = std::current_exception();
+    }
+
+    lock.lock();
+    sending_ = false;
+    if (unreachable) {
+      deleted_while_sending_.clear();  // the retry reads anew
+      if (lease_lost_) continue;
+      for (const std::shared_ptr<Ticket>& ticket : sent) ticket->stage = Ticket::Stage::queued;
+      std::erase_if(sent, [](const std::shared_ptr<Ticket>& ticket) { return ticket->released; });
+      queued_.insert(queued_.begin(), sent.begin(), sent.end());
+      deletions_.insert(deletions_.end(), deletes.begin(), deletes.end());
+      work_.wait_for(lock, std::chrono::milliseconds(200), [this] { return stopping_; });
+      continue;
+    }
+    if (refused) {
+      for (const std::shared_ptr<Ticket>& ticket : sent) {
+        ticket->stage = Ticket::Stage::done;
+        if (!ticket->released) told.failed.emplace_back(ticket, refused);
+      }
+    } else {
+      register_entered(answer, deletes.size(), sent, told);
+    }
+    deleted_while_sending_.clear();
+    lock.unlock();
+    tell(told);
+    lock.lock();
+  }
+}
+
+Json Locks::send(const std::vector<std::string>& deletes, const std::vector<std::shared_ptr<Ticket>>& sent) const {
+  Json ops = Json::array();
+  for (const std::string& key : deletes) ops.push_back(Json{{"request_delete_range", {{"key", base64(key)}}}});
+  // Per ticket: one put per claim (with the previous value, for a retry), then its reads.
+  for (const std::shared_ptr<Ticket>& ticket : sent) {
+    for (std::size_t i = 0; i < ticket->claims.size(); ++i) {
+      ops.push_back(Json{{"request_put",
+                          {{"key", base64(ticket->keys[i])},
+                           {"value", base64(ticket->claims[i].exclusive ? "X" : "S")},
+                           {"lease", std::to_string(lease_)},
+                           {"prev_kv", true}}}});
+    }
+    for (const Claim& claim : ticket->claims) {
+      for (const auto& [from, to] : ranges_of(claim))
+        ops.push_back(Json{{"request_range", {{"key", base64(from)}, {"range_end", base64(to)}}}});
+    }
+  }
+  return gateway_.call("/v3/kv/txn", Json{{"success", ops}});
+}
+
+void Locks::register_entered(const Json& answer, std::size_t deletes,
+                             const std::vector<std::shared_ptr<Ticket>>& sent, Told& told) {
+  const std::int64_t revision = integer_of(answer["header"].value("revision", Json()));
+  const Json& responses = answer["responses"];
+  std::size_t at = deletes;
+  for (const std::shared_ptr<Ticket>& ticket : sent) {
+    // A put retried after an answer that was lost keeps the revision of the first.
+    const Json& first_put = responses.at(at).value("response_put", Json::object());
+    const std::int64_t earlier =
+        first_put.contains("prev_kv") ? integer_of(first_put["prev_kv"].value("create_revision", Json())) : 0;
+    const std::int64_t mine = earlier != 0 ? earlier : revision;
+    at += ticket->claims.size();
+    std::set<std::string> blockers;
+    for (const Claim& claim : ticket->claims) {
+      for (std::size_t r = ranges_of(claim).size(); r > 0; --r, ++at)
+        add_blockers(responses.at(at).value("response_range", Json::object()), claim, mine, blockers);
+    }
+    if (ticket->released) {
+      // Withdrawn while it was on its way: its keys go with the next batch.
+      ticket->stage = Ticket::Stage::done;
+      if (!lease_lost_) deletions_.insert(deletions_.end(), ticket->keys.begin(), ticket->keys.end());
+      continue;
+    }
+    ticket->revision = mine;
+    ticket->stage = Ticket::Stage::entered;
+    for (const std::string& key : blockers) {
+      if (deleted_while_sending_.count(key) != 0) continue;  // gone past the watcher already
+      ticket->blockers.insert(key);
+      waiting_on_[key].insert(ticket);
+    }
+    if (ticket->calls.entered) ticket->calls.entered(mine);
+    if (ticket->blockers.empty()) ready(ticket, told);
+  }
+  if (!deletions_.empty()) work_.notify_one();
+}
+
+void Locks::deleted(const std::string& key) {
+  Told told;
+  {
+    std::lock_guard lock(mutex_);
+    if (sending_) deleted_while_sending_.insert(key);
+    const auto found = waiting_on_.find(key);
+    if (found == waiting_on_.end()) return;
+    for (const std::shared_ptr<Ticket>& ticket : found->second) {
+      ticket->blockers.erase(key);
+      if (ticket->blockers.empty()) ready(ticket, told);
+    }
+    waiting_on_.erase(found);
+  }
+  tell(told);
+}
+
+// Follows the deletions under <prefix>/c from start_revision_ on, resuming after the last revision
 // seen when the stream breaks, until the Locks go.
 void Locks::watch() {
   std::int64_t next = start_revision_;
   while (!stop_.stopped()) {
     const Json create{{"create_request",
-                       {{"key", base64(prefix_ + "/q/")},
-                        {"range_end", base64(prefix_end(prefix_ + "/q/"))},
+                       {{"key", base64(prefix_ + "/c/")},
+                        {"range_end", base64(prefix_end(prefix_ + "/c/"))},
                         {"start_revision", std::to_string(next)},
                         {"filters", Json::array({"NOPUT"})}}}};
     try {
@@ -221,7 +352,7 @@ void Locks::watch() {
       // again shortly, from the last revision seen.
     }
     std::unique_lock lock(mutex_);
-    retry_.wait_for(lock, std::chrono::milliseconds(200), [this] { return stop_.stopped(); });
+    work_.wait_for(lock, std::chrono::milliseconds(200), [this] { return stopping_; });
   }
 }
 

@@ -2,20 +2,29 @@
 //
 // A request puts one key per claim, all in one transaction, so they share one revision: the
 // request's ticket (and the holder's fencing token). The same transaction reads where conflicting
-// keys can be. It is granted once every earlier request
-// (lower revision) with a conflicting claim is gone, which is etcd's own lock recipe (wait for the
-// deletion of the conflicting keys with lower revisions) extended to a tree: a claim on a path
-// conflicts with claims on the same path, on its ancestors and on its descendants, unless both
-// are shared. Later requests never hold an earlier one back, so conflicting requests are granted
-// in revision order (strict FIFO) and non-conflicting ones never wait for each other.
+// keys can be. It is granted once every earlier request (lower revision) with a conflicting claim
+// is gone, which is etcd's own lock recipe (wait for the deletion of the conflicting keys with
+// lower revisions) extended to a tree: a claim on a path conflicts with claims on the same path,
+// on its ancestors and on its descendants, unless both are shared; a claim on a name conflicts
+// with claims on the same name. Later requests never hold an earlier one back, so conflicting
+// requests are granted in revision order (strict FIFO) and non-conflicting ones never wait for
+// each other.
 //
-// Keys: <prefix>/q<path>/\x01/<lease hex>-<sequence>, value "X" or "S". A claim's own keys and its
-// descendants' are one range (<prefix>/q<path>/), its ancestors' one small range each. Every key is
-// bound to the session's lease.
+// Nothing here blocks its caller: one thread of the Locks (the courier) sends what callers ask
+// for, gathering what came meanwhile into one transaction (deletions first, then the new
+// requests' keys and reads), and another (the watcher) follows the deletions. A deletion the
+// watcher sees while a transaction is under way is remembered until the courier has registered
+// what that transaction read, so no request waits for a key that is gone already.
+//
+// Keys: <prefix>/c/p<path>/\x01/<lease hex>-<sequence> for a path ("/" is <prefix>/c/p/\x01/...),
+// <prefix>/c/n/<name in hex>/\x01/<lease hex>-<sequence> for a name; value "X" or "S". A path's
+// own keys and its descendants' are one range (<prefix>/c/p<path>/), each ancestor's own keys one
+// small range. Every key is bound to the session's lease.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -30,58 +39,103 @@
 
 namespace tasklet::etcd::detail {
 
-/// One resource of a request: a normalised absolute path ("/" included), held shared or exclusive.
+/// One resource of a request, held shared or exclusive: a normalised absolute path ("/" included),
+/// or a name (`named`; always exclusive).
 struct Claim {
   std::string path;
   bool exclusive = true;
+  bool named = false;
 };
 
-/// A request's state, shared by its owner and the watcher.
+/// What a request tells its owner, each at most once, on the courier's or the watcher's thread.
+struct TicketCalls {
+  /// Its keys are in etcd at `revision`, before it is granted. Called under the Locks' lock:
+  /// must not call the Locks.
+  std::function<void(std::int64_t revision)> entered{};
+  /// It holds its claims; `revision` is its fencing token.
+  std::function<void(std::int64_t revision)> granted{};
+  /// etcd refused it (not for being unreachable: that is retried); never granted.
+  std::function<void(std::exception_ptr)> failed{};
+};
+
+/// A request's state, shared by its owner, the courier and the watcher (under Locks::mutex_).
 struct Ticket {
-  std::int64_t revision = 0;       // the request's; its fencing token once granted
+  enum class Stage : std::uint8_t { queued, sent, entered, done };
+  std::vector<Claim> claims;
   std::vector<std::string> keys;   // its own keys
+  std::int64_t revision = 0;       // its ticket, once entered; its fencing token once granted
   std::set<std::string> blockers;  // earlier conflicting keys not yet seen deleted
-  std::function<void(std::int64_t)> granted;
-  bool answered = false;  // granted was called (or the ticket was released first)
+  TicketCalls calls;
+  Stage stage = Stage::queued;
+  bool granted = false;
+  bool released = false;  // by its owner: never granted from then on
 };
 
 class Locks {
  public:
-  /// Watches <prefix>/q from now on (a thread of its own).
+  /// Watches <prefix>/c from now on, and sends requests; a thread for each. Throws what the gateway
+  /// throws (reading the current revision).
   Locks(Gateway& gateway, std::string prefix, std::int64_t lease);
-  /// Stops the watch. Outstanding tickets are not released: the lease's revocation deletes them.
+  /// Stops both threads. Outstanding tickets are not released: the lease's revocation deletes them.
   ~Locks();
   Locks(const Locks&) = delete;
   Locks& operator=(const Locks&) = delete;
 
-  /// Enters a request for `claims` and returns its ticket; `granted(revision)` is called once it
-  /// holds them, at once on this thread or later on the watcher's. Throws what the gateway throws.
-  std::shared_ptr<Ticket> request(const std::vector<Claim>& claims,
-                                  std::function<void(std::int64_t)> granted);
-  /// Deletes the ticket's keys: a release, or the withdrawal of a request still waiting (its
-  /// granted is then never called).
+  /// Enters a request for `claims` (not empty) and returns its ticket at once; `calls` tell how it
+  /// goes. Never blocks on etcd.
+  std::shared_ptr<Ticket> request(std::vector<Claim> claims, TicketCalls calls);
+  /// A release, or the withdrawal of a request still waiting (never granted from then on): its keys
+  /// are deleted soon. Never blocks on etcd.
   void release(const std::shared_ptr<Ticket>& ticket);
+  /// The session's lease is gone: nothing is sent any more (etcd has deleted the keys already), and
+  /// no request is granted from now on.
+  void lease_lost();
 
  private:
-  std::string node_prefix(const std::string& path) const;  // <prefix>/q<path>/
-  std::string queue_key(const std::string& path) const;    // node_prefix(path) + "\x01/"
+  std::string node_prefix(const Claim& claim) const;  // a path's subtree, or a name's keys
+  std::string queue_key(const Claim& claim) const;    // node_prefix + "\x01/"
   // Where a claim's conflicting keys can be: its node's subtree and each ancestor's own keys.
   std::vector<std::pair<std::string, std::string>> ranges_of(const Claim& claim) const;
   // The keys of a range answer that an earlier request holds in a mode that conflicts with `claim`.
   static void add_blockers(const Json& range, const Claim& claim, std::int64_t revision,
                            std::set<std::string>& blockers);
+  // Operations a request's transaction takes: a put per claim, and its reads.
+  std::size_t operations_of(const Ticket& ticket) const;
+  // What the courier owes the tickets' owners, told outside the lock.
+  struct Told {
+    std::vector<std::shared_ptr<Ticket>> granted;
+    std::vector<std::pair<std::shared_ptr<Ticket>, std::exception_ptr>> failed;
+  };
+  void courier();
+  // One transaction: `deletes`, then each ticket's puts and reads. Throws what the gateway throws.
+  Json send(const std::vector<std::string>& deletes, const std::vector<std::shared_ptr<Ticket>>& sent) const;
+  // Under the lock: what the transaction answered for the tickets it entered.
+  void register_entered(const Json& answer, std::size_t deletes, const std::vector<std::shared_ptr<Ticket>>& sent,
+                        Told& told);
   void watch();
   void deleted(const std::string& key);
+  static void tell(Told& told) noexcept;
+  // Under the lock: `ticket` is free of blockers.
+  void ready(const std::shared_ptr<Ticket>& ticket, Told& told);
 
   Gateway& gateway_;
   std::string prefix_;
   std::int64_t lease_;
   std::int64_t start_revision_ = 0;
+
   std::mutex mutex_;  // guards what follows
   std::uint64_t sequence_ = 0;
+  std::vector<std::shared_ptr<Ticket>> queued_;            // for the courier, in request order
+  std::vector<std::string> deletions_;                     // keys for the courier to delete
   std::map<std::string, std::set<std::shared_ptr<Ticket>>> waiting_on_;  // blocker key -> tickets
-  std::condition_variable retry_;  // the watcher waits on it before it watches again
+  bool sending_ = false;                                   // a transaction is under way
+  std::set<std::string> deleted_while_sending_;            // the watcher's, meanwhile
+  bool stopping_ = false;
+  bool lease_lost_ = false;
+  std::condition_variable work_;  // the courier waits on it, and both threads before a retry
+
   StreamStop stop_;
+  std::thread courier_;
   std::thread watcher_;
 };
 

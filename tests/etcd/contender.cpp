@@ -41,7 +41,7 @@ std::int64_t hold(EtcdSession& session, const std::vector<Claim>& claims,
   auto granted = std::make_shared<std::promise<std::int64_t>>();
   std::future<std::int64_t> token = granted->get_future();
   ticket = detail::SessionAccess::locks(session).request(
-      claims, [granted](std::int64_t revision) { granted->set_value(revision); });
+      claims, {.granted = [granted](std::int64_t revision) { granted->set_value(revision); }});
   if (token.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
     std::fprintf(stderr, "contender: a request was never granted\n");
     std::exit(2);

@@ -5,6 +5,9 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <stdexcept>
+#include <thread>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -24,11 +27,14 @@ using detail::SessionAccess;
 using detail::Ticket;
 using test::EtcdServer;
 
-// A request and when it was granted (its fencing token).
+// A request, when etcd entered it and when it was granted (its fencing token).
 struct Request {
   std::shared_ptr<std::promise<std::int64_t>> promise = std::make_shared<std::promise<std::int64_t>>();
   std::future<std::int64_t> granted = promise->get_future();
+  std::shared_ptr<std::promise<std::int64_t>> entry = std::make_shared<std::promise<std::int64_t>>();
+  std::future<std::int64_t> entered = entry->get_future();
   std::shared_ptr<Ticket> ticket;
+  // Whether it holds its claims now (after it was entered, this says whether it waits).
   bool held() { return granted.wait_for(0s) == std::future_status::ready; }
   std::int64_t wait() {
     if (granted.wait_for(30s) != std::future_status::ready) throw std::runtime_error("never granted");
@@ -45,10 +51,15 @@ class EtcdLocksTest : public ::testing::Test {
     sessions_.push_back(EtcdSession::connect(options));
     return sessions_.back();
   }
+  // Enters a request and returns once etcd has it (its place in the order is then fixed).
   static Request claim(EtcdSession& session, std::vector<Claim> claims) {
     Request request;
     request.ticket = SessionAccess::locks(session).request(
-        claims, [promise = request.promise](std::int64_t revision) { promise->set_value(revision); });
+        std::move(claims),
+        {.entered = [entry = request.entry](std::int64_t revision) { entry->set_value(revision); },
+         .granted = [promise = request.promise](std::int64_t revision) { promise->set_value(revision); },
+         .failed = [](std::exception_ptr) { ADD_FAILURE() << "a request failed"; }});
+    if (request.entered.wait_for(30s) != std::future_status::ready) throw std::runtime_error("never entered");
     return request;
   }
   static void release(EtcdSession& session, Request& request) {
@@ -62,10 +73,9 @@ class EtcdLocksTest : public ::testing::Test {
 TEST_F(EtcdLocksTest, AnExclusiveClaimWaitsForTheHolderAndGetsALaterToken) {
   auto a = session(), b = session();
   Request first = claim(*a, {{"/shared/file", true}});
-  ASSERT_TRUE(first.held());  // free: granted before request() returned
+  const std::int64_t first_token = first.wait();  // free: granted without anyone's release
   Request second = claim(*b, {{"/shared/file", true}});
   EXPECT_FALSE(second.held());
-  const std::int64_t first_token = first.granted.get();
   release(*a, first);
   EXPECT_GT(second.wait(), first_token);
   release(*b, second);
@@ -74,11 +84,11 @@ TEST_F(EtcdLocksTest, AnExclusiveClaimWaitsForTheHolderAndGetsALaterToken) {
 TEST_F(EtcdLocksTest, APathExcludesItsDescendantsAndAncestorsButNotItsSiblings) {
   auto a = session(), b = session(), c = session();
   Request parent = claim(*a, {{"/tree", true}});
-  ASSERT_TRUE(parent.held());
+  parent.wait();
   Request child = claim(*b, {{"/tree/leaf", false}});  // shared, under an exclusive ancestor
   Request sibling = claim(*c, {{"/other", true}});
   EXPECT_FALSE(child.held());
-  EXPECT_TRUE(sibling.held());
+  sibling.wait();  // granted while /tree is held
   release(*a, parent);
   child.wait();
   Request ancestor = claim(*a, {{"/", true}});  // the root conflicts with everything held
@@ -94,8 +104,8 @@ TEST_F(EtcdLocksTest, SharedClaimsShareAndAnExclusiveOneWaitsForAllOfThem) {
   auto a = session(), b = session(), c = session();
   Request reader = claim(*a, {{"/docs", false}});
   Request nested_reader = claim(*b, {{"/docs/guide", false}});
-  EXPECT_TRUE(reader.held());
-  EXPECT_TRUE(nested_reader.held());
+  reader.wait();
+  nested_reader.wait();
   Request writer = claim(*c, {{"/docs/guide/intro", true}});
   EXPECT_FALSE(writer.held());
   release(*a, reader);
@@ -108,6 +118,7 @@ TEST_F(EtcdLocksTest, SharedClaimsShareAndAnExclusiveOneWaitsForAllOfThem) {
 TEST_F(EtcdLocksTest, ConflictingRequestsAreGrantedInRevisionOrder) {
   auto a = session(), b = session(), c = session(), d = session();
   Request holder = claim(*a, {{"/queue", true}});
+  holder.wait();
   Request writer = claim(*b, {{"/queue", true}});
   Request reader_x = claim(*c, {{"/queue/x", false}});  // later than the writer: behind it
   Request reader_y = claim(*d, {{"/queue/y", false}});
@@ -125,6 +136,7 @@ TEST_F(EtcdLocksTest, ConflictingRequestsAreGrantedInRevisionOrder) {
 TEST_F(EtcdLocksTest, AMultiClaimIsOneTicketAndLaterRequestsQueueBehindAllOfIt) {
   auto a = session(), b = session(), c = session();
   Request one = claim(*a, {{"/m/1", true}});
+  one.wait();
   Request both = claim(*b, {{"/m/1", true}, {"/m/2", true}});
   Request two = claim(*c, {{"/m/2", true}});  // /m/2 is free, but an earlier request wants it
   EXPECT_FALSE(both.held());
@@ -140,6 +152,7 @@ TEST_F(EtcdLocksTest, AMultiClaimIsOneTicketAndLaterRequestsQueueBehindAllOfIt) 
 TEST_F(EtcdLocksTest, AWithdrawnRequestIsNeverGrantedAndLetsTheNextThrough) {
   auto a = session(), b = session(), c = session();
   Request holder = claim(*a, {{"/w", true}});
+  holder.wait();
   Request withdrawn = claim(*b, {{"/w", true}});
   Request next = claim(*c, {{"/w", true}});
   release(*b, withdrawn);  // while it waits
@@ -152,12 +165,51 @@ TEST_F(EtcdLocksTest, AWithdrawnRequestIsNeverGrantedAndLetsTheNextThrough) {
 TEST_F(EtcdLocksTest, ASessionThatGoesFreesWhatItHeld) {
   auto a = session(), b = session();
   Request held = claim(*a, {{"/gone", true}});
+  held.wait();
   Request waiting = claim(*b, {{"/gone", true}});
   EXPECT_FALSE(waiting.held());
   sessions_.erase(sessions_.begin());  // its lease is revoked: its keys go with it
   a.reset();
   waiting.wait();
   release(*b, waiting);
+}
+
+TEST_F(EtcdLocksTest, NamesAreClaimsOfTheirOwnApartFromPathsAndFromLongerNames) {
+  auto a = session(), b = session(), c = session();
+  Request tenant = claim(*a, {{"t/42", true, true}});
+  tenant.wait();
+  Request root = claim(*b, {{"/", true}});  // a rule on the root claims no name
+  root.wait();
+  Request longer = claim(*c, {{"t/42/x", true, true}});  // not below "t/42": names have no tree
+  longer.wait();
+  Request same = claim(*b, {{"t/42", true, true}});
+  EXPECT_FALSE(same.held());
+  release(*a, tenant);
+  same.wait();
+  release(*b, root);
+  release(*c, longer);
+  release(*b, same);
+}
+
+// Requests that come while a transaction is under way go together in the next one; each is
+// granted once (a second grant would set its promise twice and end the test).
+TEST_F(EtcdLocksTest, RequestsFromManyThreadsAreEachGrantedOnce) {
+  auto a = session();
+  constexpr int count = 64;
+  std::vector<Request> requests(count);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = t; i < count; i += 4) requests[static_cast<std::size_t>(i)] = claim(*a, {{"/batch/" + std::to_string(i), true}});
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (Request& request : requests) request.wait();
+  for (Request& request : requests) release(*a, request);
+  // Their parent: granted once every one of them is deleted.
+  Request again = claim(*a, {{"/batch", true}});
+  again.wait();
+  release(*a, again);
 }
 
 }  // namespace

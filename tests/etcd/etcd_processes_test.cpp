@@ -147,7 +147,7 @@ TEST(EtcdProcessesTest, AProcessKilledWhileHoldingFreesItsClaimOnceItsLeaseExpir
   auto granted = std::make_shared<std::promise<std::int64_t>>();
   std::future<std::int64_t> token = granted->get_future();
   auto ticket = detail::SessionAccess::locks(*session).request(
-      {{"/k", true}}, [granted](std::int64_t revision) { granted->set_value(revision); });
+      {{"/k", true}}, {.granted = [granted](std::int64_t revision) { granted->set_value(revision); }});
   EXPECT_NE(token.wait_for(std::chrono::seconds(0)), std::future_status::ready);
   kill(holder, SIGKILL);  // nothing deletes its key now but its lease's expiry (TTL 2 s)
   waitpid(holder, nullptr, 0);
