@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <exception>
 #include <iterator>
+#include <string_view>
 #include <utility>
 
 namespace tasklet::etcd::detail {
@@ -120,7 +121,13 @@ std::shared_ptr<Ticket> Locks::request(std::vector<Claim> claims, TicketCalls ca
                     static_cast<unsigned long long>(++sequence_));
       ticket->keys.push_back(queue_key(claim) + id);
     }
-    queued_.push_back(ticket);
+    if (lease_lost_) {
+      ticket->stage = Ticket::Stage::done;
+      ticket->failure = lease_lost_;
+      failing_.push_back(ticket);
+    } else {
+      queued_.push_back(ticket);
+    }
   }
   work_.notify_one();
   return ticket;
@@ -157,13 +164,27 @@ void Locks::release(const std::shared_ptr<Ticket>& ticket) {
   work_.notify_one();
 }
 
-void Locks::lease_lost() {
-  std::lock_guard lock(mutex_);
-  lease_lost_ = true;
-  for (const std::shared_ptr<Ticket>& ticket : queued_) ticket->stage = Ticket::Stage::done;
-  queued_.clear();
-  deletions_.clear();
-  waiting_on_.clear();
+void Locks::lease_lost(std::exception_ptr why) {
+  {
+    std::lock_guard lock(mutex_);
+    if (lease_lost_) return;
+    lease_lost_ = why;
+    const auto fail = [&](const std::shared_ptr<Ticket>& ticket) {
+      if (ticket->stage == Ticket::Stage::done || ticket->granted) return;
+      ticket->stage = Ticket::Stage::done;
+      ticket->failure = why;
+      failing_.push_back(ticket);
+    };
+    for (const std::shared_ptr<Ticket>& ticket : queued_) fail(ticket);
+    for (const auto& [key, tickets] : waiting_on_) {
+      for (const std::shared_ptr<Ticket>& ticket : tickets) fail(ticket);
+    }
+    queued_.clear();
+    deletions_.clear();
+    waiting_on_.clear();
+    // Tickets under way fail when the transaction is back (register_entered).
+  }
+  work_.notify_one();
 }
 
 void Locks::ready(const std::shared_ptr<Ticket>& ticket, Told& told) {
@@ -192,8 +213,21 @@ void Locks::courier() {
   constexpr std::size_t most_operations = 120;
   std::unique_lock lock(mutex_);
   for (;;) {
-    work_.wait(lock, [this] { return stopping_ || (!lease_lost_ && (!queued_.empty() || !deletions_.empty())); });
+    work_.wait(lock, [this] {
+      return stopping_ || !failing_.empty() || (!lease_lost_ && (!queued_.empty() || !deletions_.empty()));
+    });
     if (stopping_) return;
+    if (!failing_.empty()) {
+      Told told;
+      for (const std::shared_ptr<Ticket>& ticket : failing_) {
+        if (!ticket->released) told.failed.emplace_back(ticket, ticket->failure);
+      }
+      failing_.clear();
+      lock.unlock();
+      tell(told);
+      lock.lock();
+      continue;
+    }
     std::vector<std::string> deletes;
     deletes.swap(deletions_);
     std::vector<std::shared_ptr<Ticket>> sent;
@@ -218,6 +252,14 @@ void Locks::courier() {
       answer = send(deletes, sent);
     } catch (const EtcdUnavailable&) {
       unreachable = true;
+    } catch (const EtcdError& error) {
+      // The lease is gone, and the session will say so within a third of its TTL: until then, as
+      // if etcd were out of reach (lease_lost() then fails the batch with the session's reason).
+      if (std::string_view(error.what()).find("lease not found") != std::string_view::npos) {
+        unreachable = true;
+      } else {
+        refused = std::current_exception();
+      }
     } catch (...) {
       refused = std::current_exception();
     }
@@ -226,7 +268,16 @@ void Locks::courier() {
     sending_ = false;
     if (unreachable) {
       deleted_while_sending_.clear();  // the retry reads anew
-      if (lease_lost_) continue;
+      if (lease_lost_) {
+        for (const std::shared_ptr<Ticket>& ticket : sent) {
+          ticket->stage = Ticket::Stage::done;
+          if (!ticket->released) told.failed.emplace_back(ticket, lease_lost_);
+        }
+        lock.unlock();
+        tell(told);
+        lock.lock();
+        continue;
+      }
       for (const std::shared_ptr<Ticket>& ticket : sent) ticket->stage = Ticket::Stage::queued;
       std::erase_if(sent, [](const std::shared_ptr<Ticket>& ticket) { return ticket->released; });
       queued_.insert(queued_.begin(), sent.begin(), sent.end());
@@ -286,9 +337,10 @@ void Locks::register_entered(const Json& answer, std::size_t deletes,
       for (std::size_t r = ranges_of(claim).size(); r > 0; --r, ++at)
         add_blockers(responses.at(at).value("response_range", Json::object()), claim, mine, blockers);
     }
-    if (ticket->released) {
-      // Withdrawn while it was on its way: its keys go with the next batch.
+    if (ticket->released || lease_lost_) {
+      // Withdrawn while it was on its way (its keys go with the next batch), or the lease went.
       ticket->stage = Ticket::Stage::done;
+      if (lease_lost_ && !ticket->released) told.failed.emplace_back(ticket, lease_lost_);
       if (!lease_lost_) deletions_.insert(deletions_.end(), ticket->keys.begin(), ticket->keys.end());
       continue;
     }

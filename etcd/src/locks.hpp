@@ -54,7 +54,8 @@ struct TicketCalls {
   std::function<void(std::int64_t revision)> entered{};
   /// It holds its claims; `revision` is its fencing token.
   std::function<void(std::int64_t revision)> granted{};
-  /// etcd refused it (not for being unreachable: that is retried); never granted.
+  /// etcd refused it, or the lease was lost first (not for being unreachable: that is retried);
+  /// never granted.
   std::function<void(std::exception_ptr)> failed{};
 };
 
@@ -69,6 +70,7 @@ struct Ticket {
   Stage stage = Stage::queued;
   bool granted = false;
   bool released = false;  // by its owner: never granted from then on
+  std::exception_ptr failure;  // why it failed, for the courier to tell
 };
 
 class Locks {
@@ -87,9 +89,10 @@ class Locks {
   /// A release, or the withdrawal of a request still waiting (never granted from then on): its keys
   /// are deleted soon. Never blocks on etcd.
   void release(const std::shared_ptr<Ticket>& ticket);
-  /// The session's lease is gone: nothing is sent any more (etcd has deleted the keys already), and
-  /// no request is granted from now on.
-  void lease_lost();
+  /// The session's lease is gone: nothing is sent any more (etcd has deleted the keys already), no
+  /// request is granted from now on, and every request not granted yet, or made later, fails with
+  /// `why` (told on the courier's thread).
+  void lease_lost(std::exception_ptr why);
 
  private:
   std::string node_prefix(const Claim& claim) const;  // a path's subtree, or a name's keys
@@ -131,7 +134,8 @@ class Locks {
   bool sending_ = false;                                   // a transaction is under way
   std::set<std::string> deleted_while_sending_;            // the watcher's, meanwhile
   bool stopping_ = false;
-  bool lease_lost_ = false;
+  std::exception_ptr lease_lost_;                          // why, once the lease is gone
+  std::vector<std::shared_ptr<Ticket>> failing_;           // for the courier to tell
   std::condition_variable work_;  // the courier waits on it, and both threads before a retry
 
   StreamStop stop_;

@@ -105,6 +105,8 @@ class EtcdSession::Impl {
       lost_reason = why;
       told.swap(listeners);
     }
+    // Nothing waiting in etcd can be granted now; the claims' owners hear why first.
+    locks->lease_lost(std::make_exception_ptr(EtcdLeaseLost("etcd: " + why)));
     for (auto& listener : told) {
       try {
         listener(why);

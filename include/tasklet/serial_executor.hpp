@@ -49,6 +49,12 @@ class SerialExecutor {
 
   /// A strand on `manager`'s workers (the global manager when null); `name` names its mutex rule.
   explicit SerialExecutor(std::shared_ptr<JobManager> manager = nullptr, std::string name = {});
+  /// A strand whose tasks hold `rule` instead of a mutex of its own: every holder of a conflicting
+  /// rule joins its order. With rules::named_mutex on a manager made by tasklet::etcd's
+  /// make_job_manager, the strand's order spans every process that uses the name. Throws
+  /// InvalidRule naming the rule when it is null or does not conflict with itself (its tasks would
+  /// not run one at a time).
+  SerialExecutor(std::shared_ptr<JobManager> manager, Rule rule);
   /// Cancels the pending tasks and waits for the running one. Never throws.
   ~SerialExecutor();
   SerialExecutor(const SerialExecutor&) = delete;

@@ -160,6 +160,18 @@ SerialExecutor::SerialExecutor(std::shared_ptr<JobManager> manager, std::string 
   detail::background_of(*manager_).on_abandoned(&detail::SerialTask::abandon);
 }
 
+SerialExecutor::SerialExecutor(std::shared_ptr<JobManager> manager, Rule rule)
+    : manager_(manager ? std::move(manager) : JobManager::global()),
+      rule_(std::move(rule)),
+      state_(std::make_shared<State>()) {
+  validate_rule(rule_);
+  if (!rule_ || !rule_->is_conflicting(*rule_)) {
+    throw InvalidRule("SerialExecutor(" + describe(rule_) +
+                      "): a strand's rule must conflict with itself, or its tasks would run together");
+  }
+  detail::background_of(*manager_).on_abandoned(&detail::SerialTask::abandon);
+}
+
 SerialExecutor::~SerialExecutor() {
   cancel_all();
   std::unique_lock lock(state_->mutex);

@@ -72,6 +72,47 @@ TEST_P(SerialExecutorTest, PostsFromManyThreadsNeverOverlap) {
   EXPECT_FALSE(overlapped.load());
 }
 
+// A strand on a rule of the caller's: two strands on one named mutex are one order, and a thread
+// that begins a rule inside it waits for the running task.
+TEST_P(SerialExecutorTest, StrandsOnOneNamedMutexShareTheirOrderWithHoldersOfIt) {
+  SerialExecutor first(manager_, rules::named_mutex("tenant"));
+  SerialExecutor second(manager_, rules::named_mutex("tenant"));
+  std::atomic<int> inside{0};
+  std::atomic<bool> overlapped{false};
+  const auto task = [&] {
+    if (inside.fetch_add(1) != 0) overlapped = true;
+    inside.fetch_sub(1);
+  };
+  std::promise<void> entered;
+  std::promise<void> go_on;
+  first.post([&] {
+    entered.set_value();
+    go_on.get_future().wait();
+  });
+  entered.get_future().wait();
+  std::atomic<bool> thread_held{false};
+  std::thread thread([&] {
+    const RuleScope scope(*manager_, rules::named_mutex("tenant"));
+    thread_held = true;
+  });
+  for (int i = 0; i < 200; ++i) (i % 2 == 0 ? first : second).post(task);
+  EXPECT_FALSE(thread_held.load()) << "the first task still runs";
+  go_on.set_value();
+  thread.join();
+  first.wait();
+  second.wait();
+  EXPECT_TRUE(thread_held.load());
+  EXPECT_FALSE(overlapped.load());
+}
+
+TEST_P(SerialExecutorTest, AStrandsRuleMustExcludeItself) {
+  EXPECT_THROW(SerialExecutor(manager_, Rule()), InvalidRule);
+  EXPECT_THROW(SerialExecutor(manager_, rules::read_path("/shared")), InvalidRule);
+  SerialExecutor on_path(manager_, rules::path("/dir"));
+  EXPECT_EQ(on_path.rule()->to_string(), "path(/dir)");
+  EXPECT_EQ(on_path.submit([] { return 7; }).get(), 7);
+}
+
 TEST_P(SerialExecutorTest, CancelRemovesOnePendingTask) {
   SerialExecutor strand(manager_);
   std::latch started(1), release(1);

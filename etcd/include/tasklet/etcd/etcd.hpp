@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "tasklet/error.hpp"
+#include "tasklet/job_manager.hpp"
+#include "tasklet/scheduling_rule.hpp"
 
 namespace tasklet::etcd {
 
@@ -42,6 +44,15 @@ class EtcdAuthFailed : public EtcdError {
 };
 /// The user's roles do not allow what was asked (writing under the prefix, say).
 class EtcdPermissionDenied : public EtcdError {
+ public:
+  using EtcdError::EtcdError;
+};
+
+/// The session's lease was lost (it expired while this process was paused or cut off from etcd,
+/// or someone revoked it): the rules held through it are no longer held in etcd, and their fencing
+/// tokens are void. Thrown to begin_rule and end_rule callers that held such rules, and by
+/// fencing_token(); the reason it carries cancels waiting requests.
+class EtcdLeaseLost : public EtcdError {
  public:
   using EtcdError::EtcdError;
 };
@@ -99,5 +110,28 @@ class EtcdSession {
   explicit EtcdSession(std::unique_ptr<Impl> impl) noexcept;
   std::unique_ptr<Impl> impl_;
 };
+
+/// A JobManager that shares rules with every manager made on the same etcd cluster and prefix,
+/// in this process or another: its path rules (shared and exclusive), named mutexes
+/// (rules::named_mutex) and multi rules with such parts are held in etcd as well as in its own
+/// table, for tasklets, jobs, begin_rule and serial executors alike. Identity mutexes
+/// (rules::mutex) and custom rules stay in this process. A request is granted here first (in FIFO
+/// order with this manager's other requests), then in etcd (in revision order with every other
+/// process's); a holder's fencing_token is that revision. When the session's lease is lost, the
+/// monitors of running jobs whose rules are shared are cancelled, requests still waiting are
+/// cancelled, and begin_rule and end_rule throw EtcdLeaseLost to threads that held shared rules;
+/// the session's on_lease_lost listeners are told. A manager cannot share again after that: make
+/// a new session and manager. The manager keeps the session alive. Throws std::invalid_argument
+/// for a null session, std::bad_alloc. See docs/distributed.md.
+std::shared_ptr<JobManager> make_job_manager(std::shared_ptr<EtcdSession> session,
+                                             JobManager::Options options = {});
+
+/// The fencing token under which the calling code (a begin_rule scope on this thread, or the
+/// running tasklet's or job's own rule or hold) holds `rule`, or a rule containing it, in etcd:
+/// the revision at which etcd entered its request. Strictly larger than the token of every earlier
+/// conflicting holder, so a store that remembers the largest token it saw can refuse a late
+/// writer. Throws IllegalState when `manager` was not made by make_job_manager, when the rule is
+/// not shared, or when the calling code holds no such rule; EtcdLeaseLost once the lease is lost.
+std::int64_t fencing_token(const JobManager& manager, const Rule& rule);
 
 }  // namespace tasklet::etcd

@@ -1,0 +1,222 @@
+// The etcd backend of a manager's rule table, the managers made with it, and fencing tokens.
+#include "backend.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include "domain.hpp"
+#include "rule_table.hpp"
+#include "session_access.hpp"
+#include "tasklet/error.hpp"
+#include "tasklet/job.hpp"
+#include "tasklet_state.hpp"
+
+namespace tasklet::etcd {
+namespace detail {
+
+namespace {
+
+// Calls fn on each atom of a rule: the children of a multi rule, else the rule itself.
+template <class F>
+void each_atom(const SchedulingRule& rule, F&& fn) {
+  const RuleKey key = rule.key();
+  if (key.kind != RuleKey::Kind::multi) {
+    fn(key);
+    return;
+  }
+  for (const Rule& child : key.children) {
+    if (child) fn(child->key());
+  }
+}
+
+}  // namespace
+
+std::vector<Claim> claims_of(const SchedulingRule& rule) {
+  std::vector<Claim> claims;
+  each_atom(rule, [&claims](const RuleKey& key) {
+    if (key.kind == RuleKey::Kind::path) {
+      std::string path;
+      for (const std::string_view segment : key.segments) path.append("/").append(segment);
+      claims.push_back({path.empty() ? "/" : path, !key.shared, false});
+    } else if (key.kind == RuleKey::Kind::named) {
+      claims.push_back({std::string(key.segments[0]), true, true});
+    }
+  });
+  return claims;
+}
+
+EtcdBackend::EtcdBackend(std::shared_ptr<EtcdSession> session)
+    : session_(std::move(session)), locks_(SessionAccess::locks(*session_)) {}
+
+bool EtcdBackend::shares(const SchedulingRule& rule) const noexcept {
+  bool shared = false;
+  each_atom(rule, [&shared](const RuleKey& key) {
+    shared = shared || key.kind == RuleKey::Kind::path || key.kind == RuleKey::Kind::named;
+  });
+  return shared;
+}
+
+void EtcdBackend::acquire(RuleTable& table, RuleRequest& request) noexcept {
+  std::shared_ptr<Hold> hold;
+  std::vector<Claim> claims;
+  try {
+    claims = claims_of(*request.rule());
+    hold = std::make_shared<Hold>(Hold{&request, &table, nullptr});
+    std::lock_guard lock(mutex_);
+    holds_[&request] = hold;
+  } catch (...) {
+    // Out of memory: the request cannot be claimed, and is not granted.
+    table.abandon(request);
+    request.cancelled();
+    return;
+  }
+  std::weak_ptr<EtcdBackend> self = weak_from_this();
+  std::shared_ptr<Ticket> ticket;
+  try {
+    ticket = locks_.request(
+        std::move(claims),
+        {.entered = {},
+         .granted =
+             [self, hold](std::int64_t revision) {
+               if (auto backend = self.lock()) backend->granted(hold, revision);
+             },
+         .failed =
+             [self, hold](std::exception_ptr) {
+               if (auto backend = self.lock()) backend->refused(hold);
+             }});
+  } catch (...) {
+    refused(hold);
+    return;
+  }
+  bool withdrawn = false;
+  {
+    std::lock_guard lock(mutex_);
+    hold->ticket = ticket;
+    withdrawn = hold->over;  // left before its ticket was known
+  }
+  if (withdrawn) locks_.release(ticket);
+}
+
+void EtcdBackend::granted(const std::shared_ptr<Hold>& hold, std::int64_t revision) noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    if (hold->over) return;
+    hold->granted = true;
+    hold->token = revision;
+  }
+  hold->request->granted();
+}
+
+void EtcdBackend::refused(const std::shared_ptr<Hold>& hold) noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    if (hold->over) return;
+    hold->over = true;
+    const auto found = holds_.find(hold->request);
+    if (found != holds_.end() && found->second == hold) holds_.erase(found);
+  }
+  // On the claims' courier: no table lock is held here.
+  hold->table->abandon(*hold->request);
+  hold->request->cancelled();
+}
+
+void EtcdBackend::take_out(const std::shared_ptr<Hold>& hold) noexcept {
+  hold->over = true;
+  holds_.erase(hold->request);
+  if (hold->ticket) locks_.release(hold->ticket);  // else acquire() releases it
+}
+
+bool EtcdBackend::leave(RuleRequest& request, bool withdraw) noexcept {
+  std::lock_guard lock(mutex_);
+  const auto found = holds_.find(&request);
+  if (found == holds_.end()) return false;
+  const std::shared_ptr<Hold> hold = found->second;
+  if (withdraw && hold->granted) return false;
+  take_out(hold);
+  return true;
+}
+
+bool EtcdBackend::pending(const RuleRequest& request) const noexcept {
+  std::lock_guard lock(mutex_);
+  const auto found = holds_.find(&request);
+  return found != holds_.end() && !found->second->granted;
+}
+
+void EtcdBackend::moved(const RuleRequest& from, RuleRequest& to) noexcept {
+  std::lock_guard lock(mutex_);
+  auto node = holds_.extract(&from);
+  if (node.empty()) return;
+  node.key() = &to;
+  node.mapped()->request = &to;
+  holds_.insert(std::move(node));
+}
+
+std::exception_ptr EtcdBackend::failure() const noexcept {
+  std::lock_guard lock(mutex_);
+  return failure_;
+}
+
+void EtcdBackend::lose(const std::string& why) {
+  std::lock_guard lock(mutex_);
+  if (!failure_) failure_ = std::make_exception_ptr(EtcdLeaseLost("etcd: " + why));
+}
+
+std::optional<std::int64_t> EtcdBackend::token(const RuleRequest& request) const {
+  std::lock_guard lock(mutex_);
+  if (failure_) std::rethrow_exception(failure_);
+  const auto found = holds_.find(&request);
+  if (found == holds_.end() || !found->second->granted) return std::nullopt;
+  return found->second->token;
+}
+
+}  // namespace detail
+
+std::shared_ptr<JobManager> make_job_manager(std::shared_ptr<EtcdSession> session, JobManager::Options options) {
+  if (!session) throw std::invalid_argument("etcd: make_job_manager needs a session");
+  auto backend = std::make_shared<detail::EtcdBackend>(session);
+  std::shared_ptr<JobManager> manager = JobManager::create(std::move(options));
+  tasklet::detail::domain(*manager).table_.set_backend(backend);
+  // A lost lease voids the tokens, and cancels the monitors of running jobs whose rules were held
+  // through it (their runs should stop writing).
+  std::weak_ptr<detail::EtcdBackend> weak_backend = backend;
+  std::weak_ptr<JobManager> weak_manager = manager;
+  session->on_lease_lost([weak_backend, weak_manager](const std::string& why) {
+    if (auto lost = weak_backend.lock()) lost->lose(why);
+    auto held = weak_manager.lock();
+    auto lost = weak_backend.lock();
+    if (!held || !lost) return;
+    for (const std::shared_ptr<Job>& job : held->find(nullptr)) {
+      const Rule rule = job->rule();
+      if (job->state() == JobState::running && rule && lost->shares(*rule)) job->cancel();
+    }
+  });
+  return manager;
+}
+
+std::int64_t fencing_token(const JobManager& manager, const Rule& rule) {
+  auto* backend = dynamic_cast<detail::EtcdBackend*>(tasklet::detail::domain(manager).table_.backend());
+  if (backend == nullptr) throw IllegalState("fencing_token: the manager was not made with an etcd session");
+  if (!rule || !backend->shares(*rule))
+    throw IllegalState("fencing_token(" + describe(rule) + "): the rule is not shared through etcd");
+  tasklet::detail::Domain& domain = tasklet::detail::domain(manager);
+  const tasklet::detail::TaskState& ctx = tasklet::detail::state();
+  // The calling code's own requests in this manager: its begin_rule scopes (outermost first), then
+  // the running tasklet's or job's rule or hold.
+  std::vector<const tasklet::detail::RuleRequest*> mine;
+  for (const tasklet::detail::RuleFrame& frame : ctx.rule_stack) {
+    if (frame.hold != nullptr && frame.domain == &domain) mine.push_back(frame.hold);
+  }
+  if (ctx.tasklet != nullptr && ctx.phase_domain == &domain) {
+    if (const tasklet::detail::RuleRequest* hold = tasklet::detail::TaskletAccess::hold(*ctx.tasklet))
+      mine.push_back(hold);
+  }
+  for (const tasklet::detail::RuleRequest* request : mine) {
+    const SchedulingRule* held = request->rule();
+    if (held == nullptr || (held != rule.get() && !held->contains(*rule))) continue;
+    if (const std::optional<std::int64_t> token = backend->token(*request)) return *token;
+  }
+  throw IllegalState("fencing_token(" + describe(rule) +
+                     "): the calling code holds no rule of this manager that contains it");
+}
+
+}  // namespace tasklet::etcd

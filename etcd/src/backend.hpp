@@ -1,0 +1,70 @@
+// Private: the rule table's backend for a manager made with an etcd session (make_job_manager).
+// Path rules, named mutexes and the multi rules with such parts are claimed in etcd once the table
+// has granted them here (rule_backend.hpp says why that order cannot deadlock); every other rule
+// stays in this process.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "locks.hpp"
+#include "rule_backend.hpp"
+#include "rule_request.hpp"
+#include "tasklet/etcd/etcd.hpp"
+
+namespace tasklet::etcd::detail {
+
+/// What a rule claims in etcd: its path parts and its names (nothing for other rules).
+std::vector<Claim> claims_of(const SchedulingRule& rule);
+
+class EtcdBackend final : public tasklet::detail::RuleBackend, public std::enable_shared_from_this<EtcdBackend> {
+ public:
+  using RuleRequest = tasklet::detail::RuleRequest;
+  using RuleTable = tasklet::detail::RuleTable;
+
+  explicit EtcdBackend(std::shared_ptr<EtcdSession> session);
+
+  bool shares(const SchedulingRule& rule) const noexcept override;
+  void acquire(RuleTable& table, RuleRequest& request) noexcept override;
+  bool leave(RuleRequest& request, bool withdraw) noexcept override;
+  bool pending(const RuleRequest& request) const noexcept override;
+  void moved(const RuleRequest& from, RuleRequest& to) noexcept override;
+  std::exception_ptr failure() const noexcept override;
+
+  /// The session's lease is gone: tokens are void, holders are told at their next begin_rule or
+  /// end_rule. Requests waiting in etcd fail through the claims (lease_lost there).
+  void lose(const std::string& why);
+  /// The fencing token of a request held here and in etcd; nothing when the request is not a
+  /// granted one of this backend. Throws EtcdLeaseLost once the lease is lost.
+  std::optional<std::int64_t> token(const RuleRequest& request) const;
+  const std::shared_ptr<EtcdSession>& session() const noexcept { return session_; }
+
+ private:
+  // One request's way through etcd, shared with the claims' callbacks (which may outlive it).
+  struct Hold {
+    RuleRequest* request;
+    RuleTable* table;
+    std::shared_ptr<Ticket> ticket;  // set once the claims have it
+    std::int64_t token = 0;
+    bool granted = false;
+    bool over = false;  // left the backend: the callbacks do nothing
+  };
+  void granted(const std::shared_ptr<Hold>& hold, std::int64_t revision) noexcept;
+  void refused(const std::shared_ptr<Hold>& hold) noexcept;
+  // Under mutex_: takes `hold` out, and gives its ticket to `released` when it has one.
+  void take_out(const std::shared_ptr<Hold>& hold) noexcept;
+
+  std::shared_ptr<EtcdSession> session_;
+  Locks& locks_;
+  mutable std::mutex mutex_;  // guards what follows
+  std::unordered_map<const RuleRequest*, std::shared_ptr<Hold>> holds_;
+  std::exception_ptr failure_;
+};
+
+}  // namespace tasklet::etcd::detail
