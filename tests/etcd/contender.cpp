@@ -1,32 +1,32 @@
-// A process that contends for claims in etcd, for the cross-process tests (etcd_processes_test):
+// A process that contends for rules shared through etcd, for the cross-process tests
+// (etcd_processes_test):
 //
 //   etcd_contender ENDPOINT PREFIX contend SEED COUNT LOG
-//       COUNT requests of random claims (shared or exclusive paths of a small tree, some of two
-//       paths at once); each holder writes "token start end mode path [mode path]" to LOG, with
-//       start and end read from CLOCK_MONOTONIC (one clock for every process of the host) while
-//       it holds the claims.
+//       schedules COUNT jobs on a manager made with make_job_manager (two workers), each with a
+//       random rule: a shared or exclusive path of a small tree, or two of them combined. Each run
+//       writes "token start end mode path [mode path]" to LOG, its fencing token and, read from
+//       CLOCK_MONOTONIC (one clock for every process of the host), when it began and ended.
 //   etcd_contender ENDPOINT PREFIX hold PATH
-//       holds PATH exclusively, prints "held TOKEN" and waits to be killed.
+//       holds PATH exclusively with begin_rule, prints "held TOKEN" and waits to be killed.
 //
-// Exits 0 when everything it asked for was granted.
+// Exits 0 when every job ran and every rule was granted.
 #include <time.h>
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
-#include <future>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "session_access.hpp"
 #include "tasklet/etcd/etcd.hpp"
+#include "tasklet/tasklet.hpp"
 
+using namespace tasklet;
 using namespace tasklet::etcd;
-using detail::Claim;
 
 namespace {
 
@@ -36,18 +36,10 @@ long long monotonic_ns() {
   return static_cast<long long>(now.tv_sec) * 1'000'000'000LL + now.tv_nsec;
 }
 
-std::int64_t hold(EtcdSession& session, const std::vector<Claim>& claims,
-                  std::shared_ptr<detail::Ticket>& ticket) {
-  auto granted = std::make_shared<std::promise<std::int64_t>>();
-  std::future<std::int64_t> token = granted->get_future();
-  ticket = detail::SessionAccess::locks(session).request(
-      claims, {.granted = [granted](std::int64_t revision) { granted->set_value(revision); }});
-  if (token.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
-    std::fprintf(stderr, "contender: a request was never granted\n");
-    std::exit(2);
-  }
-  return token.get();
-}
+struct Part {
+  std::string path;
+  bool exclusive;
+};
 
 }  // namespace
 
@@ -62,11 +54,12 @@ int main(int argc, char** argv) {
   options.lease_ttl = std::chrono::seconds(2);
   const std::string mode = argv[3];
   auto session = EtcdSession::connect(options);
-  std::shared_ptr<detail::Ticket> ticket;
+  auto manager = make_job_manager(session, JobManager::Options{2, nullptr});
 
   if (mode == "hold" && argc == 5) {
-    const std::int64_t token = hold(*session, {{argv[4], true}}, ticket);
-    std::printf("held %lld\n", static_cast<long long>(token));
+    const Rule held = rules::path(argv[4]);
+    manager->begin_rule(held);
+    std::printf("held %lld\n", static_cast<long long>(fencing_token(*manager, held)));
     std::fflush(stdout);
     for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // until killed
   }
@@ -75,6 +68,7 @@ int main(int argc, char** argv) {
   std::mt19937 random(static_cast<unsigned>(std::stoul(argv[4])));
   const int count = std::stoi(argv[5]);
   std::ofstream log(argv[6]);
+  std::mutex log_mutex;
   // A small tree: the root, /a and /b, and two levels under each.
   std::vector<std::string> paths = {"/"};
   for (const char* top : {"/a", "/b"}) {
@@ -85,21 +79,42 @@ int main(int argc, char** argv) {
     }
   }
   std::uniform_int_distribution<std::size_t> any_path(1, paths.size() - 1);  // the root rarely
+  std::vector<std::shared_ptr<Job>> jobs;
   for (int i = 0; i < count; ++i) {
-    std::vector<Claim> claims;
-    claims.push_back({random() % 50 == 0 ? "/" : paths[any_path(random)], random() % 2 == 0});
+    std::vector<Part> parts;
+    parts.push_back({random() % 50 == 0 ? "/" : paths[any_path(random)], random() % 2 == 0});
     if (random() % 4 == 0) {
-      Claim second{paths[any_path(random)], random() % 2 == 0};
-      if (second.path != claims.front().path) claims.push_back(second);
+      Part second{paths[any_path(random)], random() % 2 == 0};
+      if (second.path != parts.front().path) parts.push_back(second);
     }
-    const std::int64_t token = hold(*session, claims, ticket);
-    const long long start = monotonic_ns();
-    std::this_thread::sleep_for(std::chrono::microseconds(random() % 2000));  // the holder's work
-    const long long end = monotonic_ns();
-    log << token << ' ' << start << ' ' << end;
-    for (const Claim& claim : claims) log << ' ' << (claim.exclusive ? 'X' : 'S') << ' ' << claim.path;
-    log << '\n';
-    detail::SessionAccess::locks(*session).release(ticket);
+    std::vector<Rule> rules_of_job;
+    for (const Part& part : parts)
+      rules_of_job.push_back(part.exclusive ? rules::path(part.path) : rules::read_path(part.path));
+    const Rule rule = rules::combine(rules_of_job);
+    const unsigned work = static_cast<unsigned>(random() % 2000);
+    auto job = make_job("contender " + std::to_string(i), [&, parts, rule, work](ProgressMonitor&) {
+      const std::int64_t token = fencing_token(*manager, rule);
+      const long long start = monotonic_ns();
+      std::this_thread::sleep_for(std::chrono::microseconds(work));  // the holder's work
+      const long long end = monotonic_ns();
+      std::lock_guard lock(log_mutex);
+      log << token << ' ' << start << ' ' << end;
+      for (const Part& part : parts) log << ' ' << (part.exclusive ? 'X' : 'S') << ' ' << part.path;
+      log << '\n';
+      return Status::ok();
+    }, manager);
+    job->set_rule(rule);
+    job->schedule();
+    jobs.push_back(job);
   }
-  return log.good() ? 0 : 1;
+  int failed = 0;
+  for (const std::shared_ptr<Job>& job : jobs) {
+    job->join();
+    if (!job->result().is_ok()) {
+      std::fprintf(stderr, "contender: %s ended with %s\n", job->name().c_str(), job->result().message.c_str());
+      ++failed;
+    }
+  }
+  std::lock_guard lock(log_mutex);
+  return failed == 0 && log.good() ? 0 : 1;
 }
