@@ -46,7 +46,14 @@ std::vector<Claim> claims_of(const SchedulingRule& rule) {
 }
 
 EtcdBackend::EtcdBackend(std::shared_ptr<EtcdSession> session)
-    : session_(std::move(session)), locks_(SessionAccess::locks(*session_)) {}
+    : session_(std::move(session)),
+      locks_(SessionAccess::locks(*session_)),
+      link_(std::make_shared<Link>(this)) {}
+
+EtcdBackend::~EtcdBackend() {
+  std::lock_guard lock(link_->mutex);
+  link_->backend = nullptr;
+}
 
 bool EtcdBackend::shares(const SchedulingRule& rule) const noexcept {
   bool shared = false;
@@ -67,25 +74,25 @@ void EtcdBackend::acquire(RuleTable& table, RuleRequest& request) noexcept {
   } catch (...) {
     // Out of memory: the request cannot be claimed, and is not granted.
     table.abandon(request);
-    request.cancelled();
+    request.failed(std::current_exception());
     return;
   }
-  std::weak_ptr<EtcdBackend> self = weak_from_this();
   std::shared_ptr<Ticket> ticket;
   try {
-    ticket = locks_.request(
-        std::move(claims),
-        {.entered = {},
-         .granted =
-             [self, hold](std::int64_t revision) {
-               if (auto backend = self.lock()) backend->granted(hold, revision);
-             },
-         .failed =
-             [self, hold](std::exception_ptr) {
-               if (auto backend = self.lock()) backend->refused(hold);
-             }});
+    ticket = locks_.request(std::move(claims),
+                            {.entered = {},
+                             .granted =
+                                 [link = link_, hold](std::int64_t revision) {
+                                   std::lock_guard lock(link->mutex);
+                                   if (link->backend != nullptr) link->backend->granted(hold, revision);
+                                 },
+                                             .failed =
+                                 [link = link_, hold](std::exception_ptr why) {
+                                   std::lock_guard lock(link->mutex);
+                                   if (link->backend != nullptr) link->backend->refused(hold, std::move(why));
+                                 }});
   } catch (...) {
-    refused(hold);
+    refused(hold, std::current_exception());
     return;
   }
   bool withdrawn = false;
@@ -107,7 +114,7 @@ void EtcdBackend::granted(const std::shared_ptr<Hold>& hold, std::int64_t revisi
   hold->request->granted();
 }
 
-void EtcdBackend::refused(const std::shared_ptr<Hold>& hold) noexcept {
+void EtcdBackend::refused(const std::shared_ptr<Hold>& hold, std::exception_ptr why) noexcept {
   {
     std::lock_guard lock(mutex_);
     if (hold->over) return;
@@ -117,7 +124,7 @@ void EtcdBackend::refused(const std::shared_ptr<Hold>& hold) noexcept {
   }
   // On the claims' courier: no table lock is held here.
   hold->table->abandon(*hold->request);
-  hold->request->cancelled();
+  hold->request->failed(std::move(why));
 }
 
 void EtcdBackend::take_out(const std::shared_ptr<Hold>& hold) noexcept {

@@ -23,12 +23,16 @@ namespace tasklet::etcd::detail {
 /// What a rule claims in etcd: its path parts and its names (nothing for other rules).
 std::vector<Claim> claims_of(const SchedulingRule& rule);
 
-class EtcdBackend final : public tasklet::detail::RuleBackend, public std::enable_shared_from_this<EtcdBackend> {
+class EtcdBackend final : public tasklet::detail::RuleBackend {
  public:
   using RuleRequest = tasklet::detail::RuleRequest;
   using RuleTable = tasklet::detail::RuleTable;
 
   explicit EtcdBackend(std::shared_ptr<EtcdSession> session);
+  /// Waits for the claims' callbacks under way; later ones find it gone.
+  ~EtcdBackend() override;
+  EtcdBackend(const EtcdBackend&) = delete;
+  EtcdBackend& operator=(const EtcdBackend&) = delete;
 
   bool shares(const SchedulingRule& rule) const noexcept override;
   void acquire(RuleTable& table, RuleRequest& request) noexcept override;
@@ -56,12 +60,21 @@ class EtcdBackend final : public tasklet::detail::RuleBackend, public std::enabl
     bool over = false;  // left the backend: the callbacks do nothing
   };
   void granted(const std::shared_ptr<Hold>& hold, std::int64_t revision) noexcept;
-  void refused(const std::shared_ptr<Hold>& hold) noexcept;
+  void refused(const std::shared_ptr<Hold>& hold, std::exception_ptr why) noexcept;
   // Under mutex_: takes `hold` out, and gives its ticket to `released` when it has one.
   void take_out(const std::shared_ptr<Hold>& hold) noexcept;
 
+  // The claims' callbacks reach the backend through this, never keeping it alive: the backend goes
+  // with its table, and its session (whose threads run the callbacks) must not go on them.
+  struct Link {
+    explicit Link(EtcdBackend* to) noexcept : backend(to) {}
+    std::mutex mutex;
+    EtcdBackend* backend;
+  };
+
   std::shared_ptr<EtcdSession> session_;
   Locks& locks_;
+  std::shared_ptr<Link> link_;
   mutable std::mutex mutex_;  // guards what follows
   std::unordered_map<const RuleRequest*, std::shared_ptr<Hold>> holds_;
   std::exception_ptr failure_;

@@ -59,6 +59,7 @@ Locks::~Locks() {
     stopping_ = true;
   }
   work_.notify_all();
+  retry_.notify_all();
   courier_.join();
   watcher_.join();
 }
@@ -404,7 +405,7 @@ void Locks::watch() {
       // again shortly, from the last revision seen.
     }
     std::unique_lock lock(mutex_);
-    work_.wait_for(lock, std::chrono::milliseconds(200), [this] { return stopping_; });
+    retry_.wait_for(lock, std::chrono::milliseconds(200), [this] { return stopping_; });
   }
 }
 

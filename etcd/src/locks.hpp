@@ -136,7 +136,8 @@ class Locks {
   bool stopping_ = false;
   std::exception_ptr lease_lost_;                          // why, once the lease is gone
   std::vector<std::shared_ptr<Ticket>> failing_;           // for the courier to tell
-  std::condition_variable work_;  // the courier waits on it, and both threads before a retry
+  std::condition_variable work_;   // the courier waits on it, for work or before a retry
+  std::condition_variable retry_;  // the watcher waits on it before it watches again
 
   StreamStop stop_;
   std::thread courier_;

@@ -36,7 +36,16 @@ void JobRun::go_on_in(Directive next) noexcept {
 std::string JobRun::describe() const { return "job '" + core_.job().name() + "'"; }
 
 void JobRun::abandoned(std::exception_ptr error) noexcept {
-  core_.jobs().end_unrun(core_, *this, Status::error("out of memory before the job could start", error));
+  std::string why = "out of memory before the job could start";
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::bad_alloc&) {
+  } catch (const std::exception& failure) {
+    why = "its rule could not be granted: " + std::string(failure.what());  // by a backend (etcd)
+  } catch (...) {
+    why = "its rule could not be granted";
+  }
+  core_.jobs().end_unrun(core_, *this, Status::error(why, error));
 }
 
 JobExtras& JobCore::extras() {

@@ -78,6 +78,7 @@ void ThreadHold::reset() noexcept {
   wakeup_.reset();
   serving_ = nullptr;  // one store, to a line the wake-up shares
   answer_ = Answer::cancelled;
+  failure_ = nullptr;
   answered_here_ = false;
 }
 
@@ -240,11 +241,11 @@ void Domain::begin_rule(const Rule& rule) {
     case detail::ThreadHold::Answer::cancelled: {
       ctx.rule_stack.back().hold = nullptr;
       const bool handed = hold->handed;
+      const std::exception_ptr failure = hold->failure();  // the backend's, when it gave up on it
       detail::ThreadHold::recycle(hold);
-      if (!handed) {
-        check_shared(rule);  // the backend gave up on it (its lease was lost)
+      if (failure) std::rethrow_exception(failure);
+      if (!handed)
         throw IllegalState("begin_rule(" + describe(rule) + "): the job manager shut down while waiting");
-      }
       // A rule containing this one was handed to this thread while it waited: it becomes the
       // outermost, and this begin_rule nests in it.
       detail::RuleFrame mine = std::move(ctx.rule_stack.back());

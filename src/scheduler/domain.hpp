@@ -89,6 +89,12 @@ class ThreadHold final : public InlineRuleRequest<4> {
   void granted() noexcept override { wake(Answer::granted); }
   void cancelled() noexcept override { wake(Answer::cancelled); }
   void refused() noexcept override { wake(Answer::refused); }
+  void failed(std::exception_ptr why) noexcept override {
+    failure_ = std::move(why);
+    wake(Answer::cancelled);
+  }
+  /// Why a backend could not grant it (answer() is then cancelled), else null.
+  const std::exception_ptr& failure() const noexcept { return failure_; }
   bool parkable() const noexcept override { return parkable_; }
   bool blocks_thread() const noexcept override { return blocks_thread_; }
 
@@ -100,6 +106,7 @@ class ThreadHold final : public InlineRuleRequest<4> {
   void reset() noexcept;
   Wakeup wakeup_;
   Answer answer_ = Answer::cancelled;
+  std::exception_ptr failure_;
   bool answered_here_ = false;  // granted or cancelled by the owner's own enter(): nothing to wait for
   bool parkable_ = false;
   bool blocks_thread_ = false;  // its owner's wait blocks its thread: not a task on a worker

@@ -130,13 +130,16 @@ struct detail::SchedulerImpl::TaskletHold final : detail::InlineRuleRequest<N>, 
     delete this;
     impl.finish(std::move(ended), nullptr);
   }
-  void refused() noexcept override {
+  void refused() noexcept override { failed(std::make_exception_ptr(std::bad_alloc())); }
+  // Ends the tasklet unrun with `why`, as a failure of the tasklet (the jobs' scheduler ends the
+  // job with it).
+  void failed(std::exception_ptr why) noexcept override {
     SchedulerImpl& impl = scheduler();
     const Delivery delivery(impl, count_in(impl));
     TaskletPtr ended = std::move(tasklet);
     TaskletAccess::set_hold(*ended, nullptr);
     delete this;
-    impl.abandon(std::move(ended), std::make_exception_ptr(std::bad_alloc()));
+    impl.abandon(std::move(ended), std::move(why));
   }
 
   TaskletPtr tasklet;  // while it waits, the tasklet's owner; once granted, one of its owners

@@ -369,9 +369,11 @@ void detail::SchedulerImpl::with(const TaskletPtr& tasklet) {
     }
     const auto answer = hold->enter(domain_.table_);
     if (answer != detail::ThreadHold::Answer::granted) {
+      const std::exception_ptr failure = hold->failure();
       detail::ThreadHold::recycle(hold);
       finish(tasklet, nullptr);
       if (answer == detail::ThreadHold::Answer::refused) throw std::bad_alloc();
+      if (failure) std::rethrow_exception(failure);
       throw IllegalState("with(" + tasklet->name() + "): the job manager shut down while it waited for " +
                          describe(rule));
     }

@@ -30,7 +30,7 @@ class RuleBackend {
 
   /// The table granted `request`, whose rule the backend shares (outside the table's lock, on the
   /// thread that would have told the request). The backend calls request.granted() once it holds
-  /// the rule too; when it cannot, table.abandon(request) and then request.cancelled().
+  /// the rule too; when it cannot, table.abandon(request) and then request.failed(why).
   virtual void acquire(RuleTable& table, RuleRequest& request) noexcept = 0;
 
   /// Under the table's lock: a request acquire() took leaves the table. `withdraw`: only if the

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <new>
 #include <span>
 #include <vector>
@@ -150,6 +151,12 @@ class RuleRequest {
   /// The table ran out of memory entering the request: it never was in the table (nothing of the
   /// table changed), and its owner is told instead of granted or cancelled. By default, as cancelled.
   virtual void refused() noexcept { cancelled(); }
+  /// A backend behind the table (rule_backend.hpp) could not grant it, for `why`: it is out of the
+  /// table, never granted. By default, as cancelled.
+  virtual void failed(std::exception_ptr why) noexcept {
+    static_cast<void>(why);
+    cancelled();
+  }
   /// Who asked (a tasklet, for instance), so that its request can be found and withdrawn.
   virtual const void* owner() const noexcept { return nullptr; }
   /// Whether a thread blocks while it waits (begin_rule on an ordinary thread), rather than a

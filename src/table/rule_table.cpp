@@ -54,6 +54,9 @@ RuleTable::RuleTable() : id_(table_ids.fetch_add(1, std::memory_order_relaxed) +
 
 RuleTable::~RuleTable() {
   cancel_all_waiting();
+  // The backend goes first: what it tells requests from now on would find the table half gone.
+  backend_ = nullptr;
+  backend_owner_.reset();
   std::lock_guard lock(mutex_);
   // Parked requests go back to their owners (who acquire them anew elsewhere) or, orphaned, are
   // deleted. An active one belongs to a holder that outlived the table (its owner's error).

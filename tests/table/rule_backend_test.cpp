@@ -78,7 +78,7 @@ class FakeBackend final : public RuleBackend {
       failure_ = std::make_exception_ptr(std::runtime_error("lost"));
     }
     table_->abandon(request);
-    request.cancelled();
+    request.failed(failure_);
   }
   bool is_pending(const RuleRequest& request) const { return pending(request); }
   std::size_t held_count() const {

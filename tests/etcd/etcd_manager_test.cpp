@@ -1,0 +1,341 @@
+// Managers made with make_job_manager against a real etcd: two managers with sessions of their own
+// stand for two processes (tests/etcd/etcd_processes_test.cpp runs real ones). Shared rules exclude
+// across them for jobs, begin_rule and strands; identity mutexes stay local; fencing tokens grow;
+// a job cancelled while it waits in etcd is withdrawn there; a lost lease and a dead etcd tell
+// every holder and leave nothing hanging.
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "etcd_server.hpp"
+#include "support/job_support.hpp"
+#include "tasklet/etcd/etcd.hpp"
+#include "tasklet/tasklet.hpp"
+
+namespace tasklet::etcd {
+namespace {
+
+using namespace std::chrono_literals;
+using test::EtcdServer;
+
+// Waits for a future without hanging the test when it never comes.
+template <class T>
+T await(std::future<T>& future) {
+  if (future.wait_for(60s) != std::future_status::ready) throw std::runtime_error("never happened");
+  return future.get();
+}
+
+// A job on `manager` with `rule` whose run calls `body`.
+std::shared_ptr<Job> job_on(const std::shared_ptr<JobManager>& manager, const std::string& name, Rule rule,
+                            std::function<void(ProgressMonitor&)> body) {
+  auto job = make_job(name, std::move(body), manager);
+  job->set_rule(std::move(rule));
+  return job;
+}
+
+// Whether a job ended unrun because its rule's lease was lost.
+bool ended_for_lost_lease(const Job& job) {
+  const Status result = job.result();
+  if (result.severity != Status::Severity::error || !result.exception) return false;
+  try {
+    std::rethrow_exception(result.exception);
+  } catch (const EtcdLeaseLost&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+class EtcdManagerTest : public ::testing::Test {
+ protected:
+  std::shared_ptr<EtcdSession> session(std::chrono::seconds ttl = 10s) {
+    EtcdOptions options;
+    options.endpoints = {server_->endpoint()};
+    options.prefix = "/managers";
+    options.lease_ttl = ttl;
+    return EtcdSession::connect(options);
+  }
+  std::shared_ptr<JobManager> manager(std::shared_ptr<EtcdSession> with = nullptr) {
+    return make_job_manager(with ? std::move(with) : session(), JobManager::Options{2, nullptr});
+  }
+  // Keys of claims under the prefix (each held or waiting request has one per part).
+  std::size_t claim_keys(const std::string& under = "") const {
+    const std::string keys = server_->etcdctl("get --prefix --keys-only /managers/c/" + under);
+    std::size_t count = 0;
+    for (std::size_t at = keys.find("/managers/c/"); at != std::string::npos; at = keys.find("/managers/c/", at + 1))
+      ++count;
+    return count;
+  }
+
+  std::unique_ptr<EtcdServer> server_ = std::make_unique<EtcdServer>();
+};
+
+TEST_F(EtcdManagerTest, ConflictingJobsOfTwoManagersNeverOverlapAndOthersRunMeanwhile) {
+  auto one = manager(), two = manager();
+  std::promise<void> entered, go_on;
+  std::atomic<bool> first_done{false}, overlapped{false};
+  std::promise<std::int64_t> first_token, second_token;
+  auto first = job_on(one, "first", rules::path("/tree"), [&](ProgressMonitor&) {
+    first_token.set_value(fencing_token(*one, rules::path("/tree/leaf")));  // contained: the same hold
+    entered.set_value();
+    go_on.get_future().wait();
+    first_done = true;
+  });
+  first->schedule();
+  entered.get_future().wait();
+  auto second = job_on(two, "second", rules::read_path("/tree/leaf"), [&](ProgressMonitor&) {
+    if (!first_done) overlapped = true;
+    second_token.set_value(fencing_token(*two, rules::read_path("/tree/leaf")));
+  });
+  second->schedule();
+  std::promise<void> other_ran;
+  auto other = job_on(two, "other", rules::path("/elsewhere"), [&](ProgressMonitor&) { other_ran.set_value(); });
+  other->schedule();
+  auto other_ran_future = other_ran.get_future();
+  await(other_ran_future);  // while /tree is held in the other manager
+  EXPECT_EQ(second->state(), JobState::waiting) << "second waits in etcd for first";
+  go_on.set_value();
+  second->join();
+  first->join();
+  EXPECT_FALSE(overlapped.load());
+  auto first_future = first_token.get_future(), second_future = second_token.get_future();
+  EXPECT_LT(await(first_future), await(second_future));
+  other->join();
+}
+
+TEST_F(EtcdManagerTest, NamedMutexesExcludeAcrossManagersAndIdentityMutexesStayLocal) {
+  auto one = manager(), two = manager();
+  const Rule local = rules::mutex("local");  // one object, yet each manager's own lock
+  std::promise<void> held, go_on;
+  std::thread holder([&] {
+    const RuleScope scope(*one, rules::combine(rules::named_mutex("tenant-7"), rules::path("/t7")));
+    held.set_value();
+    go_on.get_future().wait();
+  });
+  held.get_future().wait();
+  std::atomic<bool> released{false}, overlapped{false};
+  std::thread waiter([&] {
+    const RuleScope named(*two, rules::named_mutex("tenant-7"));
+    if (!released) overlapped = true;
+  });
+  {
+    const RuleScope mine(*one, local);  // nobody else holds it in `one`
+    std::promise<void> took;
+    std::thread other_manager([&] {
+      const RuleScope theirs(*two, local);  // taken in `two` while `one` holds it
+      took.set_value();
+    });
+    auto took_future = took.get_future();
+    await(took_future);
+    other_manager.join();
+  }
+  released = true;
+  go_on.set_value();
+  holder.join();
+  waiter.join();
+  EXPECT_FALSE(overlapped.load());
+}
+
+TEST_F(EtcdManagerTest, StrandsOnOneNamedMutexInTwoManagersAreOneOrder) {
+  auto one = manager(), two = manager();
+  SerialExecutor first(one, rules::named_mutex("strand"));
+  SerialExecutor second(two, rules::named_mutex("strand"));
+  std::atomic<int> inside{0}, ran{0};
+  std::atomic<bool> overlapped{false};
+  const auto task = [&] {
+    if (inside.fetch_add(1) != 0) overlapped = true;
+    std::this_thread::yield();
+    inside.fetch_sub(1);
+    ran.fetch_add(1);
+  };
+  for (int i = 0; i < 20; ++i) {
+    first.post(task);
+    second.post(task);
+  }
+  first.wait();
+  second.wait();
+  EXPECT_EQ(ran.load(), 40);
+  EXPECT_FALSE(overlapped.load());
+}
+
+TEST_F(EtcdManagerTest, FencingTokensGrowAndNeedASharedRuleTheCallerHolds) {
+  auto one = manager();
+  const Rule dir = rules::path("/fence");
+  std::int64_t last = 0;
+  for (int round = 0; round < 3; ++round) {
+    const RuleScope scope(*one, dir);
+    const std::int64_t token = fencing_token(*one, dir);
+    EXPECT_GT(token, last);
+    last = token;
+    EXPECT_EQ(fencing_token(*one, rules::path("/fence/file")), token) << "a rule the held one contains";
+    EXPECT_THROW((void)fencing_token(*one, rules::path("/elsewhere")), IllegalState);
+  }
+  EXPECT_THROW((void)fencing_token(*one, dir), IllegalState) << "nothing held";
+  EXPECT_THROW((void)fencing_token(*one, rules::mutex("local")), IllegalState) << "not shared";
+  auto plain = JobManager::create();
+  EXPECT_THROW((void)fencing_token(*plain, dir), IllegalState) << "not made with a session";
+  std::promise<std::int64_t> in_job;
+  auto job = job_on(one, "fenced", dir, [&](ProgressMonitor&) { in_job.set_value(fencing_token(*one, dir)); });
+  job->schedule();
+  auto token = in_job.get_future();
+  EXPECT_GT(await(token), last);
+  job->join();
+}
+
+TEST_F(EtcdManagerTest, AJobCancelledWhileItWaitsInEtcdIsWithdrawnThere) {
+  auto one = manager(), two = manager();
+  std::promise<void> entered, go_on;
+  auto holder = job_on(one, "holder", rules::path("/w"), [&](ProgressMonitor&) {
+    entered.set_value();
+    go_on.get_future().wait();
+  });
+  holder->schedule();
+  entered.get_future().wait();
+  std::atomic<bool> cancelled_ran{false};
+  auto cancelled = job_on(two, "cancelled", rules::path("/w"), [&](ProgressMonitor&) { cancelled_ran = true; });
+  cancelled->schedule();
+  ASSERT_TRUE(test::eventually([&] { return claim_keys("p/w/") == 2; })) << "its key is in etcd, behind the holder's";
+  EXPECT_TRUE(cancelled->cancel());
+  cancelled->join();
+  EXPECT_EQ(cancelled->result().severity, Status::Severity::cancel);
+  ASSERT_TRUE(test::eventually([&] { return claim_keys("p/w/") == 1; })) << "its key is deleted";
+  std::promise<void> next_ran;
+  auto next = job_on(two, "next", rules::path("/w"), [&](ProgressMonitor&) { next_ran.set_value(); });
+  next->schedule();
+  go_on.set_value();
+  auto next_future = next_ran.get_future();
+  await(next_future);
+  holder->join();
+  next->join();
+  EXPECT_FALSE(cancelled_ran.load());
+}
+
+TEST_F(EtcdManagerTest, DestroyingAManagerWithdrawsWhatWaitsInEtcd) {
+  auto one = manager(), two = manager();
+  std::promise<void> entered, go_on;
+  auto holder = job_on(one, "holder", rules::named_mutex("d"), [&](ProgressMonitor&) {
+    entered.set_value();
+    go_on.get_future().wait();
+  });
+  holder->schedule();
+  entered.get_future().wait();
+  auto waiting = job_on(two, "waiting", rules::named_mutex("d"), [](ProgressMonitor&) {});
+  waiting->schedule();
+  ASSERT_TRUE(test::eventually([&] { return claim_keys("n/") == 2; }));
+  two.reset();  // with its session: what the withdrawal left, the lease's revocation deletes
+  EXPECT_EQ(waiting->result().severity, Status::Severity::cancel);
+  EXPECT_TRUE(test::eventually([&] { return claim_keys("n/") == 1; }));
+  go_on.set_value();
+  holder->join();
+}
+
+TEST_F(EtcdManagerTest, ALostLeaseCancelsRunningAndWaitingWorkAndHoldersHearOfIt) {
+  auto lost_session = session(2s);
+  auto lost = manager(lost_session);
+  auto other = manager();
+  std::promise<std::string> told;
+  // The holder job's run waits for the listener (registered after the manager's own).
+  std::promise<bool> saw_cancel;
+  std::promise<void> running;
+  std::shared_future<std::string> told_future = told.get_future().share();
+  auto holder = job_on(lost, "holder", rules::path("/l"), [&](ProgressMonitor& monitor) {
+    running.set_value();
+    told_future.wait();
+    saw_cancel.set_value(monitor.is_canceled());
+    EXPECT_THROW((void)fencing_token(*lost, rules::path("/l")), EtcdLeaseLost);
+  });
+  holder->schedule();
+  running.get_future().wait();
+  // A thread holding a shared rule, and a job waiting in etcd behind another manager's holder.
+  std::promise<void> blocker_in, blocker_go;
+  auto blocker = job_on(other, "blocker", rules::path("/q"), [&](ProgressMonitor&) {
+    blocker_in.set_value();
+    blocker_go.get_future().wait();
+  });
+  blocker->schedule();
+  blocker_in.get_future().wait();
+  auto waiting = job_on(lost, "waiting", rules::path("/q"), [](ProgressMonitor&) {});
+  waiting->schedule();
+  std::promise<void> thread_holds;
+  std::promise<void> thread_saw;
+  std::thread thread([&] {
+    const Rule held = rules::read_path("/r");
+    lost->begin_rule(held);
+    thread_holds.set_value();
+    told_future.wait();
+    EXPECT_THROW(lost->end_rule(held), EtcdLeaseLost) << "released, and told";
+    // A new shared rule cannot be held any more; a local one still can.
+    EXPECT_THROW(lost->begin_rule(held), EtcdLeaseLost);
+    lost->end_rule(held);
+    const RuleScope local(*lost, rules::mutex("still local"));
+    thread_saw.set_value();
+  });
+  thread_holds.get_future().wait();
+  ASSERT_TRUE(test::eventually([&] { return claim_keys("p/q/") == 2; }));
+  lost_session->on_lease_lost([&](const std::string& why) { told.set_value(why); });
+  server_->etcdctl("lease revoke " + [&] {
+    char hex[32];
+    std::snprintf(hex, sizeof hex, "%llx", static_cast<unsigned long long>(lost_session->lease_id()));
+    return std::string(hex);
+  }());
+  EXPECT_NE(told_future.get().find("lease"), std::string::npos);
+  auto saw = saw_cancel.get_future();
+  EXPECT_TRUE(await(saw)) << "the running holder's monitor was cancelled";
+  holder->join();
+  waiting->join();
+  EXPECT_TRUE(ended_for_lost_lease(*waiting)) << waiting->result().message;
+  auto thread_done = thread_saw.get_future();
+  await(thread_done);
+  thread.join();
+  blocker_go.set_value();
+  blocker->join();
+}
+
+TEST_F(EtcdManagerTest, EtcdDyingWhileRulesAreHeldAndWaitedForEndsInCancellationNotAHang) {
+  auto first_session = session(2s), second_session = session(2s);
+  auto one = manager(first_session), two = manager(second_session);
+  std::promise<void> held, go_on;
+  std::promise<bool> cancelled_seen;
+  auto holder = job_on(one, "holder", rules::path("/s"), [&](ProgressMonitor& monitor) {
+    held.set_value();
+    go_on.get_future().wait();
+    cancelled_seen.set_value(monitor.is_canceled());
+  });
+  holder->schedule();
+  held.get_future().wait();
+  std::atomic<int> ran{0};
+  auto behind_here = job_on(one, "behind here", rules::path("/s/x"), [&](ProgressMonitor&) { ++ran; });
+  behind_here->schedule();  // waits in `one`'s table
+  auto behind_there = job_on(two, "behind there", rules::path("/s"), [&](ProgressMonitor&) { ++ran; });
+  behind_there->schedule();  // waits in etcd
+  ASSERT_TRUE(test::eventually([&] { return claim_keys("p/s/") == 2; }));
+  std::promise<void> first_lost, second_lost;
+  first_session->on_lease_lost([&](const std::string&) { first_lost.set_value(); });
+  second_session->on_lease_lost([&](const std::string&) { second_lost.set_value(); });
+  server_->stop();  // killed: no lease is renewed any more, no request answered
+  auto first_future = first_lost.get_future(), second_future = second_lost.get_future();
+  await(first_future);  // within about a TTL of the last renewal
+  await(second_future);
+  go_on.set_value();
+  auto seen = cancelled_seen.get_future();
+  EXPECT_TRUE(await(seen)) << "the holder's monitor was cancelled";
+  holder->join();
+  behind_here->join();  // granted here after the holder, then refused: the lease is gone
+  behind_there->join();
+  EXPECT_TRUE(ended_for_lost_lease(*behind_here)) << behind_here->result().message;
+  EXPECT_TRUE(ended_for_lost_lease(*behind_there)) << behind_there->result().message;
+  EXPECT_EQ(ran.load(), 0);
+  // The managers and sessions go without etcd (the revocation fails after its timeout).
+  one.reset();
+  two.reset();
+}
+
+}  // namespace
+}  // namespace tasklet::etcd
