@@ -2,7 +2,7 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set(TASKLET_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/tasklet")
-install(TARGETS tasklet tasklet_jobs tasklet_scheduler tasklet_table tasklet_base tasklet_rules
+install(TARGETS tasklet tasklet_jobs tasklet_scheduler tasklet_table tasklet_base tasklet_rules tasklet_etcd
   EXPORT taskletTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}

@@ -2,6 +2,7 @@
 #include "backend.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <utility>
 
 #include "domain.hpp"
@@ -9,6 +10,7 @@
 #include "session_access.hpp"
 #include "tasklet/error.hpp"
 #include "tasklet/job.hpp"
+#include "tasklet/rules/rules.hpp"
 #include "tasklet_state.hpp"
 
 namespace tasklet::etcd {
@@ -161,6 +163,34 @@ void EtcdBackend::moved(const RuleRequest& from, RuleRequest& to) noexcept {
 std::exception_ptr EtcdBackend::failure() const noexcept {
   std::lock_guard lock(mutex_);
   return failure_;
+}
+
+std::vector<RuleBlocker> EtcdBackend::blockers(const RuleRequest& request) const {
+  std::shared_ptr<Ticket> ticket;
+  {
+    std::lock_guard lock(mutex_);
+    const auto found = holds_.find(&request);
+    if (found == holds_.end() || found->second->granted) return {};
+    ticket = found->second->ticket;
+  }
+  const Locks::Waits waits = ticket ? locks_.waits_of(*ticket) : Locks::Waits{};
+  if (!waits.entered) return {RuleBlocker{"etcd (its request is on its way there)", nullptr, false}};
+  std::vector<RuleBlocker> found;
+  for (const auto& [key, exclusive] : waits.keys) {
+    const auto claim = locks_.claim_of_key(key);
+    if (!claim) continue;
+    char lease[24];
+    std::snprintf(lease, sizeof lease, "%llx", static_cast<unsigned long long>(claim->second));
+    std::string owner = claim->second == locks_.lease()
+                            ? std::string("this process (a release on its way to etcd)")
+                            : "the session of etcd lease " + std::string(lease);
+    Rule rule = claim->first.named ? rules::named_mutex(claim->first.path)
+                : exclusive        ? rules::path(claim->first.path)
+                                   : rules::read_path(claim->first.path);
+    // Earlier in etcd's order: it holds the rule, or waits for it ahead of this request.
+    found.push_back(RuleBlocker{std::move(owner), std::move(rule), false});
+  }
+  return found;
 }
 
 void EtcdBackend::lose(const std::string& why) {

@@ -95,13 +95,46 @@ std::vector<std::pair<std::string, std::string>> Locks::ranges_of(const Claim& c
 }
 
 void Locks::add_blockers(const Json& range, const Claim& claim, std::int64_t revision,
-                         std::set<std::string>& blockers) {
+                         std::set<std::string>& blockers, std::set<std::string>& exclusive) {
   if (!range.contains("kvs")) return;
   for (const Json& kv : range["kvs"]) {
     if (integer_of(kv.value("create_revision", Json())) >= revision) continue;  // the request's own, or later
-    if (claim.exclusive || unbase64(kv.value("value", std::string())) == "X")
-      blockers.insert(unbase64(kv.value("key", std::string())));
+    const bool theirs_exclusive = unbase64(kv.value("value", std::string())) == "X";
+    if (!claim.exclusive && !theirs_exclusive) continue;
+    const std::string key = unbase64(kv.value("key", std::string()));
+    blockers.insert(key);
+    if (theirs_exclusive) exclusive.insert(key);
   }
+}
+
+Locks::Waits Locks::waits_of(const Ticket& ticket) {
+  std::lock_guard lock(mutex_);
+  Waits waits;
+  waits.entered = ticket.stage == Ticket::Stage::entered || ticket.stage == Ticket::Stage::done;
+  if (ticket.granted) return waits;
+  for (const std::string& key : ticket.blockers) waits.keys.emplace_back(key, ticket.exclusive_blockers.count(key) != 0);
+  return waits;
+}
+
+std::optional<std::pair<Claim, std::int64_t>> Locks::claim_of_key(const std::string& key) const {
+  // <prefix>/c/p<path>/\x01/<lease hex>-<n> or <prefix>/c/n/<hex name>/\x01/<lease hex>-<n>
+  const std::string claims = prefix_ + "/c/";
+  const std::size_t mark = key.rfind("/\x01/");
+  if (key.compare(0, claims.size(), claims) != 0 || mark == std::string::npos || mark < claims.size()) return {};
+  Claim claim;
+  if (key.compare(claims.size(), 1, "p") == 0) {
+    claim.path = key.substr(claims.size() + 1, mark - claims.size() - 1);
+    if (claim.path.empty()) claim.path = "/";
+  } else if (key.compare(claims.size(), 2, "n/") == 0) {
+    const std::string hex = key.substr(claims.size() + 2, mark - claims.size() - 2);
+    claim.named = true;
+    for (std::size_t at = 0; at + 1 < hex.size(); at += 2)
+      claim.path += static_cast<char>(std::stoi(hex.substr(at, 2), nullptr, 16));
+  } else {
+    return {};
+  }
+  const std::int64_t lease = static_cast<std::int64_t>(std::stoull(key.substr(mark + 3), nullptr, 16));
+  return std::make_pair(claim, lease);
 }
 
 std::size_t Locks::operations_of(const Ticket& ticket) const {
@@ -333,10 +366,10 @@ void Locks::register_entered(const Json& answer, std::size_t deletes,
         first_put.contains("prev_kv") ? integer_of(first_put["prev_kv"].value("create_revision", Json())) : 0;
     const std::int64_t mine = earlier != 0 ? earlier : revision;
     at += ticket->claims.size();
-    std::set<std::string> blockers;
+    std::set<std::string> blockers, exclusive;
     for (const Claim& claim : ticket->claims) {
       for (std::size_t r = ranges_of(claim).size(); r > 0; --r, ++at)
-        add_blockers(responses.at(at).value("response_range", Json::object()), claim, mine, blockers);
+        add_blockers(responses.at(at).value("response_range", Json::object()), claim, mine, blockers, exclusive);
     }
     if (ticket->released || lease_lost_) {
       // Withdrawn while it was on its way (its keys go with the next batch), or the lease went.
@@ -350,6 +383,7 @@ void Locks::register_entered(const Json& answer, std::size_t deletes,
     for (const std::string& key : blockers) {
       if (deleted_while_sending_.count(key) != 0) continue;  // gone past the watcher already
       ticket->blockers.insert(key);
+      if (exclusive.count(key) != 0) ticket->exclusive_blockers.insert(key);
       waiting_on_[key].insert(ticket);
     }
     if (ticket->calls.entered) ticket->calls.entered(mine);

@@ -29,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -66,6 +67,7 @@ struct Ticket {
   std::vector<std::string> keys;   // its own keys
   std::int64_t revision = 0;       // its ticket, once entered; its fencing token once granted
   std::set<std::string> blockers;  // earlier conflicting keys not yet seen deleted
+  std::set<std::string> exclusive_blockers;  // those of them held or asked for exclusively
   TicketCalls calls;
   Stage stage = Stage::queued;
   bool granted = false;
@@ -89,6 +91,16 @@ class Locks {
   /// A release, or the withdrawal of a request still waiting (never granted from then on): its keys
   /// are deleted soon. Never blocks on etcd.
   void release(const std::shared_ptr<Ticket>& ticket);
+  /// The earlier keys a request waits for, with whether each is held or asked for exclusively;
+  /// empty once granted. A request not entered yet waits for its transaction: `entered` false.
+  struct Waits {
+    bool entered = false;
+    std::vector<std::pair<std::string, bool>> keys;
+  };
+  Waits waits_of(const Ticket& ticket);
+  /// What a key names: its claim (a path or a name) and the lease of the session that put it.
+  std::optional<std::pair<Claim, std::int64_t>> claim_of_key(const std::string& key) const;
+  std::int64_t lease() const noexcept { return lease_; }
   /// The session's lease is gone: nothing is sent any more (etcd has deleted the keys already), no
   /// request is granted from now on, and every request not granted yet, or made later, fails with
   /// `why` (told on the courier's thread).
@@ -101,7 +113,7 @@ class Locks {
   std::vector<std::pair<std::string, std::string>> ranges_of(const Claim& claim) const;
   // The keys of a range answer that an earlier request holds in a mode that conflicts with `claim`.
   static void add_blockers(const Json& range, const Claim& claim, std::int64_t revision,
-                           std::set<std::string>& blockers);
+                           std::set<std::string>& blockers, std::set<std::string>& exclusive);
   // Operations a request's transaction takes: a put per claim, and its reads.
   std::size_t operations_of(const Ticket& ticket) const;
   // What the courier owes the tickets' owners, told outside the lock.

@@ -341,7 +341,7 @@ void Domain::end_rule(const Rule& rule) {
     ctx.rule_stack.pop_back();
     if (table_.backend() != nullptr && nested && ctx.rule_stack.size() > ctx.phase_base) {
       for (const detail::RuleFrame& frame : ctx.rule_stack) {
-        if (frame.hold != nullptr) check_shared(frame.rule);  // this thread's outermost hold
+        if (frame.hold != nullptr && frame.domain == this) check_shared(frame.rule);  // its outermost hold
       }
     }
     return;

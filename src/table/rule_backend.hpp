@@ -12,6 +12,7 @@
 #pragma once
 
 #include <exception>
+#include <vector>
 
 #include "tasklet/scheduling_rule.hpp"
 
@@ -43,6 +44,10 @@ class RuleBackend {
 
   /// Under the table's lock: a held request's place moved to `to` (RuleTable::hand_over).
   virtual void moved(const RuleRequest& from, RuleRequest& to) noexcept = 0;
+
+  /// Under the table's lock: whom `request`, which waits in the backend (pending()), waits for
+  /// there, as RuleTable::blockers says it for the table.
+  virtual std::vector<RuleBlocker> blockers(const RuleRequest& request) const = 0;
 
   /// Why the backend cancels what it cannot grant any more (a lost lease), else null.
   virtual std::exception_ptr failure() const noexcept = 0;

@@ -444,9 +444,15 @@ std::vector<RuleBlocker> RuleTable::blockers_if(Which&& which) {
   try {
     Locked lock(*this, grants);
     const auto waiting = std::find_if(live_.begin(), live_.end(), [&](const RuleRequest* request) {
-      return !request->held_ && which(*request);
+      return waiting_anywhere(*request) && which(*request);
     });
-    if (waiting != live_.end()) add_blockers(**waiting, found);
+    if (waiting != live_.end()) {
+      if ((*waiting)->held_) {
+        found = backend_->blockers(**waiting);  // held here, waiting in the backend
+      } else {
+        add_blockers(**waiting, found);
+      }
+    }
   } catch (...) {
     failed = std::current_exception();
   }

@@ -141,8 +141,8 @@ class RuleTable {
   }
 
   /// Whom `waiting` waits for: the active held requests that conflict with it, then the earlier
-  /// waiting ones it queues behind, in ticket order. Empty once it is granted (or out of the
-  /// table). O(live requests), under the lock (custom rules are asked, as when they are granted).
+  /// waiting ones it queues behind, in ticket order; for a request held here that waits in the
+  /// backend, whom it waits for there. Empty once it is granted (or out of the table). O(live requests), under the lock (custom rules are asked, as when they are granted).
   std::vector<RuleBlocker> blockers(const RuleRequest& waiting);
   /// The same for the waiting request whose owner() is `owner` (a job's run); empty when none waits.
   std::vector<RuleBlocker> blockers_of(const void* owner);

@@ -101,6 +101,10 @@ TEST_F(EtcdManagerTest, ConflictingJobsOfTwoManagersNeverOverlapAndOthersRunMean
   auto other_ran_future = other_ran.get_future();
   await(other_ran_future);  // while /tree is held in the other manager
   EXPECT_EQ(second->state(), JobState::waiting) << "second waits in etcd for first";
+  ASSERT_TRUE(test::eventually([&] { return second->blockers().size() == 1 && second->blockers()[0].rule; }));
+  const RuleBlocker blocker = second->blockers()[0];
+  EXPECT_EQ(blocker.rule->to_string(), "path(/tree)") << blocker.to_string();
+  EXPECT_NE(blocker.owner.find("etcd lease"), std::string::npos) << blocker.to_string();
   go_on.set_value();
   second->join();
   first->join();

@@ -61,6 +61,9 @@ class FakeBackend final : public RuleBackend {
     std::replace(held_.begin(), held_.end(), const_cast<RuleRequest*>(&from), &to);
   }
   std::exception_ptr failure() const noexcept override { return failure_; }
+  std::vector<RuleBlocker> blockers(const RuleRequest&) const override {
+    return {RuleBlocker{"another process", nullptr, true}};
+  }
 
   // The backend's side: grants a pending request, or gives up on it.
   void grant(RuleRequest& request) {
@@ -117,6 +120,12 @@ TEST_F(RuleBackendTest, ASharedRuleIsToldOnlyOnceTheBackendGrantsIt) {
   EXPECT_TRUE(first.is_held()) << "holds its rule here meanwhile";
   table_.enter(second);
   EXPECT_FALSE(backend_->is_pending(second)) << "waits here first: /a is held here";
+  const std::vector<RuleBlocker> outside = table_.blockers(first);
+  ASSERT_EQ(outside.size(), 1U) << "the backend says whom it waits for";
+  EXPECT_EQ(outside[0].owner, "another process");
+  const std::vector<RuleBlocker> here = table_.blockers(second);
+  ASSERT_EQ(here.size(), 1U);
+  EXPECT_TRUE(here[0].holds) << "first holds /a here";
   table_.enter(local);
   EXPECT_EQ(local.grants, 1) << "a rule the backend does not share is told at once";
   backend_->grant(first);

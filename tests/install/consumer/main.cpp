@@ -1,12 +1,13 @@
 // Uses an installed tasklet: one tasklet goes sync -> async -> sync on a scheduler, and the
 // program checks that each phase ran on the thread its directive promised. Exit status 0 only
-// when every check holds.
+// when every check holds. It also links tasklet::rules and tasklet::etcd.
 #include <cstdlib>
 #include <iostream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <tasklet/etcd/etcd.hpp>
 #include <tasklet/tasklet.hpp>
 
 namespace {
@@ -60,6 +61,15 @@ int main() {
   const tasklet::Rule source = tasklet::rules::path("/project/src");
   check(project->contains(*source) && project->is_conflicting(*source),
         "path rule /project does not cover /project/src");
+
+  // tasklet::etcd too: an endpoint where nothing listens is a typed error at once.
+  tasklet::etcd::EtcdOptions options;
+  options.endpoints = {"http://127.0.0.1:1"};
+  try {
+    (void)tasklet::etcd::EtcdSession::connect(options);
+    check(false, "connecting to a closed port succeeded");
+  } catch (const tasklet::etcd::EtcdUnavailable&) {
+  }
 
   if (!problems.empty()) {
     for (const std::string& problem : problems) std::cerr << "FAIL: " << problem << "\n";
