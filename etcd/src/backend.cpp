@@ -100,8 +100,8 @@ void EtcdBackend::acquire(RuleTable& table, RuleRequest& request) noexcept {
   bool withdrawn = false;
   {
     std::lock_guard lock(mutex_);
-    hold->ticket = ticket;
-    withdrawn = hold->over;  // left before its ticket was known
+    withdrawn = hold->over;  // left (or failed) before its ticket was known
+    if (!withdrawn) hold->ticket = ticket;
   }
   if (withdrawn) locks_.release(ticket);
 }
@@ -121,6 +121,7 @@ void EtcdBackend::refused(const std::shared_ptr<Hold>& hold, std::exception_ptr 
     std::lock_guard lock(mutex_);
     if (hold->over) return;
     hold->over = true;
+    hold->ticket.reset();  // the ticket's callbacks keep the hold: no cycle left behind
     const auto found = holds_.find(hold->request);
     if (found != holds_.end() && found->second == hold) holds_.erase(found);
   }
@@ -132,7 +133,7 @@ void EtcdBackend::refused(const std::shared_ptr<Hold>& hold, std::exception_ptr 
 void EtcdBackend::take_out(const std::shared_ptr<Hold>& hold) noexcept {
   hold->over = true;
   holds_.erase(hold->request);
-  if (hold->ticket) locks_.release(hold->ticket);  // else acquire() releases it
+  if (hold->ticket) locks_.release(std::exchange(hold->ticket, nullptr));  // else acquire() releases it
 }
 
 bool EtcdBackend::leave(RuleRequest& request, bool withdraw) noexcept {

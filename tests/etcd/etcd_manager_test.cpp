@@ -40,6 +40,34 @@ std::shared_ptr<Job> job_on(const std::shared_ptr<JobManager>& manager, const st
   return job;
 }
 
+// A job that holds `rule` from when the constructor returns (its run has begun) until let_go().
+class HeldJob {
+ public:
+  HeldJob(const std::shared_ptr<JobManager>& manager, const std::string& name, Rule rule)
+      : job_(job_on(manager, name, std::move(rule), [this](ProgressMonitor&) {
+          entered_.set_value();
+          go_on_.get_future().wait();
+        })) {
+    job_->schedule();
+    entered_.get_future().wait();
+  }
+  HeldJob(const HeldJob&) = delete;
+  HeldJob& operator=(const HeldJob&) = delete;
+  ~HeldJob() {
+    if (!let_go_) let_go();
+  }
+  void let_go() {
+    let_go_ = true;
+    go_on_.set_value();
+    job_->join();
+  }
+
+ private:
+  std::promise<void> entered_, go_on_;
+  bool let_go_ = false;
+  std::shared_ptr<Job> job_;
+};
+
 // Whether a job ended unrun because its rule's lease was lost.
 bool ended_for_lost_lease(const Job& job) {
   const Status result = job.result();
@@ -195,13 +223,7 @@ TEST_F(EtcdManagerTest, FencingTokensGrowAndNeedASharedRuleTheCallerHolds) {
 
 TEST_F(EtcdManagerTest, AJobCancelledWhileItWaitsInEtcdIsWithdrawnThere) {
   auto one = manager(), two = manager();
-  std::promise<void> entered, go_on;
-  auto holder = job_on(one, "holder", rules::path("/w"), [&](ProgressMonitor&) {
-    entered.set_value();
-    go_on.get_future().wait();
-  });
-  holder->schedule();
-  entered.get_future().wait();
+  HeldJob holder(one, "holder", rules::path("/w"));
   std::atomic<bool> cancelled_ran{false};
   auto cancelled = job_on(two, "cancelled", rules::path("/w"), [&](ProgressMonitor&) { cancelled_ran = true; });
   cancelled->schedule();
@@ -213,31 +235,22 @@ TEST_F(EtcdManagerTest, AJobCancelledWhileItWaitsInEtcdIsWithdrawnThere) {
   std::promise<void> next_ran;
   auto next = job_on(two, "next", rules::path("/w"), [&](ProgressMonitor&) { next_ran.set_value(); });
   next->schedule();
-  go_on.set_value();
+  holder.let_go();
   auto next_future = next_ran.get_future();
   await(next_future);
-  holder->join();
   next->join();
   EXPECT_FALSE(cancelled_ran.load());
 }
 
 TEST_F(EtcdManagerTest, DestroyingAManagerWithdrawsWhatWaitsInEtcd) {
   auto one = manager(), two = manager();
-  std::promise<void> entered, go_on;
-  auto holder = job_on(one, "holder", rules::named_mutex("d"), [&](ProgressMonitor&) {
-    entered.set_value();
-    go_on.get_future().wait();
-  });
-  holder->schedule();
-  entered.get_future().wait();
+  HeldJob holder(one, "holder", rules::named_mutex("d"));
   auto waiting = job_on(two, "waiting", rules::named_mutex("d"), [](ProgressMonitor&) {});
   waiting->schedule();
   ASSERT_TRUE(test::eventually([&] { return claim_keys("n/") == 2; }));
   two.reset();  // with its session: what the withdrawal left, the lease's revocation deletes
   EXPECT_EQ(waiting->result().severity, Status::Severity::cancel);
   EXPECT_TRUE(test::eventually([&] { return claim_keys("n/") == 1; }));
-  go_on.set_value();
-  holder->join();
 }
 
 TEST_F(EtcdManagerTest, ALostLeaseCancelsRunningAndWaitingWorkAndHoldersHearOfIt) {
@@ -258,13 +271,7 @@ TEST_F(EtcdManagerTest, ALostLeaseCancelsRunningAndWaitingWorkAndHoldersHearOfIt
   holder->schedule();
   running.get_future().wait();
   // A thread holding a shared rule, and a job waiting in etcd behind another manager's holder.
-  std::promise<void> blocker_in, blocker_go;
-  auto blocker = job_on(other, "blocker", rules::path("/q"), [&](ProgressMonitor&) {
-    blocker_in.set_value();
-    blocker_go.get_future().wait();
-  });
-  blocker->schedule();
-  blocker_in.get_future().wait();
+  HeldJob blocker(other, "blocker", rules::path("/q"));
   auto waiting = job_on(lost, "waiting", rules::path("/q"), [](ProgressMonitor&) {});
   waiting->schedule();
   std::promise<void> thread_holds;
@@ -298,8 +305,6 @@ TEST_F(EtcdManagerTest, ALostLeaseCancelsRunningAndWaitingWorkAndHoldersHearOfIt
   auto thread_done = thread_saw.get_future();
   await(thread_done);
   thread.join();
-  blocker_go.set_value();
-  blocker->join();
 }
 
 TEST_F(EtcdManagerTest, EtcdDyingWhileRulesAreHeldAndWaitedForEndsInCancellationNotAHang) {
