@@ -232,7 +232,7 @@ struct RuleWait {
   Rule rule;
   Tasklet* tasklet = nullptr;
   HoldAnswer now = HoldAnswer::waiting;
-  HoldAnswer later = HoldAnswer::waiting;  // set by the engine before it resumes a waiting tasklet
+  HoldReply later{};  // set by the engine before it resumes a waiting tasklet
   bool await_ready() const noexcept { return false; }
   template <class Promise>
   requires std::is_base_of_v<CoroutinePromise, Promise>
@@ -246,9 +246,11 @@ struct RuleWait {
     return true;
   }
   RuleHold await_resume() {
-    switch (now == HoldAnswer::waiting ? later : now) {
+    switch (now == HoldAnswer::waiting ? later.answer : now) {
       case HoldAnswer::granted:
         return RuleHold(tasklet);
+      case HoldAnswer::failed:
+        std::rethrow_exception(later.failure);
       case HoldAnswer::cancelled:
         throw IllegalState("hold(" + describe(rule) + "): the job manager shut down while " +
                            tasklet->name() + " waited for the rule");

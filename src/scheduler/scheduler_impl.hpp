@@ -174,7 +174,7 @@ class SchedulerImpl final {
   /// its rule again (waiting as begin_rule does). False, at once, when nobody conflicting waits.
   bool yield_rule(Tasklet& tasklet);
   /// co_await hold(rule) in a phase of `tasklet` running here (see tasklet/detail/hold.hpp).
-  HoldAnswer begin_hold(Tasklet& tasklet, const Rule& rule, HoldAnswer& later);
+  HoldAnswer begin_hold(Tasklet& tasklet, const Rule& rule, HoldReply& later);
   /// Releases the rule of a tasklet before it is done (a job's run is over, so its rule must be
   /// free by the time join() returns). Idempotent: done releases nothing twice.
   void release_rule(Tasklet& tasklet) noexcept;

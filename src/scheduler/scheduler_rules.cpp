@@ -151,7 +151,7 @@ struct detail::SchedulerImpl::TaskletHold final : detail::InlineRuleRequest<N>, 
 // the tasklet), until end_hold or the tasklet's end releases it. The tasklet's rule is the one asked
 // for from the moment it enters the table.
 struct detail::SchedulerImpl::PhaseHold final : detail::InlineRuleRequest<4>, detail::PooledObject {
-  PhaseHold(TaskletPtr holder, std::uint32_t suspension, Directive next, HoldAnswer& reply) noexcept
+  PhaseHold(TaskletPtr holder, std::uint32_t suspension, Directive next, HoldReply& reply) noexcept
       : tasklet(std::move(holder)), generation(suspension), then(next), answer(&reply) {
     this->set_rule(tasklet->rule().get());
   }
@@ -163,6 +163,10 @@ struct detail::SchedulerImpl::PhaseHold final : detail::InlineRuleRequest<4>, de
   void granted() noexcept override { answer_with(HoldAnswer::granted); }
   void cancelled() noexcept override { answer_with(HoldAnswer::cancelled); }
   void refused() noexcept override { answer_with(HoldAnswer::refused); }
+  void failed(std::exception_ptr why) noexcept override {
+    answer->failure = std::move(why);
+    answer_with(HoldAnswer::failed);
+  }
 
   // Told while begin_hold still enters it (on its thread or another), it leaves the answer to
   // begin_hold; else it resumes the suspended tasklet, where it was.
@@ -170,7 +174,7 @@ struct detail::SchedulerImpl::PhaseHold final : detail::InlineRuleRequest<4>, de
     SchedulerImpl& impl = scheduler();
     const Delivery delivery(impl, impl.holds_);
     if (given == HoldAnswer::granted) TaskletAccess::set_hold(*tasklet, this);
-    *answer = given;
+    answer->answer = given;
     if (!told.exchange(true, std::memory_order_acq_rel)) return;
     TaskletPtr resumed = tasklet;
     if (given != HoldAnswer::granted) {
@@ -185,12 +189,12 @@ struct detail::SchedulerImpl::PhaseHold final : detail::InlineRuleRequest<4>, de
   TaskletPtr tasklet;
   std::uint32_t generation;  // of the suspension begin_hold made
   Directive then;            // where the tasklet goes on
-  HoldAnswer* answer;        // in the awaiting coroutine's frame: alive while its tasklet waits
+  HoldReply* answer;         // in the awaiting coroutine's frame: alive while its tasklet waits
   // Set by the first of begin_hold (done entering) and answer_with (answered): the second acts.
   std::atomic<bool> told{false};
 };
 
-detail::HoldAnswer detail::SchedulerImpl::begin_hold(Tasklet& tasklet, const Rule& rule, HoldAnswer& later) {
+detail::HoldAnswer detail::SchedulerImpl::begin_hold(Tasklet& tasklet, const Rule& rule, HoldReply& later) {
   TaskState& here = detail::state();
   if (!rule) return HoldAnswer::nested;  // no rule: nothing to take
   if (here.rule_stack.size() > here.phase_base) {
@@ -230,7 +234,7 @@ detail::HoldAnswer detail::SchedulerImpl::begin_hold(Tasklet& tasklet, const Rul
   if (!hold->told.exchange(true, std::memory_order_acq_rel)) return HoldAnswer::waiting;
   // Answered while it entered: the phase goes on, unsuspended.
   end_suspension(owned, generation);
-  const HoldAnswer answer = later;
+  const HoldAnswer answer = later.answer;
   if (answer == HoldAnswer::granted) {
     here.phase_rule = &tasklet.rule();  // the rest of this phase holds it too
   } else {
@@ -240,7 +244,7 @@ detail::HoldAnswer detail::SchedulerImpl::begin_hold(Tasklet& tasklet, const Rul
   return answer;
 }
 
-detail::HoldAnswer detail::begin_hold(Tasklet& tasklet, const Rule& rule, HoldAnswer& later) {
+detail::HoldAnswer detail::begin_hold(Tasklet& tasklet, const Rule& rule, HoldReply& later) {
   const TaskState& here = detail::state();
   if (here.tasklet != &tasklet || here.phase_of == nullptr) {
     throw IllegalState("hold(" + describe(rule) + ") outside a phase of " + tasklet.name() +

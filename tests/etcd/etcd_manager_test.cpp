@@ -17,6 +17,7 @@
 #include "etcd_server.hpp"
 #include "support/job_support.hpp"
 #include "tasklet/etcd/etcd.hpp"
+#include "tasklet/coroutine.hpp"
 #include "tasklet/tasklet.hpp"
 
 namespace tasklet::etcd {
@@ -274,6 +275,20 @@ TEST_F(EtcdManagerTest, ALostLeaseCancelsRunningAndWaitingWorkAndHoldersHearOfIt
   HeldJob blocker(other, "blocker", rules::path("/q"));
   auto waiting = job_on(lost, "waiting", rules::path("/q"), [](ProgressMonitor&) {});
   waiting->schedule();
+  // A coroutine job that takes /q with co_await hold(): behind `waiting` here, then in etcd.
+  std::promise<std::string> hold_ended;
+  auto coroutine = make_job(
+      "coroutine",
+      [&hold_ended](ProgressMonitor&) -> Task<void> {
+        try {
+          auto held = co_await hold(rules::path("/q"));
+          hold_ended.set_value("granted");
+        } catch (const EtcdLeaseLost&) {
+          hold_ended.set_value("EtcdLeaseLost");
+        }
+      },
+      lost);
+  coroutine->schedule();
   std::promise<void> thread_holds;
   std::promise<void> thread_saw;
   std::thread thread([&] {
@@ -302,6 +317,9 @@ TEST_F(EtcdManagerTest, ALostLeaseCancelsRunningAndWaitingWorkAndHoldersHearOfIt
   holder->join();
   waiting->join();
   EXPECT_TRUE(ended_for_lost_lease(*waiting)) << waiting->result().message;
+  auto hold_future = hold_ended.get_future();
+  EXPECT_EQ(await(hold_future), "EtcdLeaseLost") << "co_await hold() throws the backend's reason";
+  coroutine->join();
   auto thread_done = thread_saw.get_future();
   await(thread_done);
   thread.join();

@@ -2,6 +2,8 @@
 // Not part of the public API: the names may change.
 #pragma once
 
+#include <exception>
+
 #include "tasklet/scheduling_rule.hpp"
 
 namespace tasklet {
@@ -17,15 +19,23 @@ enum class HoldAnswer : unsigned char {
   granted,    // the tasklet holds the rule (its rule from now on) until end_hold or its end
   cancelled,  // its job manager shut down or its scheduler went while it waited
   refused,    // out of memory in the rule table: it never waited
+  failed,     // a backend of the rule table (etcd) could not grant it: HoldReply::failure says why
+};
+
+/// How a waiting hold was answered, set by the engine before it resumes the tasklet.
+struct HoldReply {
+  HoldAnswer answer = HoldAnswer::waiting;
+  std::exception_ptr failure{};  // with failed
 };
 
 /// In a phase of `tasklet` (on the thread running it): takes `rule` for the tasklet. Answers at once
-/// (nested, granted, cancelled, refused) when it can, else suspends the tasklet, returns waiting,
+/// (nested, granted, cancelled, refused, failed: `later` says why) when it can, else suspends the
+/// tasklet, returns waiting,
 /// and sets `later` before the tasklet is resumed (where the phase was: sync or async). Throws
 /// IllegalState outside the tasklet's phase, with begin_rule scopes open in the phase, or when its
 /// rule was transferred away; RuleNotContained when the tasklet holds a rule that does not contain
 /// `rule`; InvalidRule; AlreadyScheduled when the tasklet is suspended already; std::bad_alloc.
-HoldAnswer begin_hold(Tasklet& tasklet, const Rule& rule, HoldAnswer& later);
+HoldAnswer begin_hold(Tasklet& tasklet, const Rule& rule, HoldReply& later);
 
 /// Releases the rule a granted begin_hold took, and the tasklet has no rule again (nothing when the
 /// tasklet's end released it already).
