@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "domain.hpp"
+#include "job_core.hpp"
 #include "rule_table.hpp"
 #include "session_access.hpp"
 #include "tasklet/error.hpp"
@@ -194,9 +195,18 @@ std::vector<RuleBlocker> EtcdBackend::blockers(const RuleRequest& request) const
   return found;
 }
 
-void EtcdBackend::lose(const std::string& why) {
+std::vector<std::shared_ptr<Job>> EtcdBackend::lose(const std::string& why) {
+  std::vector<std::shared_ptr<Job>> holding;
   std::lock_guard lock(mutex_);
   if (!failure_) failure_ = std::make_exception_ptr(EtcdLeaseLost("etcd: " + why));
+  // Under the lock a held request cannot leave (leave() takes it), so its owner is alive.
+  for (const auto& [request, hold] : holds_) {
+    if (!hold->granted) continue;
+    const void* owner = request->owner();  // a tasklet's or job's rule, or a hold
+    if (const auto* thread = dynamic_cast<const tasklet::detail::ThreadHold*>(request)) owner = thread->owner_tasklet();
+    if (auto job = tasklet::detail::JobRun::job_of(static_cast<const Tasklet*>(owner))) holding.push_back(std::move(job));
+  }
+  return holding;
 }
 
 std::optional<std::int64_t> EtcdBackend::token(const RuleRequest& request) const {
@@ -214,19 +224,14 @@ std::shared_ptr<JobManager> make_job_manager(std::shared_ptr<EtcdSession> sessio
   auto backend = std::make_shared<detail::EtcdBackend>(session);
   std::shared_ptr<JobManager> manager = JobManager::create(std::move(options));
   tasklet::detail::domain(*manager).table_.set_backend(backend);
-  // A lost lease voids the tokens, and cancels the monitors of running jobs whose rules were held
-  // through it (their runs should stop writing).
-  std::weak_ptr<detail::EtcdBackend> weak_backend = backend;
+  // A lost lease voids the tokens, and cancels the monitors of the jobs whose runs held rules
+  // through it (they should stop writing). The manager owns the backend: a weak reference to it.
   std::weak_ptr<JobManager> weak_manager = manager;
-  session->on_lease_lost([weak_backend, weak_manager](const std::string& why) {
-    if (auto lost = weak_backend.lock()) lost->lose(why);
-    auto held = weak_manager.lock();
-    auto lost = weak_backend.lock();
-    if (!held || !lost) return;
-    for (const std::shared_ptr<Job>& job : held->find(nullptr)) {
-      const Rule rule = job->rule();
-      if (job->state() == JobState::running && rule && lost->shares(*rule)) job->cancel();
-    }
+  detail::EtcdBackend* lost = backend.get();
+  session->on_lease_lost([weak_manager, lost](const std::string& why) {
+    const std::shared_ptr<JobManager> alive = weak_manager.lock();
+    if (!alive) return;  // and with it the backend
+    for (const std::shared_ptr<Job>& job : lost->lose(why)) job->cancel();
   });
   return manager;
 }

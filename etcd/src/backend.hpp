@@ -44,8 +44,9 @@ class EtcdBackend final : public tasklet::detail::RuleBackend {
   std::vector<RuleBlocker> blockers(const RuleRequest& request) const override;
 
   /// The session's lease is gone: tokens are void, holders are told at their next begin_rule or
-  /// end_rule. Requests waiting in etcd fail through the claims (lease_lost there).
-  void lose(const std::string& why);
+  /// end_rule. Requests waiting in etcd fail through the claims (lease_lost there). Returns the
+  /// jobs whose runs hold shared rules (their own, or taken with begin_rule or hold), to cancel.
+  std::vector<std::shared_ptr<Job>> lose(const std::string& why);
   /// The fencing token of a request held here and in etcd; nothing when the request is not a
   /// granted one of this backend. Throws EtcdLeaseLost once the lease is lost.
   std::optional<std::int64_t> token(const RuleRequest& request) const;

@@ -119,7 +119,9 @@ class JobManager {
   /// even one that throws (RuleNotContained, InvalidRule, IllegalState for nesting across
   /// managers or when the manager shuts down while the thread waits), must be balanced by end_rule; prefer
   /// RuleScope. The exception is std::bad_alloc: out of memory, nothing stays pushed and there is nothing to
-  /// end. Rules begun in a tasklet phase must be ended in that phase.
+  /// end. Rules begun in a tasklet phase must be ended in that phase. On a manager that shares rules
+  /// through etcd (tasklet::etcd::make_job_manager), a shared rule whose lease was lost throws
+  /// tasklet::etcd::EtcdLeaseLost, here and when nested in a shared rule held when it was lost.
   void begin_rule(const Rule& rule);
 
   /// Hands the rule this thread began (its outermost, with nothing begun inside it still open) to
@@ -142,7 +144,10 @@ class JobManager {
   void set_lock_listener(std::shared_ptr<LockListener> listener);
 
   /// Ends the most recent begin_rule on this thread, which must name the same rule object (else
-  /// RuleMismatch, and nothing changes). Ending the outermost rule releases it. Never blocks.
+  /// RuleMismatch, and nothing changes). Ending the outermost rule releases it. Never blocks. On a
+  /// manager that shares rules through etcd, ending a shared rule (or one nested in it) after the
+  /// lease was lost throws tasklet::etcd::EtcdLeaseLost once the scope has ended: the rule may have
+  /// been another process's meanwhile.
   void end_rule(const Rule& rule);
 
   /// The innermost rule in force on this thread for this manager: its latest non-null begin_rule,

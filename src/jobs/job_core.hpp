@@ -170,6 +170,8 @@ class JobRun final : public JobTasklet {
   void abandoned(std::exception_ptr error) noexcept override;
   std::string describe() const override;
   bool runs(const JobCore& job) const noexcept override { return &core_ == &job; }
+  /// The job whose run `tasklet` is, if it is one (for layers above: whom a holder is).
+  static std::shared_ptr<Job> job_of(const Tasklet* tasklet);
 
  private:
   JobCore& core_;  // alive while the job is listed, which it is until this run has ended it

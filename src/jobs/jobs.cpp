@@ -35,6 +35,11 @@ void JobRun::go_on_in(Directive next) noexcept {
 
 std::string JobRun::describe() const { return "job '" + core_.job().name() + "'"; }
 
+std::shared_ptr<Job> JobRun::job_of(const Tasklet* tasklet) {
+  const auto* run = dynamic_cast<const JobRun*>(tasklet);
+  return run != nullptr ? run->core_.owned() : nullptr;
+}
+
 void JobRun::abandoned(std::exception_ptr error) noexcept {
   std::string why = "out of memory before the job could start";
   try {

@@ -83,6 +83,8 @@ class ThreadHold final : public InlineRuleRequest<4> {
     owner_thread_.store(thread, std::memory_order_relaxed);
   }
   RuleBlocker describe() const override;
+  /// The tasklet whose phase (or rule) it is for, if any.
+  const Tasklet* owner_tasklet() const noexcept { return owner_tasklet_.load(std::memory_order_relaxed); }
   /// Set (under the domain's handing lock) when this waiting request was withdrawn because a rule
   /// containing it was handed to its thread: `cancelled` then means that.
   bool handed = false;

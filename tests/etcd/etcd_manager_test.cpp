@@ -91,8 +91,9 @@ class EtcdManagerTest : public ::testing::Test {
     options.lease_ttl = ttl;
     return EtcdSession::connect(options);
   }
+  // Four workers: the tests' holders block in their runs, up to three at a time.
   std::shared_ptr<JobManager> manager(std::shared_ptr<EtcdSession> with = nullptr) {
-    return make_job_manager(with ? std::move(with) : session(), JobManager::Options{2, nullptr});
+    return make_job_manager(with ? std::move(with) : session(), JobManager::Options{4, nullptr});
   }
   // Keys of claims under the prefix (each held or waiting request has one per part).
   std::size_t claim_keys(const std::string& under = "") const {
@@ -271,6 +272,19 @@ TEST_F(EtcdManagerTest, ALostLeaseCancelsRunningAndWaitingWorkAndHoldersHearOfIt
   });
   holder->schedule();
   running.get_future().wait();
+  // A job without a rule of its own that takes one with begin_rule in its run.
+  std::promise<void> begun_in;
+  std::promise<bool> begun_saw_cancel;
+  auto begun = job_on(lost, "begun", nullptr, [&](ProgressMonitor& monitor) {
+    const Rule held = rules::path("/begun");
+    lost->begin_rule(held);
+    begun_in.set_value();
+    told_future.wait();
+    begun_saw_cancel.set_value(monitor.is_canceled());
+    EXPECT_THROW(lost->end_rule(held), EtcdLeaseLost);
+  });
+  begun->schedule();
+  begun_in.get_future().wait();
   // A thread holding a shared rule, and a job waiting in etcd behind another manager's holder.
   HeldJob blocker(other, "blocker", rules::path("/q"));
   auto waiting = job_on(lost, "waiting", rules::path("/q"), [](ProgressMonitor&) {});
@@ -315,6 +329,9 @@ TEST_F(EtcdManagerTest, ALostLeaseCancelsRunningAndWaitingWorkAndHoldersHearOfIt
   auto saw = saw_cancel.get_future();
   EXPECT_TRUE(await(saw)) << "the running holder's monitor was cancelled";
   holder->join();
+  auto begun_saw = begun_saw_cancel.get_future();
+  EXPECT_TRUE(await(begun_saw)) << "so was the monitor of a job that took its rule with begin_rule";
+  begun->join();
   waiting->join();
   EXPECT_TRUE(ended_for_lost_lease(*waiting)) << waiting->result().message;
   auto hold_future = hold_ended.get_future();
