@@ -7,7 +7,7 @@
 //               same with an exclusive path rule, and with a job that holds the path
 //   threads     one process, four threads, each holding its own path (disjoint) or paths on one
 //               branch (overlapping: /b and /b/<i>), against four threads locking four names or
-//               one name
+//               one name, each thread with a lease of its own (v3lock excludes leases, not threads)
 //   processes   four processes (this program again), the same two ways: each process's holds
 //               against each process's Locks, timed from when all are connected until all are done
 //   claims      the claims alone (no manager): acquire + release of one path
@@ -127,14 +127,21 @@ void bench_latency(Report& report, const Options& options, const std::string& en
 void bench_threads(Report& report, const Options& options, const std::string& endpoint) {
   auto session = EtcdSession::connect(settings_for(endpoint));
   auto manager = make_job_manager(session);
+  // v3lock excludes sessions, not threads: its keys are the name and the lease, so threads that
+  // shared a lease would all hold the lock at once. One session (lease) per thread.
+  std::vector<std::shared_ptr<EtcdSession>> sessions;
+  std::vector<std::unique_ptr<LockService>> services;
+  for (int t = 0; t < workers; ++t) {
+    sessions.push_back(EtcdSession::connect(settings_for(endpoint)));
+    services.push_back(std::make_unique<LockService>(sessions.back()));
+  }
   const std::size_t per_thread = options.quick ? 10 : 100;
   for (const bool overlapping : {false, true}) {
     const auto run = [&](bool ours) {
       std::vector<std::thread> threads;
       for (int t = 0; t < workers; ++t) {
         threads.emplace_back([&, t] {
-          LockService service(session);
-          hold_many(ours, overlapping, t, per_thread, manager.get(), &service);
+          hold_many(ours, overlapping, t, per_thread, manager.get(), services[static_cast<std::size_t>(t)].get());
         });
       }
       for (std::thread& thread : threads) thread.join();

@@ -134,7 +134,8 @@ void EtcdBackend::refused(const std::shared_ptr<Hold>& hold, std::exception_ptr 
 void EtcdBackend::take_out(const std::shared_ptr<Hold>& hold) noexcept {
   hold->over = true;
   holds_.erase(hold->request);
-  if (hold->ticket) locks_.release(std::exchange(hold->ticket, nullptr));  // else acquire() releases it
+  // Sent once the table has told whom this lets through (flush): their requests go with it.
+  if (hold->ticket) locks_.release(std::exchange(hold->ticket, nullptr), false);  // else acquire() does
 }
 
 bool EtcdBackend::leave(RuleRequest& request, bool withdraw) noexcept {
@@ -160,6 +161,14 @@ void EtcdBackend::moved(const RuleRequest& from, RuleRequest& to) noexcept {
   node.key() = &to;
   node.mapped()->request = &to;
   holds_.insert(std::move(node));
+}
+
+void EtcdBackend::flush() noexcept {
+  try {
+    locks_.flush();
+  } catch (...) {
+    // Cannot happen (a lock and a notification); the deletion goes with the next request then.
+  }
 }
 
 std::exception_ptr EtcdBackend::failure() const noexcept {

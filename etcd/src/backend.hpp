@@ -40,6 +40,7 @@ class EtcdBackend final : public tasklet::detail::RuleBackend {
   bool pending(const RuleRequest& request) const noexcept override;
   void moved(const RuleRequest& from, RuleRequest& to) noexcept override;
   std::exception_ptr failure() const noexcept override;
+  void flush() noexcept override;
   /// The earlier requests in etcd it waits for, each named by the session (lease) that made it.
   std::vector<RuleBlocker> blockers(const RuleRequest& request) const override;
 

@@ -167,7 +167,15 @@ std::shared_ptr<Ticket> Locks::request(std::vector<Claim> claims, TicketCalls ca
   return ticket;
 }
 
-void Locks::release(const std::shared_ptr<Ticket>& ticket) {
+void Locks::flush() {
+  {
+    std::lock_guard lock(mutex_);
+    if (deletions_.empty()) return;
+  }
+  work_.notify_one();
+}
+
+void Locks::release(const std::shared_ptr<Ticket>& ticket, bool send) {
   {
     std::lock_guard lock(mutex_);
     if (ticket->released) return;
@@ -195,7 +203,7 @@ void Locks::release(const std::shared_ptr<Ticket>& ticket) {
         return;
     }
   }
-  work_.notify_one();
+  if (send) work_.notify_one();
 }
 
 void Locks::lease_lost(std::exception_ptr why) {

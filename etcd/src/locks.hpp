@@ -89,8 +89,11 @@ class Locks {
   /// goes. Never blocks on etcd.
   std::shared_ptr<Ticket> request(std::vector<Claim> claims, TicketCalls calls);
   /// A release, or the withdrawal of a request still waiting (never granted from then on): its keys
-  /// are deleted soon. Never blocks on etcd.
-  void release(const std::shared_ptr<Ticket>& ticket);
+  /// are deleted soon. Never blocks on etcd. `send`: at once; else with the next request or flush(),
+  /// so that a request this release lets through goes in the same transaction.
+  void release(const std::shared_ptr<Ticket>& ticket, bool send = true);
+  /// Sends what release() left for later.
+  void flush();
   /// The earlier keys a request waits for, with whether each is held or asked for exclusively;
   /// empty once granted. A request not entered yet waits for its transaction: `entered` false.
   struct Waits {

@@ -39,6 +39,10 @@ class RuleBackend {
   /// released (a holder's leave) and the answer is true.
   virtual bool leave(RuleRequest& request, bool withdraw) noexcept = 0;
 
+  /// After the table has told the requests a change let through (outside its lock): what leave()
+  /// started may go out now, together with what those grants acquire(), as one step.
+  virtual void flush() noexcept = 0;
+
   /// Under the table's lock: whether acquire() took `request` and has not answered yet.
   virtual bool pending(const RuleRequest& request) const noexcept = 0;
 

@@ -45,6 +45,7 @@ void RuleTable::push_refused(RuleRequest& request) noexcept {
 
 void RuleTable::notify(const Grants& grants) noexcept {
   for (RuleRequest* request : grants) deliver(*request);
+  if (backend_ != nullptr) backend_->flush();  // a release goes out with the grants it let through
   if (refused_.load(std::memory_order_relaxed) == 0) return;
   // Oldest first; an owner may delete its request once told.
   std::uintptr_t newest = refused_.exchange(0, std::memory_order_acquire);

@@ -61,6 +61,7 @@ class FakeBackend final : public RuleBackend {
     std::replace(held_.begin(), held_.end(), const_cast<RuleRequest*>(&from), &to);
   }
   std::exception_ptr failure() const noexcept override { return failure_; }
+  void flush() noexcept override {}
   std::vector<RuleBlocker> blockers(const RuleRequest&) const override {
     return {RuleBlocker{"another process", nullptr, true}};
   }
