@@ -107,11 +107,13 @@ void bench_latency(Report& report, const Options& options, const std::string& en
     for (std::size_t i = 0; i < n; ++i) const tasklet::RuleScope scope(*manager, mutex);
   };
   const auto path = [&] {
-    for (std::size_t i = 0; i < n; ++i) const tasklet::RuleScope scope(*manager, tasklet::rules::path("/latency"));
+    for (std::size_t i = 0; i < n; ++i)
+      const tasklet::RuleScope scope(*manager, tasklet::rules::path("/latency"));
   };
   const auto job = [&] {
     for (std::size_t i = 0; i < n; ++i) {
-      auto held = tasklet::make_job("hold", [](tasklet::ProgressMonitor&) {}, manager);
+      auto held = tasklet::make_job(
+          "hold", [](tasklet::ProgressMonitor&) {}, manager);
       held->set_rule(tasklet::rules::path("/latency/job"));
       held->schedule();
       held->join();
@@ -119,8 +121,10 @@ void bench_latency(Report& report, const Options& options, const std::string& en
   };
   const std::vector<Comparison> results =
       tasklet::bench::compare_each(options.repeats, n, v3lock, {named, path, job});
-  report.add(comparison_row("etcd latency: named mutex begin/end_rule vs v3lock Lock+Unlock", n, results[0], 1.5));
-  report.add(comparison_row("etcd latency: path rule begin/end_rule vs v3lock Lock+Unlock", n, results[1], 1.5));
+  report.add(
+      comparison_row("etcd latency: named mutex begin/end_rule vs v3lock Lock+Unlock", n, results[0], 1.5));
+  report.add(
+      comparison_row("etcd latency: path rule begin/end_rule vs v3lock Lock+Unlock", n, results[1], 1.5));
   report.add(comparison_row("etcd latency: job with a path rule vs v3lock Lock+Unlock", n, results[2], 1.5));
 }
 
@@ -141,7 +145,8 @@ void bench_threads(Report& report, const Options& options, const std::string& en
       std::vector<std::thread> threads;
       for (int t = 0; t < workers; ++t) {
         threads.emplace_back([&, t] {
-          hold_many(ours, overlapping, t, per_thread, manager.get(), services[static_cast<std::size_t>(t)].get());
+          hold_many(ours, overlapping, t, per_thread, manager.get(),
+                    services[static_cast<std::size_t>(t)].get());
         });
       }
       for (std::thread& thread : threads) thread.join();
@@ -171,8 +176,12 @@ double run_fleet(const std::string& endpoint, bool ours, bool overlapping, std::
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, in[0], 0);
     posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-    std::vector<std::string> args = {"/proc/self/exe", "worker", endpoint, ours ? "ours" : "v3lock",
-                                     overlapping ? "overlapping" : "disjoint", std::to_string(i),
+    std::vector<std::string> args = {"/proc/self/exe",
+                                     "worker",
+                                     endpoint,
+                                     ours ? "ours" : "v3lock",
+                                     overlapping ? "overlapping" : "disjoint",
+                                     std::to_string(i),
                                      std::to_string(holds)};
     std::vector<char*> argv;
     for (std::string& arg : args) argv.push_back(arg.data());
@@ -192,7 +201,8 @@ double run_fleet(const std::string& endpoint, bool ours, bool overlapping, std::
       if (read(fd, line + got, 1) != 1) throw std::runtime_error(std::string("a worker did not say ") + word);
       if (line[got++] == '\n') break;
     }
-    if (std::string(line) != std::string(word) + "\n") throw std::runtime_error("a worker said " + std::string(line));
+    if (std::string(line) != std::string(word) + "\n")
+      throw std::runtime_error("a worker said " + std::string(line));
   };
   for (const Child& child : children) expect(child.from, "ready");
   const auto start = tasklet::bench::Clock::now();
@@ -247,11 +257,10 @@ void bench_processes(Report& report, const Options& options, const std::string& 
       our_times.push_back(ours);
       ratios.push_back(ours / base);
     }
-    const Comparison result =
-        tasklet::bench::summarize(base_times, our_times, ratios, per_process * workers);
-    report.add(comparison_row(std::string("etcd 4 processes: ") + (overlapping ? "overlapping" : "disjoint") +
-                                  " paths vs v3lock",
-                              per_process * workers, result, 1.5));
+    const Comparison result = tasklet::bench::summarize(base_times, our_times, ratios, per_process * workers);
+    report.add(comparison_row(
+        std::string("etcd 4 processes: ") + (overlapping ? "overlapping" : "disjoint") + " paths vs v3lock",
+        per_process * workers, result, 1.5));
   }
 }
 
@@ -263,8 +272,9 @@ void bench_claims(Report& report, const Options& options, const std::string& end
   const auto ours = [&] {
     for (std::size_t i = 0; i < n; ++i) {
       std::promise<std::int64_t> granted;
-      auto ticket = locks.request({{"/claims/mutex", true}},
-                                  {.granted = [&granted](std::int64_t revision) { granted.set_value(revision); }});
+      auto ticket =
+          locks.request({{"/claims/mutex", true}},
+                        {.granted = [&granted](std::int64_t revision) { granted.set_value(revision); }});
       granted.get_future().get();
       locks.release(ticket);
     }

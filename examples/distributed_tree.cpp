@@ -69,7 +69,8 @@ int builder(const std::string& endpoint, const fs::path& dir, int number) {
   };
   std::vector<std::shared_ptr<Job>> jobs;
   const auto add = [&](const std::string& name, Rule rule, std::function<void(const Rule&)> run) {
-    auto job = make_job(name, [rule, run](ProgressMonitor&) { run(rule); }, manager);
+    auto job = make_job(
+        name, [rule, run](ProgressMonitor&) { run(rule); }, manager);
     job->set_rule(std::move(rule));
     job->schedule();
     jobs.push_back(job);
@@ -110,7 +111,8 @@ int builder(const std::string& endpoint, const fs::path& dir, int number) {
 int main(int argc, char** argv) {
   if (argc == 5 && std::string(argv[1]) == "builder") return builder(argv[2], argv[3], std::stoi(argv[4]));
   if (argc != 3) {
-    std::fprintf(stderr, "usage: %s ENDPOINT DIR   (an etcd v3 endpoint, e.g. http://127.0.0.1:2379)\n", argv[0]);
+    std::fprintf(stderr, "usage: %s ENDPOINT DIR   (an etcd v3 endpoint, e.g. http://127.0.0.1:2379)\n",
+                 argv[0]);
     return 2;
   }
   const fs::path dir = argv[2];

@@ -82,18 +82,19 @@ void EtcdBackend::acquire(RuleTable& table, RuleRequest& request) noexcept {
   }
   std::shared_ptr<Ticket> ticket;
   try {
-    ticket = locks_.request(std::move(claims),
-                            {.entered = {},
-                             .granted =
-                                 [link = link_, hold](std::int64_t revision) {
-                                   std::lock_guard lock(link->mutex);
-                                   if (link->backend != nullptr) link->backend->granted(hold, revision);
-                                 },
-                                             .failed =
-                                 [link = link_, hold](std::exception_ptr why) {
-                                   std::lock_guard lock(link->mutex);
-                                   if (link->backend != nullptr) link->backend->refused(hold, std::move(why));
-                                 }});
+    ticket = locks_.request(std::move(claims), {.entered = {},
+                                                .granted =
+                                                    [link = link_, hold](std::int64_t revision) {
+                                                      std::lock_guard lock(link->mutex);
+                                                      if (link->backend != nullptr)
+                                                        link->backend->granted(hold, revision);
+                                                    },
+                                                .failed =
+                                                    [link = link_, hold](std::exception_ptr why) {
+                                                      std::lock_guard lock(link->mutex);
+                                                      if (link->backend != nullptr)
+                                                        link->backend->refused(hold, std::move(why));
+                                                    }});
   } catch (...) {
     refused(hold, std::current_exception());
     return;
@@ -212,8 +213,10 @@ std::vector<std::shared_ptr<Job>> EtcdBackend::lose(const std::string& why) {
   for (const auto& [request, hold] : holds_) {
     if (!hold->granted) continue;
     const void* owner = request->owner();  // a tasklet's or job's rule, or a hold
-    if (const auto* thread = dynamic_cast<const tasklet::detail::ThreadHold*>(request)) owner = thread->owner_tasklet();
-    if (auto job = tasklet::detail::JobRun::job_of(static_cast<const Tasklet*>(owner))) holding.push_back(std::move(job));
+    if (const auto* thread = dynamic_cast<const tasklet::detail::ThreadHold*>(request))
+      owner = thread->owner_tasklet();
+    if (auto job = tasklet::detail::JobRun::job_of(static_cast<const Tasklet*>(owner)))
+      holding.push_back(std::move(job));
   }
   return holding;
 }
@@ -228,7 +231,8 @@ std::optional<std::int64_t> EtcdBackend::token(const RuleRequest& request) const
 
 }  // namespace detail
 
-std::shared_ptr<JobManager> make_job_manager(std::shared_ptr<EtcdSession> session, JobManager::Options options) {
+std::shared_ptr<JobManager> make_job_manager(std::shared_ptr<EtcdSession> session,
+                                             JobManager::Options options) {
   if (!session) throw std::invalid_argument("etcd: make_job_manager needs a session");
   auto backend = std::make_shared<detail::EtcdBackend>(session);
   std::shared_ptr<JobManager> manager = JobManager::create(std::move(options));

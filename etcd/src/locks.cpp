@@ -112,7 +112,8 @@ Locks::Waits Locks::waits_of(const Ticket& ticket) {
   Waits waits;
   waits.entered = ticket.stage == Ticket::Stage::entered || ticket.stage == Ticket::Stage::done;
   if (ticket.granted) return waits;
-  for (const std::string& key : ticket.blockers) waits.keys.emplace_back(key, ticket.exclusive_blockers.count(key) != 0);
+  for (const std::string& key : ticket.blockers)
+    waits.keys.emplace_back(key, ticket.exclusive_blockers.count(key) != 0);
   return waits;
 }
 
@@ -120,7 +121,8 @@ std::optional<std::pair<Claim, std::int64_t>> Locks::claim_of_key(const std::str
   // <prefix>/c/p<path>/\x01/<lease hex>-<n> or <prefix>/c/n/<hex name>/\x01/<lease hex>-<n>
   const std::string claims = prefix_ + "/c/";
   const std::size_t mark = key.rfind("/\x01/");
-  if (key.compare(0, claims.size(), claims) != 0 || mark == std::string::npos || mark < claims.size()) return {};
+  if (key.compare(0, claims.size(), claims) != 0 || mark == std::string::npos || mark < claims.size())
+    return {};
   Claim claim;
   if (key.compare(claims.size(), 1, "p") == 0) {
     claim.path = key.substr(claims.size() + 1, mark - claims.size() - 1);
@@ -342,9 +344,11 @@ void Locks::courier() {
   }
 }
 
-Json Locks::send(const std::vector<std::string>& deletes, const std::vector<std::shared_ptr<Ticket>>& sent) const {
+Json Locks::send(const std::vector<std::string>& deletes,
+                 const std::vector<std::shared_ptr<Ticket>>& sent) const {
   Json ops = Json::array();
-  for (const std::string& key : deletes) ops.push_back(Json{{"request_delete_range", {{"key", base64(key)}}}});
+  for (const std::string& key : deletes)
+    ops.push_back(Json{{"request_delete_range", {{"key", base64(key)}}}});
   // Per ticket: one put per claim (with the previous value, for a retry), then its reads.
   for (const std::shared_ptr<Ticket>& ticket : sent) {
     for (std::size_t i = 0; i < ticket->claims.size(); ++i) {
@@ -377,7 +381,8 @@ void Locks::register_entered(const Json& answer, std::size_t deletes,
     std::set<std::string> blockers, exclusive;
     for (const Claim& claim : ticket->claims) {
       for (std::size_t r = ranges_of(claim).size(); r > 0; --r, ++at)
-        add_blockers(responses.at(at).value("response_range", Json::object()), claim, mine, blockers, exclusive);
+        add_blockers(responses.at(at).value("response_range", Json::object()), claim, mine, blockers,
+                     exclusive);
     }
     if (ticket->released || lease_lost_) {
       // Withdrawn while it was on its way (its keys go with the next batch), or the lease went.

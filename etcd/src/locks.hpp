@@ -64,14 +64,14 @@ struct TicketCalls {
 struct Ticket {
   enum class Stage : std::uint8_t { queued, sent, entered, done };
   std::vector<Claim> claims;
-  std::vector<std::string> keys;   // its own keys
-  std::int64_t revision = 0;       // its ticket, once entered; its fencing token once granted
-  std::set<std::string> blockers;  // earlier conflicting keys not yet seen deleted
+  std::vector<std::string> keys;             // its own keys
+  std::int64_t revision = 0;                 // its ticket, once entered; its fencing token once granted
+  std::set<std::string> blockers;            // earlier conflicting keys not yet seen deleted
   std::set<std::string> exclusive_blockers;  // those of them held or asked for exclusively
   TicketCalls calls;
   Stage stage = Stage::queued;
   bool granted = false;
-  bool released = false;  // by its owner: never granted from then on
+  bool released = false;       // by its owner: never granted from then on
   std::exception_ptr failure;  // why it failed, for the courier to tell
 };
 
@@ -128,8 +128,8 @@ class Locks {
   // One transaction: `deletes`, then each ticket's puts and reads. Throws what the gateway throws.
   Json send(const std::vector<std::string>& deletes, const std::vector<std::shared_ptr<Ticket>>& sent) const;
   // Under the lock: what the transaction answered for the tickets it entered.
-  void register_entered(const Json& answer, std::size_t deletes, const std::vector<std::shared_ptr<Ticket>>& sent,
-                        Told& told);
+  void register_entered(const Json& answer, std::size_t deletes,
+                        const std::vector<std::shared_ptr<Ticket>>& sent, Told& told);
   void watch();
   void deleted(const std::string& key);
   static void tell(Told& told) noexcept;
@@ -143,16 +143,16 @@ class Locks {
 
   std::mutex mutex_;  // guards what follows
   std::uint64_t sequence_ = 0;
-  std::vector<std::shared_ptr<Ticket>> queued_;            // for the courier, in request order
-  std::vector<std::string> deletions_;                     // keys for the courier to delete
+  std::vector<std::shared_ptr<Ticket>> queued_;                          // for the courier, in request order
+  std::vector<std::string> deletions_;                                   // keys for the courier to delete
   std::map<std::string, std::set<std::shared_ptr<Ticket>>> waiting_on_;  // blocker key -> tickets
-  bool sending_ = false;                                   // a transaction is under way
-  std::set<std::string> deleted_while_sending_;            // the watcher's, meanwhile
+  bool sending_ = false;                                                 // a transaction is under way
+  std::set<std::string> deleted_while_sending_;                          // the watcher's, meanwhile
   bool stopping_ = false;
-  std::exception_ptr lease_lost_;                          // why, once the lease is gone
-  std::vector<std::shared_ptr<Ticket>> failing_;           // for the courier to tell
-  std::condition_variable work_;   // the courier waits on it, for work or before a retry
-  std::condition_variable retry_;  // the watcher waits on it before it watches again
+  std::exception_ptr lease_lost_;                 // why, once the lease is gone
+  std::vector<std::shared_ptr<Ticket>> failing_;  // for the courier to tell
+  std::condition_variable work_;                  // the courier waits on it, for work or before a retry
+  std::condition_variable retry_;                 // the watcher waits on it before it watches again
 
   StreamStop stop_;
   std::thread courier_;

@@ -7,7 +7,8 @@
 // Built-in rules are indexed, so a decision costs O(path depth), not O(requests):
 //  - a request is a set of (node, mode) entries, as in multi-granularity locking: an exclusive path
 //    rule takes X on its node and IX on every ancestor, a shared one S and IS, a mutex rule X on
-//    its identity node, a named mutex X on its name's node, a multi rule the union of its children (merged per node: IX + S = SIX);
+//    its identity node, a named mutex X on its name's node, a multi rule the union of its children (merged
+//    per node: IX + S = SIX);
 //  - two requests conflict exactly when some node holds incompatible modes of them;
 //  - a waiting entry is "clear" at its node when it is compatible with the granted modes and with
 //    every earlier waiting entry there. A request is granted when it is clear at all its nodes.
@@ -142,7 +143,8 @@ class RuleTable {
 
   /// Whom `waiting` waits for: the active held requests that conflict with it, then the earlier
   /// waiting ones it queues behind, in ticket order; for a request held here that waits in the
-  /// backend, whom it waits for there. Empty once it is granted (or out of the table). O(live requests), under the lock (custom rules are asked, as when they are granted).
+  /// backend, whom it waits for there. Empty once it is granted (or out of the table). O(live requests),
+  /// under the lock (custom rules are asked, as when they are granted).
   std::vector<RuleBlocker> blockers(const RuleRequest& waiting);
   /// The same for the waiting request whose owner() is `owner` (a job's run); empty when none waits.
   std::vector<RuleBlocker> blockers_of(const void* owner);
@@ -339,8 +341,8 @@ class RuleTable {
   std::atomic<std::uintptr_t> refused_{0};
   const std::uint64_t id_;  // distinguishes tables for rule notes (unique for the process's life)
   std::uint64_t next_ticket_ = 0;
-  std::atomic<Trace*> trace_{nullptr};      // read under the lock, beside what entering writes
-  RuleBackend* backend_ = nullptr;          // set before the first request (set_backend)
+  std::atomic<Trace*> trace_{nullptr};  // read under the lock, beside what entering writes
+  RuleBackend* backend_ = nullptr;      // set before the first request (set_backend)
   std::shared_ptr<RuleBackend> backend_owner_;
   const RuleRequest* releasing_ = nullptr;  // while a recorder is set: whose exit grants, in take_out
   std::size_t held_ = 0;
@@ -406,7 +408,8 @@ template <class Predicate>
 std::size_t RuleTable::withdraw_waiting(const SchedulingRule& rule, Predicate&& matches) {
   return withdraw_collected([&](std::vector<RuleRequest*>& withdrawn) {
     const auto consider = [&](RuleRequest& request) {
-      if (request.rule_ == &rule && waiting_anywhere(request) && matches(static_cast<const RuleRequest&>(request))) {
+      if (request.rule_ == &rule && waiting_anywhere(request) &&
+          matches(static_cast<const RuleRequest&>(request))) {
         withdrawn.push_back(&request);
       }
     };

@@ -92,17 +92,20 @@ int main(int argc, char** argv) {
       rules_of_job.push_back(part.exclusive ? rules::path(part.path) : rules::read_path(part.path));
     const Rule rule = rules::combine(rules_of_job);
     const unsigned work = static_cast<unsigned>(random() % 2000);
-    auto job = make_job("contender " + std::to_string(i), [&, parts, rule, work](ProgressMonitor&) {
-      const std::int64_t token = fencing_token(*manager, rule);
-      const long long start = monotonic_ns();
-      std::this_thread::sleep_for(std::chrono::microseconds(work));  // the holder's work
-      const long long end = monotonic_ns();
-      std::lock_guard lock(log_mutex);
-      log << token << ' ' << start << ' ' << end;
-      for (const Part& part : parts) log << ' ' << (part.exclusive ? 'X' : 'S') << ' ' << part.path;
-      log << '\n';
-      return Status::ok();
-    }, manager);
+    auto job = make_job(
+        "contender " + std::to_string(i),
+        [&, parts, rule, work](ProgressMonitor&) {
+          const std::int64_t token = fencing_token(*manager, rule);
+          const long long start = monotonic_ns();
+          std::this_thread::sleep_for(std::chrono::microseconds(work));  // the holder's work
+          const long long end = monotonic_ns();
+          std::lock_guard lock(log_mutex);
+          log << token << ' ' << start << ' ' << end;
+          for (const Part& part : parts) log << ' ' << (part.exclusive ? 'X' : 'S') << ' ' << part.path;
+          log << '\n';
+          return Status::ok();
+        },
+        manager);
     job->set_rule(rule);
     job->schedule();
     jobs.push_back(job);
@@ -111,7 +114,8 @@ int main(int argc, char** argv) {
   for (const std::shared_ptr<Job>& job : jobs) {
     job->join();
     if (!job->result().is_ok()) {
-      std::fprintf(stderr, "contender: %s ended with %s\n", job->name().c_str(), job->result().message.c_str());
+      std::fprintf(stderr, "contender: %s ended with %s\n", job->name().c_str(),
+                   job->result().message.c_str());
       ++failed;
     }
   }

@@ -6,9 +6,9 @@
 #include <future>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <utility>
-#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -200,7 +200,8 @@ TEST_F(EtcdLocksTest, RequestsFromManyThreadsAreEachGrantedOnce) {
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
-      for (int i = t; i < count; i += 4) requests[static_cast<std::size_t>(i)] = claim(*a, {{"/batch/" + std::to_string(i), true}});
+      for (int i = t; i < count; i += 4)
+        requests[static_cast<std::size_t>(i)] = claim(*a, {{"/batch/" + std::to_string(i), true}});
     });
   }
   for (std::thread& thread : threads) thread.join();

@@ -16,8 +16,8 @@
 
 #include "etcd_server.hpp"
 #include "support/job_support.hpp"
-#include "tasklet/etcd/etcd.hpp"
 #include "tasklet/coroutine.hpp"
+#include "tasklet/etcd/etcd.hpp"
 #include "tasklet/tasklet.hpp"
 
 namespace tasklet::etcd {
@@ -99,7 +99,8 @@ class EtcdManagerTest : public ::testing::Test {
   std::size_t claim_keys(const std::string& under = "") const {
     const std::string keys = server_->etcdctl("get --prefix --keys-only /managers/c/" + under);
     std::size_t count = 0;
-    for (std::size_t at = keys.find("/managers/c/"); at != std::string::npos; at = keys.find("/managers/c/", at + 1))
+    for (std::size_t at = keys.find("/managers/c/"); at != std::string::npos;
+         at = keys.find("/managers/c/", at + 1))
       ++count;
     return count;
   }
@@ -126,7 +127,8 @@ TEST_F(EtcdManagerTest, ConflictingJobsOfTwoManagersNeverOverlapAndOthersRunMean
   });
   second->schedule();
   std::promise<void> other_ran;
-  auto other = job_on(two, "other", rules::path("/elsewhere"), [&](ProgressMonitor&) { other_ran.set_value(); });
+  auto other =
+      job_on(two, "other", rules::path("/elsewhere"), [&](ProgressMonitor&) { other_ran.set_value(); });
   other->schedule();
   auto other_ran_future = other_ran.get_future();
   await(other_ran_future);  // while /tree is held in the other manager
@@ -216,7 +218,8 @@ TEST_F(EtcdManagerTest, FencingTokensGrowAndNeedASharedRuleTheCallerHolds) {
   auto plain = JobManager::create();
   EXPECT_THROW((void)fencing_token(*plain, dir), IllegalState) << "not made with a session";
   std::promise<std::int64_t> in_job;
-  auto job = job_on(one, "fenced", dir, [&](ProgressMonitor&) { in_job.set_value(fencing_token(*one, dir)); });
+  auto job =
+      job_on(one, "fenced", dir, [&](ProgressMonitor&) { in_job.set_value(fencing_token(*one, dir)); });
   job->schedule();
   auto token = in_job.get_future();
   EXPECT_GT(await(token), last);
@@ -227,9 +230,11 @@ TEST_F(EtcdManagerTest, AJobCancelledWhileItWaitsInEtcdIsWithdrawnThere) {
   auto one = manager(), two = manager();
   HeldJob holder(one, "holder", rules::path("/w"));
   std::atomic<bool> cancelled_ran{false};
-  auto cancelled = job_on(two, "cancelled", rules::path("/w"), [&](ProgressMonitor&) { cancelled_ran = true; });
+  auto cancelled =
+      job_on(two, "cancelled", rules::path("/w"), [&](ProgressMonitor&) { cancelled_ran = true; });
   cancelled->schedule();
-  ASSERT_TRUE(test::eventually([&] { return claim_keys("p/w/") == 2; })) << "its key is in etcd, behind the holder's";
+  ASSERT_TRUE(test::eventually([&] { return claim_keys("p/w/") == 2; }))
+      << "its key is in etcd, behind the holder's";
   EXPECT_TRUE(cancelled->cancel());
   cancelled->join();
   EXPECT_EQ(cancelled->result().severity, Status::Severity::cancel);

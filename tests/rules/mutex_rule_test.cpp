@@ -88,7 +88,8 @@ TEST(NamedMutexRuleTest, SameNameIsTheSameLockAcrossObjects) {
   EXPECT_FALSE(a->is_conflicting(*other));
   EXPECT_FALSE(a->contains(*other));
   // Unrelated to identity mutexes of the same name and to paths, the root included.
-  for (const Rule& unrelated : {rules::mutex("tenant-42"), rules::path("/"), rules::read_path("/tenant-42")}) {
+  for (const Rule& unrelated :
+       {rules::mutex("tenant-42"), rules::path("/"), rules::read_path("/tenant-42")}) {
     EXPECT_FALSE(a->is_conflicting(*unrelated)) << unrelated->to_string();
     EXPECT_FALSE(unrelated->is_conflicting(*a)) << unrelated->to_string();
     EXPECT_FALSE(a->contains(*unrelated)) << unrelated->to_string();

@@ -19,7 +19,9 @@ namespace tasklet::detail {
 namespace {
 
 struct Probe final : InlineRuleRequest<2> {
-  explicit Probe(Rule rule, bool parks = false) : kept(std::move(rule)), may_park(parks) { set_rule(kept.get()); }
+  explicit Probe(Rule rule, bool parks = false) : kept(std::move(rule)), may_park(parks) {
+    set_rule(kept.get());
+  }
   Rule kept;
   bool may_park;
   int grants = 0;
@@ -178,7 +180,8 @@ TEST_F(RuleBackendTest, WithdrawingByRuleAndPredicateReachesRequestsInTheBackend
   Probe mine(shared), theirs(rules::path("/y"));
   table_.enter(mine);
   table_.enter(theirs);
-  EXPECT_EQ(table_.withdraw_waiting(*shared, [&](const RuleRequest& request) { return &request == &mine; }), 1U);
+  EXPECT_EQ(table_.withdraw_waiting(*shared, [&](const RuleRequest& request) { return &request == &mine; }),
+            1U);
   EXPECT_EQ(mine.cancels, 1);
   EXPECT_EQ(table_.withdraw_waiting_if([&](const RuleRequest& request) { return &request == &theirs; }), 1U);
   EXPECT_EQ(theirs.cancels, 1);
