@@ -8,7 +8,7 @@
 // therefore waits for holders only, which run and release.
 //
 // Lock order: the table's lock, then the backend's. The backend calls into the table (abandon)
-// and into requests (granted, cancelled) without its own lock held.
+// and into requests (granted, failed) without its own lock held.
 #pragma once
 
 #include <exception>
