@@ -125,8 +125,8 @@ std::optional<std::pair<Claim, std::int64_t>> Locks::claim_of_key(const std::str
     return {};
   Claim claim;
   if (key.compare(claims.size(), 1, "p") == 0) {
-    claim.path = key.substr(claims.size() + 1, mark - claims.size() - 1);
-    if (claim.path.empty()) claim.path = "/";
+    std::string path = key.substr(claims.size() + 1, mark - claims.size() - 1);
+    claim.path = path.empty() ? std::string(1, '/') : std::move(path);
   } else if (key.compare(claims.size(), 2, "n/") == 0) {
     const std::string hex = key.substr(claims.size() + 2, mark - claims.size() - 2);
     claim.named = true;
