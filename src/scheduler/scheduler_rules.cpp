@@ -177,13 +177,15 @@ struct detail::SchedulerImpl::PhaseHold final : detail::InlineRuleRequest<4>, de
     answer->answer = given;
     if (!told.exchange(true, std::memory_order_acq_rel)) return;
     TaskletPtr resumed = tasklet;
+    const std::uint32_t suspension = generation;  // read before a refusal deletes this
+    const Directive next = then;
     if (given != HoldAnswer::granted) {
       TaskletAccess::set_trusted_rule(*resumed, nullptr);
       delete this;
     }
     // A scheduler that is going drops its parked tasklets instead.
     if (!impl.going_.load(std::memory_order_acquire))
-      impl.resume_suspension(resumed, generation, then, false);
+      impl.resume_suspension(resumed, suspension, next, false);
   }
 
   TaskletPtr tasklet;
