@@ -5,15 +5,27 @@ Each ```cpp block in the given Markdown files must follow a marker line that say
 
     <!-- snippet: MODE | name: NAME | with: NAME, NAME | before: CODE | after: CODE -->
 
-MODE is `function` (the block's statements go into a function; its #include and `using` lines go
-above it), `file` (the block is a translation unit's top level) or `skip` (not compiled: say why in
-the docs). Everything after MODE is optional: `name` lets a later block of the same file put this
-`file` block above itself with `with`; `before` is scaffolding at file scope (declarations of what
-the snippet takes as given); `after` is appended to the block (in a function block, to use what it
-declared; in a file block, to close what `before` opened).
-`first` opens a function block (locals the snippet takes as given). A `with` block brings its own
-`before` along. A line that is only `...` stands for elided code. Every block is compiled with the tasklet headers
-included, `using namespace tasklet;` and std::chrono_literals, as C++20 with -Wall -Wextra -Werror.
+MODE is one of:
+
+- `prelude`: the page's #include and `using` lines (nothing else), shown once near the top. It
+  is compiled alone, then put at the top of every later block of the same page. A page has at
+  most one; a page without one shows its includes in each block.
+- `function`: the block's statements go into a function; its #include and `using` lines (those
+  that start a line) go above it, as they are.
+- `file`: the block is a translation unit's top level.
+- `skip`: not compiled (say why in the docs).
+
+Everything after MODE is optional scaffolding for what a snippet takes as given without showing
+it: `name` lets a later block of the same page put this `file` block above itself with
+`with` (a `with` block brings its own `before` along); `before` is code at file scope
+(declarations of what the snippet uses but does not show); `first` opens a function block (locals
+the snippet takes as given); `after` is appended to the block (in a function block, to use what
+it declared; in a file block, to close what `before` opened). A line that is only `...` stands for
+elided code. Scaffolding declares; it never holds an #include or a using-directive, which the
+reader would not see.
+
+The checker adds nothing else: no header, no `using`. A block compiles from its page's prelude,
+its marker's scaffolding and its own lines, as C++20 with -Wall -Wextra -Werror.
 
 Usage: check_snippets.py --cxx COMPILER [-I DIR ...] FILE.md ...
 """
@@ -23,17 +35,7 @@ import subprocess
 import sys
 
 MARKER = re.compile(r"^<!--\s*snippet:\s*(.*?)\s*-->\s*$")
-PRELUDE = """#include <tasklet/tasklet.hpp>
-#include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <future>
-#include <memory>
-#include <string>
-#include <vector>
-using namespace tasklet;
-using namespace std::chrono_literals;
-"""
+PRELUDE_LINE = re.compile(r"^\s*(#include\s|using\s|//|$)")
 
 
 class Snippet:
@@ -74,11 +76,15 @@ def elided(lines):
     return ["// ..." if line.strip() == "..." else line for line in lines]
 
 
-def source_of(snippet, named):
+def source_of(snippet, prelude, named):
+    for key in ("before", "first", "after"):
+        if re.search(r"#include|using\s+namespace", snippet.options.get(key, "")):
+            raise ValueError(f"{snippet.where()}: `{key}` holds an #include or a using-directive: "
+                             "show it in the block or the page's prelude")
     body = elided(snippet.lines)
     hoisted = [line for line in body if line.startswith("#include") or line.startswith("using ")]
     rest = [line for line in body if line not in hoisted]
-    parts = [PRELUDE]
+    parts = ["\n".join(prelude.lines)] if prelude is not None else []
     for name in filter(None, (n.strip() for n in snippet.options.get("with", "").split(","))):
         if name not in named:
             raise ValueError(f"{snippet.where()}: `with: {name}` names no earlier file snippet")
@@ -102,20 +108,32 @@ def main():
     args = parser.parse_args()
     failures, compiled, skipped = [], 0, 0
     for path in args.files:
-        named = {}
+        named, prelude = {}, None
         for snippet in read_snippets(path):
-            if snippet.mode not in ("function", "file", "skip"):
+            if snippet.mode not in ("prelude", "function", "file", "skip"):
                 failures.append(f"{snippet.where()}: a ```cpp block needs a marker line above it "
-                                "(<!-- snippet: function | file | skip ... -->)")
+                                "(<!-- snippet: prelude | function | file | skip ... -->)")
                 continue
             if snippet.mode == "skip":
                 skipped += 1
                 continue
-            try:
-                source = source_of(snippet, named)
-            except ValueError as error:
-                failures.append(str(error))
-                continue
+            if snippet.mode == "prelude":
+                if prelude is not None:
+                    failures.append(f"{snippet.where()}: a second prelude (the first is at {prelude.where()})")
+                    continue
+                strays = [line for line in snippet.lines if not PRELUDE_LINE.match(line)]
+                if strays or snippet.options:
+                    failures.append(f"{snippet.where()}: a prelude holds only #include and using lines, "
+                                    f"and its marker no options: {strays or snippet.options}")
+                    continue
+                source = "\n".join(snippet.lines) + "\n"
+                prelude = snippet
+            else:
+                try:
+                    source = source_of(snippet, prelude, named)
+                except ValueError as error:
+                    failures.append(str(error))
+                    continue
             command = [args.cxx, "-std=c++20", "-fsyntax-only", "-Wall", "-Wextra", "-Werror"]
             command += [f"-I{include}" for include in args.includes] + ["-x", "c++", "-"]
             result = subprocess.run(command, input=source, capture_output=True, text=True)

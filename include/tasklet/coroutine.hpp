@@ -21,9 +21,10 @@
 // co_await's value, and its exception comes out of the co_await. An exception that leaves the
 // outermost coroutine ends the tasklet with it, as one from a task() does (run() rethrows it).
 //
-// Waiting holds no thread: `co_await wait(give)`, `co_await job` (or join(job)) and
-// `co_await when_all(tasks...)` park the tasklet, and it goes on where it was (a sync phase stays
-// on the synchronous thread, an async one on a worker) once resumed.
+// Waiting holds no thread: `co_await wait(give)`, `co_await job` (or join(job)),
+// `co_await when_all(tasks...)` and `co_await hold(rule)` park the tasklet. A join, a when_all and a
+// hold go on where they were (a sync phase stays on the synchronous thread, an async one on a
+// worker); a wait goes on where the Rescheduler's resume(directive) puts it.
 #pragma once
 
 #include <atomic>
@@ -42,6 +43,7 @@
 #include "tasklet/api.hpp"
 #include "tasklet/detail/allocator.hpp"
 #include "tasklet/detail/hold.hpp"
+#include "tasklet/detail/library_tasklet.hpp"
 #include "tasklet/directive.hpp"
 #include "tasklet/error.hpp"
 #include "tasklet/job.hpp"
@@ -271,7 +273,8 @@ struct RuleWait {
 /// apply: in a tasklet that holds a rule already (its own, or an outer hold), `rule` must be
 /// contained by it and nothing more is taken (RuleNotContained otherwise). A null rule takes
 /// nothing. The co_await throws IllegalState inside an open begin_rule scope and when the job
-/// manager shuts down while it waits, InvalidRule, and std::bad_alloc. The tasks of a when_all run
+/// manager shuts down while it waits or would wait (the shutdown withdraws every waiting request
+/// before it waits for running jobs), InvalidRule, and std::bad_alloc. The tasks of a when_all run
 /// as tasklets of their own: they do not hold the awaiter's rules.
 [[nodiscard]] inline detail::RuleWait hold(Rule rule) noexcept { return detail::RuleWait{std::move(rule)}; }
 
@@ -530,6 +533,21 @@ class RunChild {
   }
 };
 
+/// One of when_all's tasks as a tasklet of its own (RunChild's coroutine): should the engine end it
+/// unrun (out of memory), that is its failure, so that the awaiter still goes on.
+template <class All>
+class WhenAllTask final : public LibraryTasklet {
+ public:
+  WhenAllTask(Task<void> run, std::shared_ptr<All> all, std::stop_token stop) noexcept
+      : steps_(std::move(run), *this, std::move(stop)), all_(std::move(all)) {}
+  Directive task() override { return steps_.step(); }  // RunChild catches what its task throws
+  void abandoned(std::exception_ptr why) noexcept override { all_->failed(std::move(why)); }
+
+ private:
+  TaskSteps<void> steps_;
+  std::shared_ptr<All> all_;
+};
+
 template <class... T>
 class AllEnded {
  public:
@@ -575,9 +593,9 @@ class AllEnded {
  private:
   template <std::size_t... I>
   auto make_children(const std::stop_token& stop, std::index_sequence<I...>) {
-    return std::make_tuple(std::allocate_shared<CoroutineTasklet<void>>(
-        Allocator<CoroutineTasklet<void>>{},
-        RunChild<T>::template run<I>(std::move(std::get<I>(tasks_)), all_), stop)...);
+    using Child = WhenAllTask<AllOf<T...>>;
+    return std::make_tuple(std::allocate_shared<Child>(
+        Allocator<Child>{}, RunChild<T>::template run<I>(std::move(std::get<I>(tasks_)), all_), all_, stop)...);
   }
   std::tuple<Task<T>...> tasks_;
   std::shared_ptr<AllOf<T...>> all_;
@@ -656,9 +674,11 @@ std::shared_ptr<Job> make_coroutine_job(std::string name, const CoroutineMaker& 
 
 /// A job whose run is a coroutine: each run calls `run(monitor)` for a new Task<Status> (or a
 /// Task<void>, which ends ok unless it throws) and resumes it on the manager's workers, under the
-/// job's rule, until it returns its Status. While it awaits (co_await hold(rule), a job, wait(), a
+/// job's rule, until it returns its Status. A run that ends before its coroutine does (co_await
+/// sync(), a begin_rule left open across a co_await) destroys the coroutine before the job is
+/// over; the next run starts a new one. While it awaits (co_await hold(rule), a job, wait(), a
 /// when_all) the run holds no worker; it stays running, holding the job's rule, and a manager
-/// that shuts down waits for it. Cancellation works as for other jobs: cancel() cancels the
+/// that shuts down waits for it. Cancellation works as for other jobs (this_stop_token() is empty): cancel() cancels the
 /// monitor (and calls canceling()), which the coroutine polls. A run goes on only on the workers:
 /// co_await sync() ends it with an error, and a Rescheduler from wait() must resume it with
 /// Directive::async. An exception that leaves the coroutine ends the run with an error Status
@@ -676,7 +696,9 @@ requires std::is_same_v<std::invoke_result_t<F&, ProgressMonitor&>, Task<Status>
 /// a tasklet of its own on the awaiting coroutine's scheduler, api::current() (in a job's run: its
 /// manager's background scheduler), started where the awaiter is (a sync phase, or an async one), parks the
 /// awaiter until all have ended, and gives their values in order (std::monostate for a Task<void>); if any
-/// threw, the first exception, once all have ended. The tasks see the awaiter's stop token.
+/// threw, the first exception in time (not in argument order), once all have ended. A task the engine
+/// cannot go on with (out of memory) counts as ended with std::bad_alloc. The tasks see the awaiter's
+/// stop token.
 template <class... T>
 [[nodiscard]] detail::AllEnded<T...> when_all(Task<T>... tasks) {
   return detail::AllEnded<T...>(std::move(tasks)...);

@@ -98,10 +98,12 @@ class JobManager {
   static const std::shared_ptr<JobManager>& global();
 
   /// Jobs do not own their manager, so this runs when its users drop it, with jobs pending or
-  /// not. Cancels what has not started (waiting and sleeping jobs end with a cancel result and
-  /// their done listeners are called; serial tasks, tasklets and threads waiting for rules),
-  /// cancels the monitors of running jobs and waits for them and for other background work, stops
-  /// the timer. The jobs stay usable, in state none; schedule() on them throws IllegalState.
+  /// not. First cancels what has not started (waiting and sleeping jobs end with a cancel result
+  /// and their done listeners are called) and every request waiting for a rule (serial tasks,
+  /// tasklets, a running job's begin_rule, which throws IllegalState, and co_await hold(), which
+  /// throws IllegalState); from then on a hold or begin_rule of a running job that would wait is
+  /// refused the same way. Then it cancels the monitors of running jobs and waits for them and for
+  /// other background work, and stops the timer. The jobs stay usable, in state none; schedule() on them throws IllegalState.
   /// Dropped inside one of its own jobs' run(), it waits for everything but that run, and the
   /// job's worker finishes the destruction after it. The manager's listeners are dropped last,
   /// once everything else is torn down. Never throws.
@@ -117,7 +119,8 @@ class JobManager {
   /// (in a job, the job frees its worker meanwhile).
   /// A null rule pushes a no-op scope. The push happens before any check, so every begin_rule,
   /// even one that throws (RuleNotContained, InvalidRule, IllegalState for nesting across
-  /// managers or when the manager shuts down while the thread waits), must be balanced by end_rule; prefer
+  /// managers, when the manager shuts down while the thread waits, or for a rule handed to this
+  /// thread by transfer_rule that it cannot take), must be balanced by end_rule; prefer
   /// RuleScope. The exception is std::bad_alloc: out of memory, nothing stays pushed and there is nothing to
   /// end. Rules begun in a tasklet phase must be ended in that phase. On a manager that shares rules
   /// through etcd (tasklet::etcd::make_job_manager), a shared rule whose lease was lost throws
@@ -135,7 +138,8 @@ class JobManager {
   /// this manager, IllegalState when rules begun inside it are open, when the destination has not
   /// taken a rule handed to it earlier, or waits for a rule this one does not contain; std::bad_alloc.
   /// A destination that holds a rule of its own when it would take this one gets IllegalState
-  /// there, and the handed rule is released. As with a thread that ends inside begin_rule scopes,
+  /// there (its begin_rule has pushed all the same; its end_rule has ended its rule all the same),
+  /// and the handed rule is released. As with a thread that ends inside begin_rule scopes,
   /// a destination that ends without taking the rule leaves it held. Does not block.
   void transfer_rule(const Rule& rule, std::thread::id destination);
 
@@ -144,7 +148,9 @@ class JobManager {
   void set_lock_listener(std::shared_ptr<LockListener> listener);
 
   /// Ends the most recent begin_rule on this thread, which must name the same rule object (else
-  /// RuleMismatch, and nothing changes). Ending the outermost rule releases it. Never blocks. On a
+  /// RuleMismatch, and nothing changes). Ending the outermost rule releases it. Never blocks.
+  /// Throws IllegalState, once the scope has ended, for a rule handed to this thread by
+  /// transfer_rule that it cannot take (see there). On a
   /// manager that shares rules through etcd, ending a shared rule (or one nested in it) after the
   /// lease was lost throws tasklet::etcd::EtcdLeaseLost once the scope has ended: the rule may have
   /// been another process's meanwhile.

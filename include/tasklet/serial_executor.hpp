@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "tasklet/detail/allocator.hpp"
+#include "tasklet/detail/library_tasklet.hpp"
 #include "tasklet/scheduling_rule.hpp"
 #include "tasklet/tasklet_base.hpp"
 
@@ -133,14 +134,14 @@ namespace detail {
 
 /// One posted task (private): a tasklet holding the executor's rule whose only phase runs the
 /// body. Its destruction, whether it ran or was cancelled, counts it out of the executor.
-class SerialTask : public Tasklet {
+class SerialTask : public LibraryTasklet {
  public:
   explicit SerialTask(SerialExecutor::State& state) noexcept : state_(state) {}
   ~SerialTask() override;
   Directive task() final;
   const SerialExecutor::State* state() const noexcept { return &state_; }
   /// The engine ended the task unrun, out of memory: wait() rethrows the error.
-  static void abandon(Tasklet& task, std::exception_ptr error) noexcept;
+  void abandoned(std::exception_ptr error) noexcept override;
 
  private:
   virtual void run_body() = 0;

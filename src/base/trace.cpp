@@ -84,12 +84,14 @@ Trace::Nanos Trace::now() noexcept {
       .count();
 }
 
-Trace::Trace(std::size_t max_events) : max_events_(max_events), serial_(++recorders) {}
+Trace::Trace(std::size_t max_events) : max_events_(max_events), serial_(++recorders), started_(now()) {}
 
 void Trace::restart(std::size_t max_events) {
   std::lock_guard lock(mutex_);
   max_events_ = max_events;
   serial_ = ++recorders;
+  stopped_ = false;
+  started_ = now();
   events_.clear();
   dropped_ = 0;
   threads_.clear();
@@ -124,15 +126,22 @@ void Trace::push(Event event) {
   events_.push_back(std::move(event));
 }
 
+void Trace::stop() noexcept {
+  std::lock_guard lock(mutex_);
+  stopped_ = true;
+}
+
 void Trace::slice(const char* category, std::string name, Nanos start, Args args) {
   const Nanos end = now();
   std::lock_guard lock(mutex_);
+  if (stopped_ || start < started_) return;  // work begun before this recording is not part of it
   push({start, end - start, 0, tid(), 'X', category, std::move(name), std::move(args)});
 }
 
 void Trace::instant(const char* category, std::string name, Args args) {
   const Nanos at = now();
   std::lock_guard lock(mutex_);
+  if (stopped_) return;
   push({at, 0, 0, tid(), 'i', category, std::move(name), std::move(args)});
 }
 
@@ -147,12 +156,14 @@ void Trace::entered(const void* request, bool thread, bool waits, std::string ow
                     std::string blockers) {
   const Nanos at = now();
   std::lock_guard lock(mutex_);
+  if (stopped_) return;
   requests_[request] = {at, tid(), waits, thread, std::move(owner), std::move(rule), std::move(blockers), {}};
 }
 
 void Trace::granted(const void* request, bool thread, std::string by) {
   const Nanos at = now();
   std::lock_guard lock(mutex_);
+  if (stopped_) return;
   const std::uint32_t here = tid();
   holds_[request] = {at, here, thread};
   const auto found = requests_.find(request);
@@ -175,6 +186,7 @@ void Trace::granted(const void* request, bool thread, std::string by) {
 void Trace::left(const void* request, bool held) {
   const Nanos at = now();
   std::lock_guard lock(mutex_);
+  if (stopped_) return;
   const std::uint32_t here = tid();
   const auto found = requests_.find(request);
   if (found != requests_.end()) {
@@ -207,6 +219,7 @@ void Trace::left(const void* request, bool held) {
 
 std::optional<Trace::Nanos> Trace::since(const void* request) {
   std::lock_guard lock(mutex_);
+  if (stopped_) return std::nullopt;
   const auto found = requests_.find(request);
   if (found == requests_.end()) return std::nullopt;
   return found->second.since;
@@ -214,6 +227,7 @@ std::optional<Trace::Nanos> Trace::since(const void* request) {
 
 void Trace::flow_end(const void* request, Nanos at) {
   std::lock_guard lock(mutex_);
+  if (stopped_) return;
   const auto found = flows_.find(request);
   if (found == flows_.end()) return;
   Event end{at, 0, found->second, tid(), 'f', "grant", "grant", {}};
@@ -223,6 +237,7 @@ void Trace::flow_end(const void* request, Nanos at) {
 
 void Trace::thread_got(const void* request, Nanos waited_since, Nanos at) {
   std::lock_guard lock(mutex_);
+  if (stopped_) return;
   const auto found = requests_.find(request);
   if (found == requests_.end() || !found->second.waits) return;  // granted at once: nothing to add
   const std::uint32_t here = tid();
@@ -256,11 +271,13 @@ void Trace::thread_got(const void* request, Nanos waited_since, Nanos at) {
 void Trace::parked(const void* tasklet, std::string owner) {
   const Nanos at = now();
   std::lock_guard lock(mutex_);
+  if (stopped_) return;
   parks_[tasklet] = {at, std::move(owner)};
 }
 
 void Trace::resumed(const void* tasklet, Nanos at) {
   std::lock_guard lock(mutex_);
+  if (stopped_) return;
   const auto found = parks_.find(tasklet);
   if (found == parks_.end()) return;
   const std::uint32_t here = tid();
@@ -270,12 +287,23 @@ void Trace::resumed(const void* tasklet, Nanos at) {
 }
 
 void TracedPhase::cut() noexcept {
+  if (ended) return;
   try {
     Trace::Args piece = args;
     piece.emplace_back("next", "suspended");
     trace.slice("phase", name, since, std::move(piece));
   } catch (...) {
     // Out of memory: the trace misses this piece.
+  }
+}
+
+void TracedPhase::end(const char* next) noexcept {
+  if (std::exchange(ended, true)) return;
+  try {
+    args.emplace_back("next", next);
+    trace.slice("phase", std::move(name), since, std::move(args));
+  } catch (...) {
+    // Out of memory: the trace misses this phase.
   }
 }
 

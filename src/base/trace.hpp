@@ -39,12 +39,15 @@ class Trace {
   /// Drops what was recorded and starts again, keeping at most `max_events` events (later ones are
   /// counted as dropped). Safe while other threads record.
   void restart(std::size_t max_events);
+  /// Ends the recording: once this returns, nothing more is added to it (until restart()), and a
+  /// slice ending later is dropped, even one begun before. Safe while other threads record.
+  void stop() noexcept;
   Trace& operator=(const Trace&) = delete;
 
   // On the thread that did it; every call is thread-safe and takes the recorder's lock.
 
   /// A slice of work on this thread, from `start` to now (Chrome "X"): a phase ("phase"), a rule
-  /// release ("release").
+  /// release ("release"). Dropped when it began before the recording (re)started.
   void slice(const char* category, std::string name, Nanos start, Args args);
   /// Something that happened now on this thread (Chrome "i"): a job's state ("job").
   void instant(const char* category, std::string name, Args args);
@@ -119,6 +122,8 @@ class Trace {
   mutable oneapi::tbb::mutex mutex_;
   std::size_t max_events_;
   std::uint64_t serial_;      // tells recorders (and restarts) apart in threads' caches
+  Nanos started_;             // when this recording (re)started
+  bool stopped_ = false;      // stop() was called: nothing more is recorded
   std::deque<Event> events_;  // grows without moving what it holds
   std::size_t dropped_ = 0;
   std::uint64_t next_id_ = 0;
@@ -143,8 +148,13 @@ struct TracedPhase {
   Trace::Nanos since;
   std::string name;
   Trace::Args args;
+  bool ended = false;  // recorded by end(): what the phase does after it is not drawn
   void cut() noexcept;
   void go_on() noexcept { since = Trace::now(); }
+  /// Records the slice now, its next step `next`, for a phase whose work is over before the phase
+  /// returns (a job's run, before the job can be seen as done): a reader who saw the end finds the
+  /// slice in the recording.
+  void end(const char* next) noexcept;
 };
 
 }  // namespace tasklet::detail

@@ -24,12 +24,14 @@ namespace tasklet {
 // its lock (10-15 % of a job's cost on the Job API rows).
 struct Job::Core final : detail::JobCore, detail::PooledObject {
   using JobCore::JobCore;
+  static void drop_steps(Job& job) noexcept;  // defined with Job::Coroutine
   // A nested class of Job: it reaches the protected hooks.
   static constexpr detail::JobHooks hooks_table{
       [](Job& job, ProgressMonitor& monitor) { return job.run(monitor); },
       [](Job& job) { return job.should_schedule(); },
       [](Job& job) { return job.should_run(); },
       [](Job& job) { job.canceling(); },
+      &drop_steps,
   };
 };
 
@@ -116,12 +118,18 @@ class Job::Coroutine final : public Job {
     return std::move(ended.value());
   }
 
+ public:
+  // Only a coroutine job's run goes on over several phases (detail::JobRun::go_on_in).
+  static void drop_steps(Job& job) noexcept { static_cast<Coroutine&>(job).steps_.reset(); }
+
  private:
   Core placed_core_;
   const detail::CoroutineMaker& maker_;
   alignas(void*) unsigned char room_[detail::CoroutineMaker::room];  // the callable, or its address
   detail::TaskSteps<Status> steps_;  // the running coroutine, between the phases of its run
 };
+
+void Job::Core::drop_steps(Job& job) noexcept { Coroutine::drop_steps(job); }
 
 std::shared_ptr<Job> detail::make_coroutine_job(std::string name, const CoroutineMaker& maker, void* callable,
                                                 std::shared_ptr<JobManager> manager) {

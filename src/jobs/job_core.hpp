@@ -73,6 +73,8 @@ struct JobHooks {
   bool (*should_schedule)(Job&);
   bool (*should_run)(Job&);
   void (*canceling)(Job&);
+  /// A run that went on over several phases (go_on_in) is over: what run() kept for them goes.
+  void (*drop_steps)(Job&) noexcept;
 };
 const JobHooks& job_hooks() noexcept;
 
@@ -117,7 +119,7 @@ struct JobExtras {
 
 /// A tasklet of the job scheduler, with its place in that scheduler's order: a lane (priority) and
 /// when it may start at the latest.
-class JobTasklet : public Tasklet {
+class JobTasklet : public LibraryTasklet {
  public:
   void prepare(Priority priority, std::int64_t deadline) noexcept {
     priority_ = priority;
@@ -127,11 +129,6 @@ class JobTasklet : public Tasklet {
     const auto& self = static_cast<const JobTasklet&>(tasklet);
     return {static_cast<std::size_t>(self.priority_), self.deadline_};
   }
-  /// The job scheduler's on_abandoned hook: the engine ends this tasklet unrun, out of memory.
-  static void abandon(Tasklet& tasklet, std::exception_ptr error) noexcept {
-    static_cast<JobTasklet&>(tasklet).abandoned(std::move(error));
-  }
-  virtual void abandoned(std::exception_ptr error) noexcept = 0;
   /// The job scheduler's describe_tasklets_by hook: "job 'name'" for a job's run.
   static std::string describe(const Tasklet& tasklet) {
     return static_cast<const JobTasklet&>(tasklet).describe();
@@ -150,6 +147,9 @@ class JobTasklet : public Tasklet {
   /// directive of that phase (go_on_in).
   bool continuing = false;
   Directive then = Directive::async;
+  /// A job's run that went on in another phase: what its run() keeps between phases (a
+  /// coroutine's frame) goes when the run ends (JobHooks::drop_steps), even before run() did.
+  bool kept_steps = false;
 
  private:
   Priority priority_ = Priority::interactive;
@@ -164,9 +164,10 @@ class JobRun final : public JobTasklet {
   Directive task() override;
   /// Called by a job's run() that has not ended (a coroutine job's, in this run's phase): the
   /// run goes on in the next phase, with `next` (wait: it suspended this run; async), where
-  /// run() is called again.
+  /// run() is called again. Should the run end otherwise (the directive refused, a begin_rule
+  /// left open), what run() kept for the next phase goes before the job's end (drop_steps).
   static void go_on_in(Directive next) noexcept;
-  /// The job ends with the error instead.
+  /// The job ends unrun, with the error (canceled when its manager shut down).
   void abandoned(std::exception_ptr error) noexcept override;
   std::string describe() const override;
   bool runs(const JobCore& job) const noexcept override { return &core_ == &job; }

@@ -19,13 +19,13 @@ class JobsExtension final : public DomainExtension {
  public:
   explicit JobsExtension(Domain& domain) : scheduler_(domain.make_background()) {
     impl(*scheduler_).order_async_phases_by(&JobTasklet::order_of);
-    impl(*scheduler_).on_abandoned(&JobTasklet::abandon);
     impl(*scheduler_).describe_tasklets_by(&JobTasklet::describe);
     jobs_ = std::make_shared<Jobs>(*scheduler_);
   }
 
   const std::shared_ptr<Jobs>& jobs() const noexcept { return jobs_; }
 
+  void stop() noexcept override { jobs_->stop(); }
   void shut_down() noexcept override { jobs_->shutdown(); }
   void let_go() noexcept override {
     scheduler_.reset();

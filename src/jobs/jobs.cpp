@@ -30,6 +30,7 @@ Directive JobRun::task() {
 void JobRun::go_on_in(Directive next) noexcept {
   auto& run = static_cast<JobRun&>(*state().tasklet);  // a job's run() runs in its JobRun's phase
   run.continuing = true;
+  run.kept_steps = true;
   run.then = next;
 }
 
@@ -45,6 +46,10 @@ void JobRun::abandoned(std::exception_ptr error) noexcept {
   try {
     std::rethrow_exception(error);
   } catch (const std::bad_alloc&) {
+  } catch (const ManagerShutDown&) {
+    // It waited for its rule when its manager shut down: canceled, as the jobs shutdown found.
+    core_.jobs().end_unrun(core_, *this, Status::cancel("the job manager shut down before it ran"));
+    return;
   } catch (const std::exception& failure) {
     why = "its rule could not be granted: " + std::string(failure.what());  // by a backend (etcd)
   } catch (...) {
@@ -137,7 +142,7 @@ Jobs::~Jobs() {
   timer_->cancel(due_alarm_);
 }
 
-void Jobs::shutdown() noexcept {
+void Jobs::stop() noexcept {
   std::vector<std::shared_ptr<Job>> pending;
   {
     std::lock_guard lock(mutex);
@@ -150,6 +155,14 @@ void Jobs::shutdown() noexcept {
   } catch (...) {
   }
   for (auto& job : pending) job->cancel();
+}
+
+void Jobs::shutdown() noexcept {
+  stop();
+  {
+    std::lock_guard lock(mutex);
+    if (std::exchange(shut_down_, true)) return;
+  }
   // Not for what this code is inside of: its own run, or the end of a run (a done listener).
   std::size_t mine = runs_a_job_here() ? 1 : 0;
   for (const CallFrame* call = state().completing_run; call != nullptr; call = call->outer) {

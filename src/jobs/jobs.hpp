@@ -96,9 +96,11 @@ class Jobs final {
   explicit Jobs(Scheduler& scheduler);
   ~Jobs();
 
-  /// The manager is being destroyed: cancels what has not started, stops the timer, waits for
-  /// what runs (except a run on this thread: see destroy_after_this_run). schedule() throws from
-  /// now on.
+  /// The manager is being destroyed: nothing starts from now on (schedule() throws), the timer
+  /// stops, and what has not started is canceled. Once.
+  void stop() noexcept;
+  /// stop(), then waits for what runs (except a run on this thread: see destroy_after_this_run).
+  /// Once.
   void shutdown() noexcept;
   /// What the manager had registered, handed back by detach().
   struct Registrations {
@@ -152,6 +154,7 @@ class Jobs final {
   Directive run(JobCore& job, JobRun& run) noexcept;
   /// The next phase of a run that goes on over several (see JobRun::go_on_in).
   Directive go_on(JobCore& job, JobRun& run) noexcept;
+  static void end_traced_phase() noexcept;
   /// Job::done(): hands the result to the run that finishes later and resumes it.
   void done(JobCore& job, Status result);
   /// The phase after done(): ends the run with the result done() gave.
@@ -221,6 +224,7 @@ class Jobs final {
 
   Scheduler* scheduler_;  // null once detached
   std::atomic<bool> stopping_{false};
+  bool shut_down_ = false;  // shutdown() waited, or waits (under `mutex`)
   std::atomic<bool> suspended_{false};
   bool detached_ = false;
   // Written per job by the posting thread: a line of its own, away from what every run reads.

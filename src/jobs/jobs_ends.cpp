@@ -77,6 +77,9 @@ RunEnd Jobs::end_word(JobCore& job, Status result) {
     end.monitor = std::move(job.monitor);  // a provider's monitor may run user code as it goes
     job.run = nullptr;
     job.result = std::move(kept);
+    // Recorded before anyone can see the job over (a join() that returns, then stops the trace).
+    if (Trace* traced = trace()) [[unlikely]]
+      trace_state(*traced, job, "done", &result);
     // A joiner may set `joined` meanwhile (without the lock): the swap must see it.
     std::uint32_t next = 0;
     do {
@@ -88,8 +91,6 @@ RunEnd Jobs::end_word(JobCore& job, Status result) {
     } while (
         !job.word.compare_exchange_weak(old, next, std::memory_order_acq_rel, std::memory_order_acquire));
   }
-  if (Trace* traced = trace()) [[unlikely]]
-    trace_state(*traced, job, "done", &result);
   if (eventful) end.done = JobEvent{end.owner, std::move(result), std::chrono::milliseconds{0}, nullptr};
   if ((old & jw::joined) != 0) wake_joiners();
   return end;

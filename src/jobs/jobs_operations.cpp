@@ -502,6 +502,7 @@ Directive Jobs::run(JobCore& job, JobRun& run) noexcept {
   }
   if (!go) {
     release_rule();
+    end_traced_phase();
     ToStart to_start;
     RunEnd ended;
     {
@@ -528,6 +529,13 @@ Directive Jobs::run(JobCore& job, JobRun& run) noexcept {
   }
 
   return run_step(job, run, *running_monitor);
+}
+
+// In a run's phase, about to end the job: a trace being recorded gets the phase's slice now,
+// before a join() can return and its caller stop the trace.
+void Jobs::end_traced_phase() noexcept {
+  if (TracedPhase* phase = state().traced_phase) [[unlikely]]
+    phase->end("done");
 }
 
 Directive Jobs::go_on(JobCore& job, JobRun& run) noexcept {
@@ -566,6 +574,12 @@ Directive Jobs::run_step(JobCore& job, JobRun& run, ProgressMonitor& monitor) no
                                 "' asked to go on in a sync phase (co_await sync()); jobs run on the "
                                 "workers, which have no synchronous thread";
     result = Status::error(message, std::make_exception_ptr(IllegalState(message)));
+  }
+  // The run ends here: what run() kept for a next phase goes now, so that the next run starts anew.
+  if (std::exchange(run.kept_steps, false)) {
+    after.job = &job;
+    job.hooks().drop_steps(job.job());
+    after.job = outer;
   }
   if (result.finishes_later()) {
     std::optional<Status> now = finish_later(job, run);
@@ -654,6 +668,7 @@ void Jobs::end_started_run(JobCore& job, Status result) noexcept {
   // The run is over before the job says so: its rule is free by the time join() returns.
   const TaskState& here = state();
   if (here.phase_of != nullptr && here.tasklet != nullptr) here.phase_of->release_rule(*here.tasklet);
+  end_traced_phase();
 
   ToStart to_start;
   RunEnd ended;

@@ -186,16 +186,28 @@ void Domain::shut_down() noexcept {
     Domain& domain;
     ~Saved() { domain.save_trace_file(); }  // once everything ended: the trace ends too
   } const saved{*this};
-  // What the extension (the jobs) has not started is canceled and what runs waited for; then every
-  // other waiting request is cancelled (tasklets end unrun, threads are told); running background
-  // work is waited for by the background schedulers' destructors, or, when one of their own tasks
-  // lets them go, by the task that finishes their destruction, which keeps us (and so the rule
-  // table) alive until then. The extension's remains (the jobs' listeners) go with us.
+  // What the extension (the jobs) has not started is canceled and every waiting request too (see
+  // close()), before what runs is waited for: a run's hold or begin_rule that waited behind another
+  // run would otherwise be granted once that run ended. Then what entered meanwhile is cancelled;
+  // running background work is waited for by the background schedulers' destructors, or, when one
+  // of their own tasks lets them go, by the task that finishes their destruction, which keeps us
+  // (and so the rule table) alive until then. The extension's remains (the jobs' listeners) go
+  // with us.
+  close();
   if (extension_) extension_->shut_down();
   table_.cancel_all_waiting();
   if (extension_) extension_->let_go();
   background_.reset();
   timer_->stop();  // its thread goes; timed waits left go on as threads' waits
+}
+
+void Domain::close() noexcept {
+  if (closing_.load(std::memory_order_acquire)) return;
+  if (extension_) extension_->stop();
+  // Before the cancellation, so that a request entered after it sees closing() (both are
+  // sequentially consistent, and the table's lock orders the entry against the cancellation).
+  closing_.store(true, std::memory_order_seq_cst);
+  table_.cancel_all_waiting();
 }
 
 std::shared_ptr<Scheduler> Domain::make_background() {
@@ -218,8 +230,15 @@ Scheduler& Domain::background() {
 
 void Domain::begin_rule(const Rule& rule) {
   auto& ctx = detail::state();
-  if (handed_count_.load(std::memory_order_acquire) != 0) take_handed(ctx);
   ctx.rule_stack.push_back(detail::RuleFrame{rule, this, nullptr});  // out of memory: nothing pushed
+  if (handed_count_.load(std::memory_order_acquire) != 0) {
+    try {
+      take_handed_below_top(ctx);  // IllegalState: this frame stays for end_rule
+    } catch (const std::bad_alloc&) {
+      ctx.rule_stack.pop_back();
+      throw;
+    }
+  }
   if (!rule) return;
   detail::ThreadHold* hold = nullptr;
   try {
@@ -248,15 +267,7 @@ void Domain::begin_rule(const Rule& rule) {
         throw IllegalState("begin_rule(" + describe(rule) + "): the job manager shut down while waiting");
       // A rule containing this one was handed to this thread while it waited: it becomes the
       // outermost, and this begin_rule nests in it.
-      detail::RuleFrame mine = std::move(ctx.rule_stack.back());
-      ctx.rule_stack.pop_back();
-      try {
-        take_handed(ctx);
-      } catch (...) {
-        ctx.rule_stack.push_back(std::move(mine));  // the frame stays for end_rule
-        throw;
-      }
-      ctx.rule_stack.push_back(std::move(mine));  // room: the popped frame's
+      take_handed_below_top(ctx);
       const Rule& handed_rule = ctx.rule_stack[ctx.phase_base].rule;
       if (!handed_rule->contains(*rule)) {
         throw RuleNotContained("begin_rule(" + describe(rule) + ") does not match the rule " +
@@ -327,7 +338,21 @@ detail::ThreadHold* Domain::hold_for(detail::TaskState& ctx, const Rule& rule) {
 
 void Domain::end_rule(const Rule& rule) {
   auto& ctx = detail::state();
-  if (handed_count_.load(std::memory_order_acquire) != 0) take_handed(ctx);
+  // A rule handed here that this thread cannot take (it holds one) is released, and the caller
+  // told so once this end is done: the rule it ends is not left held.
+  std::exception_ptr not_taken;
+  if (handed_count_.load(std::memory_order_acquire) != 0) {
+    try {
+      take_handed(ctx);
+    } catch (...) {
+      not_taken = std::current_exception();
+    }
+  }
+  end_top(ctx, rule);
+  if (not_taken) std::rethrow_exception(not_taken);
+}
+
+void Domain::end_top(detail::TaskState& ctx, const Rule& rule) {
   if (ctx.rule_stack.size() <= ctx.phase_base) {
     throw RuleMismatch("end_rule(" + describe(rule) + ") without a matching begin_rule on this thread" +
                        (ctx.phase_of != nullptr ? " in this phase" : ""));
@@ -382,6 +407,7 @@ ManagerHandle::~ManagerHandle() {
   if (extension != nullptr && extension->runs_here()) {
     // Dropped inside the extension's own work (a job's run), which the destructor would wait for:
     // that work's worker finishes the destruction once it is over.
+    domain->close();
     extension->finish_after_this_run(std::move(domain));
     return;
   }

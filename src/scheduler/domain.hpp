@@ -16,6 +16,7 @@
 #include "context.hpp"
 #include "rule_table.hpp"
 #include "task_condition.hpp"
+#include "tasklet/error.hpp"
 #include "tasklet/job_manager.hpp"
 #include "tasklet/scheduler.hpp"
 #include "tasklet/workers.hpp"
@@ -131,12 +132,20 @@ class ThreadHold final : public InlineRuleRequest<4> {
 /// what they hold; returns their names for the report, empty when there were none.
 std::string end_frames_above(TaskState& ctx, std::size_t base) noexcept;
 
+/// Why a library tasklet that waited for its rule ended unrun: its manager shut down.
+class ManagerShutDown : public IllegalState {
+ public:
+  using IllegalState::IllegalState;
+};
+
 /// What a layer above keeps per manager (the jobs): told, in this order, when the manager goes.
 class DomainExtension {
  public:
   virtual ~DomainExtension() = default;
-  /// Cancels what has not started and waits for what runs (before the table's waiters are
-  /// cancelled).
+  /// Nothing starts from now on, and what has not started is cancelled (before the table's
+  /// waiters are).
+  virtual void stop() noexcept = 0;
+  /// Waits for what runs (after the table's waiters were cancelled).
   virtual void shut_down() noexcept = 0;
   /// After the table's waiters are cancelled: lets its schedulers go and forgets them. What it
   /// still owns is dropped with the domain, after the last task of the domain's schedulers.
@@ -160,6 +169,12 @@ class Domain : public std::enable_shared_from_this<Domain> {
   /// The manager is being destroyed: cancels what has not started, waits for what runs (see
   /// ~JobManager), lets its schedulers go and its extension. Once.
   void shut_down() noexcept;
+  /// shut_down's first part, for one called from inside a run, which finishes it once that run is
+  /// over: nothing new starts, and every waiting request (tasklets, holds, begin_rule) is
+  /// cancelled, now and whenever one would wait from now on. Once; shut_down() calls it.
+  void close() noexcept;
+  /// Whether close() was called: a hold or begin_rule that would wait is refused instead.
+  bool closing() const noexcept { return closing_.load(std::memory_order_seq_cst); }
 
   void begin_rule(const Rule& rule);
   detail::ThreadHold* hold_for(detail::TaskState& ctx, const Rule& rule);
@@ -237,6 +252,11 @@ class Domain : public std::enable_shared_from_this<Domain> {
   std::atomic<std::size_t> handed_count_{0};
   // The rule handed to this thread, if any, becomes its outermost rule (at `ctx.phase_base`).
   void take_handed(TaskState& ctx);
+  // As take_handed, below the frame on top (the caller's, pushed already), which stays pushed
+  // whatever it throws.
+  void take_handed_below_top(TaskState& ctx);
+  // end_rule's end of the top frame, which must be `rule`'s.
+  void end_top(TaskState& ctx, const Rule& rule);
   ThreadHold* destination_waiter(const Rule& rule, std::thread::id destination, const std::string& what);
   void handed(ThreadHold* waiter);
   void transfer_tasklet_rule(TaskState& ctx, const Rule& rule, std::thread::id destination,
@@ -246,6 +266,8 @@ class Domain : public std::enable_shared_from_this<Domain> {
   std::mutex listener_mutex_;
   std::shared_ptr<LockListener> lock_listener_;
   std::atomic<bool> listening_{false};
+  // close() was called (see closing()).
+  std::atomic<bool> closing_{false};
   // The recorder, made by the first start_trace and kept until the domain goes (a thread may still
   // be recording into it after stop_trace); started again, it starts over. `trace_` is set while
   // it records: beside `listening_`, which begin_rule reads with it.

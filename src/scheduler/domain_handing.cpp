@@ -88,6 +88,9 @@ detail::ThreadHold::Answer Domain::enter_and_wait_told(detail::ThreadHold& hold,
   SchedulerImpl* sync_thread_of = listener && ctx.worker_of == nullptr ? ctx.sync_of : nullptr;
   hold.wake_through(sync_thread_of);
   if (hold.try_enter(table_)) return hold.answer();
+  // A job's run in a manager that shuts down does not wait: the shutdown withdrew those waiting
+  // when it began (see close()), and this one is answered as they were.
+  if (job_layer != nullptr && closing() && table_.withdraw(hold)) return detail::ThreadHold::Answer::cancelled;
   detail::ThreadHold::Noted noted(hold, this);  // before the listener hears of it
   std::vector<RuleBlocker> blockers;
   try {
@@ -256,6 +259,19 @@ void Domain::note_waiting(ThreadHold& hold) {
 void Domain::note_waited() noexcept {
   std::lock_guard lock(handing_);
   waiting_.erase(std::this_thread::get_id());
+}
+
+void Domain::take_handed_below_top(detail::TaskState& ctx) {
+  ctx.rule_stack.reserve(ctx.rule_stack.size() + 1);  // out of memory: nothing taken, the frame stays
+  detail::RuleFrame mine = std::move(ctx.rule_stack.back());
+  ctx.rule_stack.pop_back();
+  try {
+    take_handed(ctx);
+  } catch (...) {
+    ctx.rule_stack.push_back(std::move(mine));  // room: the popped frame's
+    throw;
+  }
+  ctx.rule_stack.push_back(std::move(mine));  // room: reserved above
 }
 
 void Domain::take_handed(detail::TaskState& ctx) {

@@ -34,6 +34,7 @@ void Domain::stop_trace() noexcept {
   std::lock_guard lock(trace_mutex_);
   trace_.store(nullptr, std::memory_order_release);
   table_.set_trace(nullptr);
+  if (recorder_) recorder_->stop();  // phases still running hold it: they add nothing more
 }
 
 void Domain::write_trace(std::ostream& out, JobManager::TraceFormat format) const {

@@ -268,7 +268,7 @@ std::string detail::SchedulerImpl::describe_tasklet(const Tasklet& tasklet) cons
 // cancel() withdraws under its manager's lock), and the hook takes that layer's locks. Out of
 // memory for that task too, it is told here.
 void detail::SchedulerImpl::abandon(TaskletPtr tasklet, std::exception_ptr error) noexcept {
-  if (abandoned_.load(std::memory_order_acquire) == nullptr) {
+  if (dynamic_cast<LibraryTasklet*>(tasklet.get()) == nullptr) {
     finish(std::move(tasklet), std::move(error));
     return;
   }
@@ -281,7 +281,7 @@ void detail::SchedulerImpl::abandon(TaskletPtr tasklet, std::exception_ptr error
 }
 
 void detail::SchedulerImpl::tell_abandoned(TaskletPtr tasklet, std::exception_ptr error) noexcept {
-  abandoned_.load(std::memory_order_acquire)(*tasklet, std::move(error));
+  static_cast<LibraryTasklet&>(*tasklet).abandoned(std::move(error));
   finish(std::move(tasklet), nullptr);
 }
 

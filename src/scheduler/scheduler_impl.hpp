@@ -36,6 +36,7 @@
 #include "domain.hpp"
 #include "rule_table.hpp"
 #include "tasklet/detail/hold.hpp"
+#include "tasklet/detail/library_tasklet.hpp"
 #include "tasklet/job_manager.hpp"
 #include "tasklet/scheduler.hpp"
 #include "tasklet/workers.hpp"
@@ -150,11 +151,6 @@ class SchedulerImpl final {
   static constexpr std::size_t lane_count = 5;
   using OrderOf = Order (*)(const Tasklet&);
   void order_async_phases_by(OrderOf order);
-  /// Told, on a worker, of a tasklet the engine ends without running its next phase because it ran
-  /// out of memory (entering its rule in the table, queueing the phase); the tasklet is then ended
-  /// with no failure recorded. Without it the error is recorded as the tasklet's failure.
-  using Abandoned = void (*)(Tasklet&, std::exception_ptr) noexcept;
-  void on_abandoned(Abandoned abandoned) noexcept { abandoned_.store(abandoned, std::memory_order_release); }
   /// How diagnostics name this scheduler's tasklets ("job 'name'" for the jobs'); by default
   /// "tasklet 'name'", or "tasklet@<address>" for an unnamed one. Set before use; must not throw
   /// but for std::bad_alloc, nor take locks (it runs under the rule table's).
@@ -165,7 +161,10 @@ class SchedulerImpl final {
   using DescribeTasklet = std::string (*)(const Tasklet&);
   void describe_tasklets_by(DescribeTasklet describe) noexcept { describe_ = describe; }
   std::string describe_tasklet(const Tasklet& tasklet) const;
-  /// Ends a tasklet whose next phase cannot be started for lack of memory (see on_abandoned).
+  /// Ends a tasklet without running its next phase, for `error` (out of memory entering its rule
+  /// or queueing the phase, its rule refused by a backend, its manager shutting down): a library
+  /// tasklet is told so on a worker (detail::LibraryTasklet) and ends with no failure recorded;
+  /// another ends with `error` as its failure.
   void abandon(TaskletPtr tasklet, std::exception_ptr error) noexcept;
   void tell_abandoned(TaskletPtr tasklet, std::exception_ptr error) noexcept;
   /// The front of the lane whose front is earliest (under ready_mutex_, with a phase ready).
@@ -279,7 +278,6 @@ class SchedulerImpl final {
     TaskletPtr tasklet;
   };
   OrderOf order_ = nullptr;
-  std::atomic<Abandoned> abandoned_{nullptr};
   DescribeTasklet describe_ = nullptr;
   oneapi::tbb::mutex ready_mutex_;  // held for a queue step: spins briefly, then waits
   // Blocks pushed by the posting thread are freed by the workers: glibc's allocator would make them
@@ -314,7 +312,7 @@ class SchedulerImpl final {
   void start_holding(TaskletPtr& tasklet, Directive directive);
   void continue_after_phase(TaskletPtr tasklet, Directive directive, std::exception_ptr error) noexcept;
   void dispatch(TaskletPtr tasklet, Directive directive) noexcept;
-  // Out of memory, the tasklet is abandoned (see on_abandoned) rather than lost.
+  // Out of memory, the tasklet is abandoned (see abandon) rather than lost.
   void enqueue_sync(TaskletPtr tasklet) noexcept;
   void enqueue_async(TaskletPtr tasklet) noexcept;
   void enqueue_async_or_throw(TaskletPtr& tasklet);

@@ -130,9 +130,23 @@ struct detail::SchedulerImpl::TaskletHold final : detail::InlineRuleRequest<N>, 
     delete this;
     impl.finish(std::move(ended), nullptr);
   }
+  // Its manager shuts down while it waits: a library tasklet hears why (a job's run ends its job,
+  // canceled); any other ends unrun, as when withdrawn.
+  void closed() noexcept override {
+    if (dynamic_cast<const LibraryTasklet*>(tasklet.get()) == nullptr) {
+      cancelled();
+      return;
+    }
+    std::exception_ptr why;
+    try {
+      why = std::make_exception_ptr(ManagerShutDown("its job manager shut down while it waited for its rule"));
+    } catch (...) {
+      why = std::current_exception();  // out of memory for the message
+    }
+    failed(std::move(why));
+  }
   void refused() noexcept override { failed(std::make_exception_ptr(std::bad_alloc())); }
-  // Ends the tasklet unrun with `why`, as a failure of the tasklet (the jobs' scheduler ends the
-  // job with it).
+  // Ends the tasklet unrun with `why` (see SchedulerImpl::abandon).
   void failed(std::exception_ptr why) noexcept override {
     SchedulerImpl& impl = scheduler();
     const Delivery delivery(impl, count_in(impl));
@@ -233,6 +247,9 @@ detail::HoldAnswer detail::SchedulerImpl::begin_hold(Tasklet& tasklet, const Rul
   }
   holds_.fetch_add(1, std::memory_order_relaxed);
   domain_.table_.enter(*hold);
+  // A manager that shuts down lets no hold wait: it withdrew those waiting when it began (see
+  // Domain::close), and this one is answered as they were.
+  if (domain_.closing() && domain_.table_.withdraw(*hold)) hold->cancelled();
   if (!hold->told.exchange(true, std::memory_order_acq_rel)) return HoldAnswer::waiting;
   // Answered while it entered: the phase goes on, unsuspended.
   end_suspension(owned, generation);

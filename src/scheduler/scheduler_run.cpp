@@ -142,8 +142,10 @@ PhaseResult run_untraced_phase(detail::SchedulerImpl& impl, const TaskletPtr& ow
   const PhaseResult result = run_untraced_phase(impl, owned);
   task.traced_phase = outer;
   try {
-    phase.args.emplace_back("next", std::string(result.error ? "failed" : to_string(result.directive)));
-    trace.slice("phase", std::move(phase.name), phase.since, std::move(phase.args));
+    if (!phase.ended) {
+      phase.args.emplace_back("next", std::string(result.error ? "failed" : to_string(result.directive)));
+      trace.slice("phase", std::move(phase.name), phase.since, std::move(phase.args));
+    }
     if (!result.error && result.directive == Directive::wait) trace.parked(&tasklet, std::move(owner));
   } catch (...) {
     // Out of memory: the trace misses this phase.

@@ -1,11 +1,13 @@
 #include <cstdio>
 
+#include "tasklet/detail/library_tasklet.hpp"
 #include "tasklet/error.hpp"
 #include "tasklet/tasklet_base.hpp"
 
 namespace tasklet {
 
 Tasklet::~Tasklet() = default;
+detail::LibraryTasklet::~LibraryTasklet() = default;
 
 void Tasklet::set_rule(Rule rule) {
   if (is_active()) {

@@ -157,6 +157,9 @@ class RuleRequest {
     static_cast<void>(why);
     cancelled();
   }
+  /// The table's owner shuts down while the request waits (RuleTable::cancel_all_waiting): it is
+  /// out of the table, never granted. By default, as cancelled.
+  virtual void closed() noexcept { cancelled(); }
   /// Who asked (a tasklet, for instance), so that its request can be found and withdrawn.
   virtual const void* owner() const noexcept { return nullptr; }
   /// Whether a thread blocks while it waits (begin_rule on an ordinary thread), rather than a

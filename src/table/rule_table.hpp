@@ -172,7 +172,7 @@ class RuleTable {
   std::vector<RuleBlocker> wait_chain(const std::function<bool(const RuleRequest&)>& start,
                                       std::span<const RuleRequest* const> mine, std::size_t limit);
 
-  /// Cancels every waiting request (their cancelled() is called). For the owner's shutdown.
+  /// Cancels every waiting request (their closed() is called). For the owner's shutdown.
   void cancel_all_waiting();
 
   /// True when no rule is held and no request waits. Thread-safe.

@@ -200,7 +200,7 @@ void RuleTable::cancel_all_waiting() {
     cancelled.erase(kept, cancelled.end());
   }
   notify(grants);
-  for (RuleRequest* request : cancelled) request->cancelled();
+  for (RuleRequest* request : cancelled) request->closed();
 }
 
 }  // namespace tasklet::detail

@@ -64,11 +64,9 @@ Directive SerialTask::task() {
   return Directive::done;
 }
 
-// The manager's background scheduler runs serial tasks only.
-void SerialTask::abandon(Tasklet& task, std::exception_ptr error) noexcept {
-  SerialExecutor::State& shared = static_cast<SerialTask&>(task).state_;
-  std::lock_guard lock(shared.mutex);
-  if (!shared.first_error) shared.first_error = std::move(error);
+void SerialTask::abandoned(std::exception_ptr error) noexcept {
+  std::lock_guard lock(state_.mutex);
+  if (!state_.first_error) state_.first_error = std::move(error);
 }
 
 // A task posted at a fixed rate: its body, its schedule, and the run posted next.
@@ -157,7 +155,6 @@ SerialExecutor::SerialExecutor(std::shared_ptr<JobManager> manager, std::string 
     : manager_(manager ? std::move(manager) : JobManager::global()),
       rule_(rules::mutex(name.empty() ? "serial executor" : std::move(name))),
       state_(std::make_shared<State>()) {
-  detail::background_of(*manager_).on_abandoned(&detail::SerialTask::abandon);
 }
 
 SerialExecutor::SerialExecutor(std::shared_ptr<JobManager> manager, Rule rule)
@@ -169,7 +166,6 @@ SerialExecutor::SerialExecutor(std::shared_ptr<JobManager> manager, Rule rule)
     throw InvalidRule("SerialExecutor(" + describe(rule_) +
                       "): a strand's rule must conflict with itself, or its tasks would run together");
   }
-  detail::background_of(*manager_).on_abandoned(&detail::SerialTask::abandon);
 }
 
 SerialExecutor::~SerialExecutor() {

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <functional>
+#include <future>
 #include <memory>
 #include <new>
 #include <optional>
@@ -25,6 +26,7 @@
 #include "support/exclusion_check.hpp"
 #include "support/failing_allocation.hpp"
 #include "support/job_support.hpp"
+#include "tasklet/coroutine.hpp"
 #include "tasklet/tasklet.hpp"
 
 namespace tasklet {
@@ -359,6 +361,54 @@ void expect_ran_or_out_of_memory(const Job& job, long n) {
   if (result.is_ok()) return;
   EXPECT_NE(result.message.find("out of memory"), std::string::npos)
       << job.name() << ", allocation " << n << ": " << result.message;
+}
+
+// when_all's task parks, and its worker runs out of memory from then on (parking the task, resuming
+// it, ending it). The manager's background scheduler runs it beside a serial executor's tasks: a
+// task the engine abandons there is told so as what it is, so when_all's awaiter goes on (with the
+// error, or the value) and the executor hears of nothing.
+Task<void> parks_once(std::promise<Rescheduler>& handed, long n) {
+  co_await wait([&handed, n](Rescheduler resume) {
+    handed.set_value(std::move(resume));
+    FailLater::arm(n);
+  });
+}
+
+TEST_F(FaultInjectionTest, AWhenAllTaskAbandonedBesideASerialExecutor) {
+  SerialExecutor executor(manager_, "beside");
+  int abandoned = 0;  // rounds in which the task could not park: its Rescheduler found it ended
+  // The test's resume may come before the task parks (then the park needs no room): sweeps until
+  // the task was abandoned at least once.
+  for (int sweep = 0; sweep < 50 && abandoned == 0; ++sweep) {
+    sweep_worker([&](long n) {
+      std::promise<Rescheduler> handed;
+      auto job = make_job(
+          "fans out",
+          [&handed, n](ProgressMonitor&) -> Task<Status> {
+            try {
+              co_await when_all(parks_once(handed, n));
+            } catch (const std::bad_alloc&) {
+              co_return Status::error("out of memory in when_all");
+            }
+            co_return Status::ok();
+          },
+          manager_);
+      job->schedule();
+      const Rescheduler parked = handed.get_future().get();
+      try {
+        parked.resume(Directive::async);
+      } catch (const AlreadyResumed&) {
+        ++abandoned;
+      }
+      ASSERT_TRUE(job->join(patience)) << "allocation " << n << ": when_all's awaiter never went on";
+      expect_ran_or_out_of_memory(*job, n);
+      executor.post([] {});
+      EXPECT_NO_THROW(executor.wait()) << "allocation " << n;
+    });
+    if (HasFatalFailure()) return;
+  }
+  EXPECT_GE(abandoned, 1);
+  expect_table_clear(0);
 }
 
 // `count` jobs on `rule`, named `name` and their number: the first arms the n-th allocation of its

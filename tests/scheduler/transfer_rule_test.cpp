@@ -351,7 +351,7 @@ TEST_F(TransferRuleTest, ADestinationHoldingARuleOfItsOwnGetsTheErrorAndTheHande
     } catch (const IllegalState& failure) {
       error.set_value(failure.what());
     }
-    manager_->end_rule(own);
+    EXPECT_THROW(manager_->end_rule(own), RuleMismatch);  // the throwing end_rule ended it all the same
   });
   destination.go();
   holds.wait();
@@ -361,8 +361,45 @@ TEST_F(TransferRuleTest, ADestinationHoldingARuleOfItsOwnGetsTheErrorAndTheHande
   const std::string message = error.get_future().get();
   EXPECT_NE(message.find("mutex(handed)"), std::string::npos) << message;
   destination.join();
-  manager_->begin_rule(handed);  // released: free again
-  manager_->end_rule(handed);
+  for (const Rule& rule : {handed, own}) {  // both free again
+    manager_->begin_rule(rule);
+    manager_->end_rule(rule);
+  }
+  EXPECT_EQ(manager_->rule_stats().held, 0u);
+}
+
+TEST_F(TransferRuleTest, ADestinationHoldingARuleGetsTheErrorFromABeginRuleThatStillPushes) {
+  const Rule handed = rules::path("/dst/z");
+  const Rule own = rules::path("/dst/own");
+  const Rule inner = rules::path("/dst/own/inner");
+  std::latch holds(1);
+  std::promise<std::string> error;
+  std::promise<void> handed_over;
+  Destination destination([&] {
+    const RuleScope outer(*manager_, own);
+    holds.count_down();
+    handed_over.get_future().wait();
+    try {
+      const RuleScope scope(*manager_, inner);  // takes the handed rule first: it holds one already
+      error.set_value("");
+    } catch (const IllegalState& failure) {
+      error.set_value(failure.what());
+    } catch (const std::exception& other) {
+      error.set_value(std::string("not IllegalState: ") + other.what());
+    }
+    // The begin_rule that threw pushed its frame and the scope ended it: the outer scope is on top.
+    EXPECT_EQ(manager_->current_rule(), own);
+  });
+  destination.go();
+  holds.wait();
+  manager_->begin_rule(handed);
+  manager_->transfer_rule(handed, destination.id());
+  handed_over.set_value();
+  const std::string message = error.get_future().get();
+  EXPECT_NE(message.find("/dst/z"), std::string::npos) << message;
+  EXPECT_NE(message.find("holds a rule already"), std::string::npos) << message;
+  destination.join();
+  EXPECT_EQ(manager_->rule_stats().held, 0u);
 }
 
 }  // namespace

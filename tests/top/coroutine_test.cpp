@@ -3,6 +3,8 @@
 // across all of them, awaited coroutines run inline with their values and exceptions, and an
 // exception nobody awaits is the tasklet's failure.
 #include <atomic>
+#include <functional>
+#include <future>
 #include <latch>
 #include <mutex>
 #include <set>
@@ -782,6 +784,158 @@ TEST_P(CoroutineTest, EachRunOfACoroutineJobIsANewCoroutine) {
   job->join();
   EXPECT_EQ(job->result().message, "run 2");
   EXPECT_EQ(made.load(), 2);
+}
+
+TEST_P(CoroutineTest, ARunThatEndsBeforeItsCoroutineDestroysItAndTheNextRunStartsANewOne) {
+  const Rule left_open = rules::mutex("left open");
+  std::atomic<int> made{0}, frames_gone{0}, went_on{0};
+  // Run 1 asks for a sync phase (refused), run 2 leaves a begin_rule open across a co_await, run 3
+  // ends as it should. Each must be a coroutine of its own.
+  auto job = make_job(
+      "ends early",
+      [&](ProgressMonitor&) -> Task<Status> {
+        FrameGone guard{&frames_gone};
+        const int run = made.fetch_add(1) + 1;
+        if (run == 1) {
+          co_await sync();
+          went_on.fetch_add(1);
+        } else if (run == 2) {
+          manager_->begin_rule(left_open);
+          co_await async();
+          went_on.fetch_add(1);
+          manager_->end_rule(left_open);
+        }
+        co_return Status::ok();
+      },
+      manager_);
+  job->schedule();
+  job->join();
+  EXPECT_TRUE(job->result().is_error()) << job->result().message;
+  EXPECT_EQ(frames_gone.load(), 1) << "the first run's coroutine outlived its run";
+  job->schedule();
+  job->join();
+  EXPECT_EQ(made.load(), 2) << "the second run did not start a new coroutine";
+  EXPECT_TRUE(job->result().is_error());
+  EXPECT_NE(job->result().message.find("did not end it"), std::string::npos) << job->result().message;
+  EXPECT_EQ(frames_gone.load(), 2);
+  job->schedule();
+  job->join();
+  EXPECT_TRUE(job->result().is_ok()) << job->result().message;
+  EXPECT_EQ(made.load(), 3);
+  EXPECT_EQ(frames_gone.load(), 3);
+  EXPECT_EQ(went_on.load(), 0) << "a run went on after it had ended";
+  EXPECT_EQ(manager_->rule_stats().held, 0u);
+}
+
+// The manager's end, from another thread: its destructor waits for the running jobs.
+class DroppedElsewhere {
+ public:
+  explicit DroppedElsewhere(std::shared_ptr<JobManager>& manager)
+      : thread_([dropped = std::move(manager)]() mutable { dropped.reset(); }) {}
+  ~DroppedElsewhere() { thread_.join(); }
+  DroppedElsewhere(const DroppedElsewhere&) = delete;
+  DroppedElsewhere& operator=(const DroppedElsewhere&) = delete;
+
+ private:
+  std::thread thread_;
+};
+
+TEST_P(CoroutineTest, ShutdownCancelsAWaitingHoldBeforeItWaitsForTheRunningJobs) {
+  auto manager = JobManager::create(JobManager::Options{2, nullptr});
+  test::Gate blocker_in, release;
+  std::promise<std::string> outcome;
+  auto blocker = make_job(
+      "holds /y",
+      [&](ProgressMonitor&) {
+        blocker_in.open();
+        release.wait();
+      },
+      manager);
+  blocker->set_rule(rules::path("/y"));
+  auto waiter = make_job(
+      "waits for /y/z",
+      [&outcome](ProgressMonitor&) -> Task<void> {
+        try {
+          auto held = co_await hold(rules::path("/y/z"));
+          outcome.set_value("granted");
+        } catch (const IllegalState& refused) {
+          outcome.set_value(refused.what());
+        }
+      },
+      manager);
+  blocker->schedule();
+  ASSERT_TRUE(blocker_in.wait());
+  waiter->schedule();
+  ASSERT_TRUE(test::eventually([&] { return manager->rule_snapshot().requests.size() == 2; }));
+  std::future<std::string> told = outcome.get_future();
+  bool in_time = false;
+  {
+    const DroppedElsewhere dropping(manager);
+    in_time = told.wait_for(test::patience) == std::future_status::ready;
+    release.open();  // the blocker ends; the manager's end completes
+  }
+  ASSERT_TRUE(in_time) << "the hold was still waiting while the shutdown waited for the running job";
+  const std::string message = told.get();
+  EXPECT_NE(message.find("shut down"), std::string::npos) << message;
+  EXPECT_TRUE(waiter->result().is_ok()) << waiter->result().message;
+}
+
+// A job that opens a gate when it is canceled.
+class TellsItsCancel final : public Job {
+ public:
+  TellsItsCancel(std::function<Status()> body, std::shared_ptr<JobManager> manager)
+      : Job("canceled at shutdown", std::move(manager)), body_(std::move(body)) {}
+  test::Gate canceled;
+
+ protected:
+  Status run(ProgressMonitor&) override { return body_(); }
+  void canceling() override { canceled.open(); }
+
+ private:
+  std::function<Status()> body_;
+};
+
+TEST_P(CoroutineTest, ARunningJobsBeginRuleThatWouldWaitDuringShutdownIsRefused) {
+  auto manager = JobManager::create(JobManager::Options{2, nullptr});
+  const Rule contended = rules::path("/q");
+  test::Gate blocker_in, release;
+  std::promise<std::string> outcome;
+  auto blocker = make_job(
+      "holds /q",
+      [&](ProgressMonitor&) {
+        blocker_in.open();
+        release.wait();
+      },
+      manager);
+  blocker->set_rule(contended);
+  JobManager* const going = manager.get();  // alive until the running jobs are over
+  std::shared_ptr<TellsItsCancel> late;
+  late = std::make_shared<TellsItsCancel>(
+      [&] {
+        late->canceled.wait();  // the shutdown has begun
+        try {
+          const RuleScope scope(*going, contended);
+          outcome.set_value("granted");
+        } catch (const IllegalState& refused) {
+          outcome.set_value(refused.what());
+        }
+        return Status::ok();
+      },
+      manager);
+  blocker->schedule();
+  ASSERT_TRUE(blocker_in.wait());
+  late->schedule();
+  ASSERT_TRUE(test::eventually([&] { return late->state() == JobState::running; }));
+  std::future<std::string> told = outcome.get_future();
+  bool in_time = false;
+  {
+    const DroppedElsewhere dropping(manager);
+    in_time = told.wait_for(test::patience) == std::future_status::ready;
+    release.open();
+  }
+  ASSERT_TRUE(in_time) << "a begin_rule made during the shutdown waited for a running job";
+  const std::string message = told.get();
+  EXPECT_NE(message.find("shut down"), std::string::npos) << message;
 }
 
 TASKLET_WORKER_COUNTS(CoroutineTest);

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sample_run.hpp"
+#include "support/job_support.hpp"
 
 namespace tasklet {
 namespace {
@@ -359,6 +360,78 @@ TEST(TraceTest, SaveTraceNamesThePathItCannotWrite) {
   } catch (const std::ios_base::failure& error) {
     EXPECT_NE(std::string(error.what()).find("/nonexistent-dir/trace.json"), std::string::npos);
   }
+}
+
+// A done listener that waits for the test: the job's worker is still inside its run's phase.
+class DoneWaits final : public JobListener {
+ public:
+  explicit DoneWaits(test::Gate& gate) : gate_(gate) {}
+  void done(const JobEvent&) override { gate_.wait(); }
+
+ private:
+  test::Gate& gate_;
+};
+
+TEST(TraceTest, AJobsPhaseIsInTheTraceOnceJoinReturns) {
+  auto manager = JobManager::create(JobManager::Options{2, nullptr});
+  manager->start_trace();
+  test::Gate listener_may_end;
+  test::HoldingJob holder(manager, "A", rules::path("/t"));
+  auto b = make_job(
+      "B", [](ProgressMonitor&) {}, manager);
+  b->set_rule(rules::path("/t"));
+  b->add_listener(std::make_shared<DoneWaits>(listener_may_end));
+  b->schedule();
+  ASSERT_TRUE(test::eventually([&] { return manager->rule_snapshot().requests.size() == 2; }));
+  holder.release();
+  b->join();
+  manager->stop_trace();  // the documented sequence: work, stop_trace(), save or write
+  const json trace = written(*manager);
+  listener_may_end.open();
+  const auto phases = events_of(trace, "X", "phase");
+  const auto b_phase = std::find_if(phases.begin(), phases.end(),
+                                    [](const json& e) { return e["name"] == "job 'B' (async)"; });
+  ASSERT_NE(b_phase, phases.end()) << "B is done, but its phase is not in the trace";
+  const auto states = events_of(trace, "i", "job");
+  EXPECT_TRUE(std::any_of(states.begin(), states.end(), [](const json& e) { return e["name"] == "job 'B': done"; }));
+  // The arrow from A's release ends where B's phase starts.
+  const auto ends = events_of(trace, "f");
+  ASSERT_FALSE(ends.empty());
+  EXPECT_TRUE(std::any_of(ends.begin(), ends.end(), [&](const json& e) { return e["ts"] == (*b_phase)["ts"]; }));
+}
+
+TEST(TraceTest, NothingIsAddedOnceStopTraceReturns) {
+  auto manager = JobManager::create(JobManager::Options{2, nullptr});
+  manager->start_trace();
+  test::Gate in_run, release;
+  auto c = make_job(
+      "C",
+      [&](ProgressMonitor&) {
+        in_run.open();
+        release.wait();
+      },
+      manager);
+  c->schedule();
+  ASSERT_TRUE(in_run.wait());
+  manager->stop_trace();
+  std::ostringstream first;
+  manager->write_trace(first, JobManager::TraceFormat::chrome_json);
+  release.open();  // C's phase, begun before the stop, ends after it
+  c->join();
+  auto d = make_job(
+      "D", [](ProgressMonitor&) {}, manager);
+  d->schedule();
+  d->join();
+  std::ostringstream second;
+  manager->write_trace(second, JobManager::TraceFormat::chrome_json);
+  EXPECT_EQ(first.str(), second.str());
+  // Started again, the new recording has only what began after it.
+  manager->start_trace();
+  d->schedule();
+  d->join();
+  manager->stop_trace();
+  const json again = written(*manager);
+  for (const json& phase : events_of(again, "X", "phase")) EXPECT_NE(phase["name"], "job 'C' (async)");
 }
 
 }  // namespace

@@ -1,0 +1,26 @@
+// tasklet/detail/library_tasklet.hpp: the library's own tasklets (private, not for users).
+#pragma once
+
+#include <exception>
+
+#include "tasklet/tasklet_base.hpp"
+
+namespace tasklet::detail {
+
+/// A tasklet the library makes for work someone waits for elsewhere (a job's run, a serial
+/// executor's task, one of when_all's tasks). When the engine ends it without running its next
+/// phase (out of memory, its rule refused by a backend, its manager shutting down while it waits
+/// for its rule) it tells the tasklet, which reports it where that work is awaited; the engine then
+/// records no failure of its own. Any other tasklet's such end is a failure of its scheduler.
+class LibraryTasklet : public Tasklet {
+ public:
+  ~LibraryTasklet() override;
+  /// Told once, on one of the workers, before the engine lets go of the tasklet; `why` says why
+  /// (std::bad_alloc for lack of memory).
+  virtual void abandoned(std::exception_ptr why) noexcept = 0;
+
+ protected:
+  LibraryTasklet() = default;
+};
+
+}  // namespace tasklet::detail
