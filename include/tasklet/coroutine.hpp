@@ -595,7 +595,8 @@ class AllEnded {
   auto make_children(const std::stop_token& stop, std::index_sequence<I...>) {
     using Child = WhenAllTask<AllOf<T...>>;
     return std::make_tuple(std::allocate_shared<Child>(
-        Allocator<Child>{}, RunChild<T>::template run<I>(std::move(std::get<I>(tasks_)), all_), all_, stop)...);
+        Allocator<Child>{}, RunChild<T>::template run<I>(std::move(std::get<I>(tasks_)), all_), all_,
+        stop)...);
   }
   std::tuple<Task<T>...> tasks_;
   std::shared_ptr<AllOf<T...>> all_;
@@ -678,8 +679,8 @@ std::shared_ptr<Job> make_coroutine_job(std::string name, const CoroutineMaker& 
 /// sync(), a begin_rule left open across a co_await) destroys the coroutine before the job is
 /// over; the next run starts a new one. While it awaits (co_await hold(rule), a job, wait(), a
 /// when_all) the run holds no worker; it stays running, holding the job's rule, and a manager
-/// that shuts down waits for it. Cancellation works as for other jobs (this_stop_token() is empty): cancel() cancels the
-/// monitor (and calls canceling()), which the coroutine polls. A run goes on only on the workers:
+/// that shuts down waits for it. Cancellation works as for other jobs (this_stop_token() is empty): cancel()
+/// cancels the monitor (and calls canceling()), which the coroutine polls. A run goes on only on the workers:
 /// co_await sync() ends it with an error, and a Rescheduler from wait() must resume it with
 /// Directive::async. An exception that leaves the coroutine ends the run with an error Status
 /// carrying it. `run` lives as long as the job, so a lambda's captures outlive each run's

@@ -103,10 +103,10 @@ class JobManager {
   /// tasklets, a running job's begin_rule, which throws IllegalState, and co_await hold(), which
   /// throws IllegalState); from then on a hold or begin_rule of a running job that would wait is
   /// refused the same way. Then it cancels the monitors of running jobs and waits for them and for
-  /// other background work, and stops the timer. The jobs stay usable, in state none; schedule() on them throws IllegalState.
-  /// Dropped inside one of its own jobs' run(), it waits for everything but that run, and the
-  /// job's worker finishes the destruction after it. The manager's listeners are dropped last,
-  /// once everything else is torn down. Never throws.
+  /// other background work, and stops the timer. The jobs stay usable, in state none; schedule() on them
+  /// throws IllegalState. Dropped inside one of its own jobs' run(), it waits for everything but that run,
+  /// and the job's worker finishes the destruction after it. The manager's listeners are dropped last, once
+  /// everything else is torn down. Never throws.
   virtual ~JobManager();
   JobManager(const JobManager&) = delete;
   JobManager& operator=(const JobManager&) = delete;

@@ -139,7 +139,8 @@ struct detail::SchedulerImpl::TaskletHold final : detail::InlineRuleRequest<N>, 
     }
     std::exception_ptr why;
     try {
-      why = std::make_exception_ptr(ManagerShutDown("its job manager shut down while it waited for its rule"));
+      why =
+          std::make_exception_ptr(ManagerShutDown("its job manager shut down while it waited for its rule"));
     } catch (...) {
       why = std::current_exception();  // out of memory for the message
     }

@@ -154,8 +154,7 @@ bool Repeat::end() {
 SerialExecutor::SerialExecutor(std::shared_ptr<JobManager> manager, std::string name)
     : manager_(manager ? std::move(manager) : JobManager::global()),
       rule_(rules::mutex(name.empty() ? "serial executor" : std::move(name))),
-      state_(std::make_shared<State>()) {
-}
+      state_(std::make_shared<State>()) {}
 
 SerialExecutor::SerialExecutor(std::shared_ptr<JobManager> manager, Rule rule)
     : manager_(manager ? std::move(manager) : JobManager::global()),

@@ -393,11 +393,13 @@ TEST(TraceTest, AJobsPhaseIsInTheTraceOnceJoinReturns) {
                                     [](const json& e) { return e["name"] == "job 'B' (async)"; });
   ASSERT_NE(b_phase, phases.end()) << "B is done, but its phase is not in the trace";
   const auto states = events_of(trace, "i", "job");
-  EXPECT_TRUE(std::any_of(states.begin(), states.end(), [](const json& e) { return e["name"] == "job 'B': done"; }));
+  EXPECT_TRUE(
+      std::any_of(states.begin(), states.end(), [](const json& e) { return e["name"] == "job 'B': done"; }));
   // The arrow from A's release ends where B's phase starts.
   const auto ends = events_of(trace, "f");
   ASSERT_FALSE(ends.empty());
-  EXPECT_TRUE(std::any_of(ends.begin(), ends.end(), [&](const json& e) { return e["ts"] == (*b_phase)["ts"]; }));
+  EXPECT_TRUE(
+      std::any_of(ends.begin(), ends.end(), [&](const json& e) { return e["ts"] == (*b_phase)["ts"]; }));
 }
 
 TEST(TraceTest, NothingIsAddedOnceStopTraceReturns) {
