@@ -83,6 +83,14 @@ class FaultInjectionTest : public ::testing::Test {
   std::shared_ptr<JobManager> manager_ = JobManager::create(JobManager::Options{2, nullptr});
 };
 
+// With one worker, everything after the first job's body runs on the armed worker: that job's end,
+// and the next jobs' starts (should_run, the progress monitor, the about_to_run and running events
+// of their listeners), runs and ends.
+class OneWorkerFaultTest : public FaultInjectionTest {
+ protected:
+  OneWorkerFaultTest() { manager_ = JobManager::create(JobManager::Options{1, nullptr}); }
+};
+
 // make_job, set_rule and schedule() of a job that waits for a rule this thread holds.
 TEST_F(FaultInjectionTest, MakingAndSchedulingAJobThatWaitsForARule) {
   const Rule held = rules::path("/data");
@@ -366,47 +374,48 @@ void expect_ran_or_out_of_memory(const Job& job, long n) {
 // when_all's task parks, and its worker runs out of memory from then on (parking the task, resuming
 // it, ending it). The manager's background scheduler runs it beside a serial executor's tasks: a
 // task the engine abandons there is told so as what it is, so when_all's awaiter goes on (with the
-// error, or the value) and the executor hears of nothing.
-Task<void> parks_once(std::promise<Rescheduler>& handed, long n) {
-  co_await wait([&handed, n](Rescheduler resume) {
+// error, or the value) and the executor hears of nothing. With one worker, `after_park` (scheduled
+// before the park) runs only once the park is over, so the test resumes a task that has parked or
+// was abandoned, never one still on its way to the park.
+Task<void> parks_once(std::promise<Rescheduler>& handed, Job& after_park, long n) {
+  co_await wait([&handed, &after_park, n](Rescheduler resume) {
+    after_park.schedule();
     handed.set_value(std::move(resume));
     FailLater::arm(n);
   });
 }
 
-TEST_F(FaultInjectionTest, AWhenAllTaskAbandonedBesideASerialExecutor) {
+TEST_F(OneWorkerFaultTest, AWhenAllTaskAbandonedBesideASerialExecutor) {
   SerialExecutor executor(manager_, "beside");
+  const auto after_park = make_job(
+      "after the park", [](ProgressMonitor&) { return Status::ok(); }, manager_);
   int abandoned = 0;  // rounds in which the task could not park: its Rescheduler found it ended
-  // The test's resume may come before the task parks (then the park needs no room): sweeps until
-  // the task was abandoned at least once.
-  for (int sweep = 0; sweep < 50 && abandoned == 0; ++sweep) {
-    sweep_worker([&](long n) {
-      std::promise<Rescheduler> handed;
-      auto job = make_job(
-          "fans out",
-          [&handed, n](ProgressMonitor&) -> Task<Status> {
-            try {
-              co_await when_all(parks_once(handed, n));
-            } catch (const std::bad_alloc&) {
-              co_return Status::error("out of memory in when_all");
-            }
-            co_return Status::ok();
-          },
-          manager_);
-      job->schedule();
-      const Rescheduler parked = handed.get_future().get();
-      try {
-        parked.resume(Directive::async);
-      } catch (const AlreadyResumed&) {
-        ++abandoned;
-      }
-      ASSERT_TRUE(job->join(patience)) << "allocation " << n << ": when_all's awaiter never went on";
-      expect_ran_or_out_of_memory(*job, n);
-      executor.post([] {});
-      EXPECT_NO_THROW(executor.wait()) << "allocation " << n;
-    });
-    if (HasFatalFailure()) return;
-  }
+  sweep_worker([&](long n) {
+    std::promise<Rescheduler> handed;
+    auto job = make_job(
+        "fans out",
+        [&handed, &after_park, n](ProgressMonitor&) -> Task<Status> {
+          try {
+            co_await when_all(parks_once(handed, *after_park, n));
+          } catch (const std::bad_alloc&) {
+            co_return Status::error("out of memory in when_all");
+          }
+          co_return Status::ok();
+        },
+        manager_);
+    job->schedule();
+    const Rescheduler parked = handed.get_future().get();
+    ASSERT_TRUE(after_park->join(patience)) << "allocation " << n;
+    try {
+      parked.resume(Directive::async);
+    } catch (const AlreadyResumed&) {
+      ++abandoned;
+    }
+    ASSERT_TRUE(job->join(patience)) << "allocation " << n << ": when_all's awaiter never went on";
+    expect_ran_or_out_of_memory(*job, n);
+    executor.post([] {});
+    EXPECT_NO_THROW(executor.wait()) << "allocation " << n;
+  });
   EXPECT_GE(abandoned, 1);
   expect_table_clear(0);
 }
@@ -497,14 +506,6 @@ TEST_F(FaultInjectionTest, EndingAGroupedJobWithAListenerOnAWorker) {
   });
   EXPECT_GE(allocations, 1);
 }
-
-// With one worker, everything after the first job's body runs on the armed worker: that job's end,
-// and the next jobs' starts (should_run, the progress monitor, the about_to_run and running events
-// of their listeners), runs and ends.
-class OneWorkerFaultTest : public FaultInjectionTest {
- protected:
-  OneWorkerFaultTest() { manager_ = JobManager::create(JobManager::Options{1, nullptr}); }
-};
 
 TEST_F(OneWorkerFaultTest, StartingRunningAndEndingJobsOnTheArmedWorker) {
   const Rule rule = rules::mutex();
