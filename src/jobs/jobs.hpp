@@ -122,6 +122,11 @@ class Jobs final {
   [[gnu::cold, gnu::noinline]] void trace_state(Trace& trace, JobCore& job, const char* state,
                                                 const Status* result = nullptr) noexcept;
 
+  /// How `job`, canceled before it ran, ends when the backend that shares its rule failed (etcd's
+  /// lease was lost, which cancels the jobs granted through it): with the failure, as the requests
+  /// still waiting then do. Nullopt when the rule is not shared or its backend has not failed.
+  std::optional<Status> lost_before_run(const JobCore& job) const noexcept;
+
   // Job operations (Job's public methods land here).
   void schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun);
   bool cancel(JobCore& job);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -14,6 +15,20 @@
 namespace tasklet::detail {
 
 namespace jw = job_word;
+
+// Its rule is the job's while it waits or sleeps; the scheduler is kept while a run or `mutex` is.
+std::optional<Status> Jobs::lost_before_run(const JobCore& job) const noexcept {
+  if (scheduler_ == nullptr) return std::nullopt;
+  try {
+    impl(*scheduler_).domain_.check_shared(job.rule);
+    return std::nullopt;
+  } catch (const std::exception& failure) {
+    return Status::error("its rule can no longer be held: " + std::string(failure.what()),
+                         std::current_exception());
+  } catch (...) {
+    return Status::error("its rule can no longer be held", std::current_exception());
+  }
+}
 
 void Jobs::schedule(JobCore& job, std::chrono::milliseconds delay, bool is_rerun) {
   if (delay.count() < 0) throw IllegalState("schedule(" + job.job().name() + "): the delay is negative");
@@ -195,11 +210,11 @@ bool Jobs::cancel(JobCore& job) {
         return true;
       }
       case JobState::sleeping:
-        ended = finish_run(job, Status::cancel(), to_start);
+        ended = finish_run(job, lost_before_run(job).value_or(Status::cancel()), to_start);
         break;
       case JobState::waiting:
         if (withdraw_waiting(job)) {
-          ended = finish_run(job, Status::cancel(), to_start);
+          ended = finish_run(job, lost_before_run(job).value_or(Status::cancel()), to_start);
           break;
         }
         {
@@ -505,10 +520,13 @@ Directive Jobs::run(JobCore& job, JobRun& run) noexcept {
     end_traced_phase();
     ToStart to_start;
     RunEnd ended;
+    std::optional<Status> lost;
+    if (canceled && !stopping) lost = lost_before_run(job);
     {
       std::lock_guard lock(mutex);
       const Status unrun = no_monitor
                                ? Status::error("out of memory for the job's progress monitor", no_monitor)
+                           : lost      ? *std::move(lost)
                            : !canceled ? Status::cancel("should_run() said no")
                            : stopping  ? Status::cancel("the job manager shut down before it ran")
                                        : Status::cancel("canceled before it ran");

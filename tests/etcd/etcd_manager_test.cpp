@@ -360,6 +360,42 @@ TEST_F(EtcdManagerTest, ALostLeaseCancelsRunningAndWaitingWorkAndHoldersHearOfIt
   thread.join();
 }
 
+// A job etcd granted its rule but that has not started (the only worker is busy) when the lease is
+// lost ends as the waiting ones do: unrun, with an error carrying EtcdLeaseLost.
+TEST_F(EtcdManagerTest, AJobGrantedButNotStartedWhenTheLeaseIsLostEndsWithTheLoss) {
+  auto lost_session = session(2s);
+  auto lost = make_job_manager(lost_session, JobManager::Options{1, nullptr});
+  std::promise<void> busy, go_on;
+  auto worker_busy = make_job(
+      "busy",
+      [&](ProgressMonitor&) {
+        busy.set_value();
+        go_on.get_future().wait();
+      },
+      lost);
+  worker_busy->schedule();
+  busy.get_future().wait();
+  std::atomic<int> ran{0};
+  auto granted = job_on(lost, "granted", rules::path("/g"), [&](ProgressMonitor&) { ++ran; });
+  granted->schedule();
+  ASSERT_TRUE(test::eventually([&] {
+    const JobManager::RuleStats stats = lost->rule_stats();
+    return stats.held == 1 && stats.waiting == 0;
+  })) << "etcd grants /g while the worker is busy";
+  std::promise<void> told;
+  lost_session->on_lease_lost([&](const std::string&) { told.set_value(); });
+  char lease[32];
+  std::snprintf(lease, sizeof lease, "%llx", static_cast<unsigned long long>(lost_session->lease_id()));
+  server_->etcdctl("lease revoke " + std::string(lease));
+  auto told_future = told.get_future();
+  await(told_future);
+  go_on.set_value();
+  granted->join();
+  EXPECT_EQ(ran.load(), 0);
+  EXPECT_TRUE(ended_for_lost_lease(*granted)) << granted->result().message;
+  EXPECT_NE(granted->result().message.find("lease"), std::string::npos) << granted->result().message;
+}
+
 TEST_F(EtcdManagerTest, EtcdDyingWhileRulesAreHeldAndWaitedForEndsInCancellationNotAHang) {
   auto first_session = session(2s), second_session = session(2s);
   auto one = manager(first_session), two = manager(second_session);
