@@ -222,6 +222,9 @@ std::vector<std::shared_ptr<Job>> EtcdBackend::lose(const std::string& why) {
 }
 
 std::optional<std::int64_t> EtcdBackend::token(const RuleRequest& request) const {
+  // Past the lease's TTL without an answered renewal the token may be another holder's already:
+  // the loss is declared now (its listeners run here, and set failure_).
+  locks_.lose_if_expired();
   std::lock_guard lock(mutex_);
   if (failure_) std::rethrow_exception(failure_);
   const auto found = holds_.find(&request);

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <utility>
 
+#include "tasklet/etcd/etcd.hpp"
+
 namespace tasklet::etcd::detail {
 
 namespace {
@@ -42,8 +44,13 @@ std::vector<std::string> ancestors_of(const std::string& path) {
 
 }  // namespace
 
-Locks::Locks(Gateway& gateway, std::string prefix, std::int64_t lease)
-    : gateway_(gateway), prefix_(std::move(prefix)), lease_(lease) {
+Locks::Locks(Gateway& gateway, std::string prefix, std::int64_t lease, Clock::time_point alive_until,
+             std::function<void(const std::string& why)> expired)
+    : gateway_(gateway),
+      prefix_(std::move(prefix)),
+      lease_(lease),
+      alive_until_(alive_until.time_since_epoch().count()),
+      expired_(std::move(expired)) {
   // Deletions from the next revision on: a request's blockers, read later, are all still there then.
   const Json now =
       gateway_.call("/v3/kv/range", Json{{"key", base64(prefix_ + "/c/")}, {"count_only", true}});
@@ -212,23 +219,57 @@ void Locks::lease_lost(std::exception_ptr why) {
   {
     std::lock_guard lock(mutex_);
     if (lease_lost_) return;
-    lease_lost_ = why;
-    const auto fail = [&](const std::shared_ptr<Ticket>& ticket) {
-      if (ticket->stage == Ticket::Stage::done || ticket->granted) return;
-      ticket->stage = Ticket::Stage::done;
-      ticket->failure = why;
-      failing_.push_back(ticket);
-    };
-    for (const std::shared_ptr<Ticket>& ticket : queued_) fail(ticket);
-    for (const auto& [key, tickets] : waiting_on_) {
-      for (const std::shared_ptr<Ticket>& ticket : tickets) fail(ticket);
-    }
-    queued_.clear();
-    deletions_.clear();
-    waiting_on_.clear();
-    // Tickets under way fail when the transaction is back (register_entered).
+    fail_all(why);
   }
   work_.notify_one();
+}
+
+void Locks::fail_all(const std::exception_ptr& why) {
+  lease_lost_ = why;
+  const auto fail = [&](const std::shared_ptr<Ticket>& ticket) {
+    if (ticket->stage == Ticket::Stage::done || ticket->granted) return;
+    ticket->stage = Ticket::Stage::done;
+    ticket->failure = why;
+    failing_.push_back(ticket);
+  };
+  for (const std::shared_ptr<Ticket>& ticket : queued_) fail(ticket);
+  for (const auto& [key, tickets] : waiting_on_) {
+    for (const std::shared_ptr<Ticket>& ticket : tickets) fail(ticket);
+  }
+  queued_.clear();
+  deletions_.clear();
+  waiting_on_.clear();
+  // Tickets under way fail when the transaction is back (register_entered).
+}
+
+void Locks::renewed(Clock::time_point sent, std::chrono::seconds ttl) noexcept {
+  const Clock::rep until = (sent + ttl).time_since_epoch().count();
+  Clock::rep seen = alive_until_.load(std::memory_order_relaxed);
+  while (seen < until && !alive_until_.compare_exchange_weak(seen, until, std::memory_order_release)) {
+  }
+}
+
+bool Locks::may_have_expired() const noexcept {
+  return Clock::now().time_since_epoch().count() >= alive_until_.load(std::memory_order_acquire);
+}
+
+void Locks::expire(Told& told) {
+  char lease[24];
+  std::snprintf(lease, sizeof lease, "%llx", static_cast<unsigned long long>(lease_));
+  told.expired = "lease " + std::string(lease) + " may have expired: no renewal was answered within its TTL";
+  fail_all(std::make_exception_ptr(EtcdLeaseLost("etcd: " + told.expired)));
+}
+
+bool Locks::lose_if_expired() {
+  Told told;
+  {
+    std::lock_guard lock(mutex_);
+    if (lease_lost_) return true;
+    if (!may_have_expired()) return false;
+    expire(told);
+  }
+  tell(told);
+  return true;
 }
 
 void Locks::ready(const std::shared_ptr<Ticket>& ticket, Told& told) {
@@ -243,6 +284,10 @@ void Locks::tell(Told& told) noexcept {
   }
   for (auto& [ticket, error] : told.failed) {
     if (ticket->calls.failed) ticket->calls.failed(error);
+  }
+  if (!told.expired.empty()) {
+    work_.notify_one();  // the failures for the courier to tell
+    if (expired_) expired_(told.expired);
   }
   told = {};
 }
@@ -368,6 +413,8 @@ Json Locks::send(const std::vector<std::string>& deletes,
 
 void Locks::register_entered(const Json& answer, std::size_t deletes,
                              const std::vector<std::shared_ptr<Ticket>>& sent, Told& told) {
+  // The answer may have waited past the lease's TTL (this process paused): then nothing is granted.
+  if (!lease_lost_ && may_have_expired()) expire(told);
   const std::int64_t revision = integer_of(answer["header"].value("revision", Json()));
   const Json& responses = answer["responses"];
   std::size_t at = deletes;
@@ -412,11 +459,15 @@ void Locks::deleted(const std::string& key) {
     if (sending_) deleted_while_sending_.insert(key);
     const auto found = waiting_on_.find(key);
     if (found == waiting_on_.end()) return;
-    for (const std::shared_ptr<Ticket>& ticket : found->second) {
-      ticket->blockers.erase(key);
-      if (ticket->blockers.empty()) ready(ticket, told);
+    if (may_have_expired()) {
+      expire(told);  // this deletion may have come after the lease's own expiry in etcd
+    } else {
+      for (const std::shared_ptr<Ticket>& ticket : found->second) {
+        ticket->blockers.erase(key);
+        if (ticket->blockers.empty()) ready(ticket, told);
+      }
+      waiting_on_.erase(found);
     }
-    waiting_on_.erase(found);
   }
   tell(told);
 }

@@ -10,6 +10,11 @@
 // requests are granted in revision order (strict FIFO) and non-conflicting ones never wait for
 // each other.
 //
+// A grant must not outlive the lease: etcd expires it a TTL after the last renewal it saw, so the
+// lease certainly lives only until the last answered renewal's sending plus its TTL. Past that, a
+// grant could overlap a process granted after the expiry (this one paused past its TTL reads
+// deletions etcd made meanwhile): the lease counts as lost instead.
+//
 // Nothing here blocks its caller: one thread of the Locks (the courier) sends what callers ask
 // for, gathering what came meanwhile into one transaction (deletions first, then the new
 // requests' keys and reads), and another (the watcher) follows the deletions. A deletion the
@@ -22,6 +27,8 @@
 // small range. Every key is bound to the session's lease.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -77,9 +84,13 @@ struct Ticket {
 
 class Locks {
  public:
-  /// Watches <prefix>/c from now on, and sends requests; a thread for each. Throws what the gateway
-  /// throws (reading the current revision).
-  Locks(Gateway& gateway, std::string prefix, std::int64_t lease);
+  using Clock = std::chrono::steady_clock;
+  /// Watches <prefix>/c from now on, and sends requests; a thread for each. The lease lives until
+  /// `alive_until` (see renewed()). `expired` is called, on one of these threads and outside the
+  /// lock, when they find that the lease may have expired (which counts as lost): it must not
+  /// destroy the Locks. Throws what the gateway throws (reading the current revision).
+  Locks(Gateway& gateway, std::string prefix, std::int64_t lease, Clock::time_point alive_until,
+        std::function<void(const std::string& why)> expired);
   /// Stops both threads. Outstanding tickets are not released: the lease's revocation deletes them.
   ~Locks();
   Locks(const Locks&) = delete;
@@ -108,6 +119,13 @@ class Locks {
   /// request is granted from now on, and every request not granted yet, or made later, fails with
   /// `why` (told on the courier's thread).
   void lease_lost(std::exception_ptr why);
+  /// etcd answered a renewal of the lease sent at `sent`, with `ttl`: the lease lives until then.
+  void renewed(Clock::time_point sent, std::chrono::seconds ttl) noexcept;
+  /// Whether the lease may have expired in etcd by now (no renewal answered within its TTL).
+  bool may_have_expired() const noexcept;
+  /// When the lease may have expired: as lease_lost(), then `expired` is told. Returns whether the
+  /// lease is lost (now or before).
+  bool lose_if_expired();
 
  private:
   std::string node_prefix(const Claim& claim) const;  // a path's subtree, or a name's keys
@@ -123,6 +141,7 @@ class Locks {
   struct Told {
     std::vector<std::shared_ptr<Ticket>> granted;
     std::vector<std::pair<std::shared_ptr<Ticket>, std::exception_ptr>> failed;
+    std::string expired;  // why the lease counts as lost now, for `expired_`
   };
   void courier();
   // One transaction: `deletes`, then each ticket's puts and reads. Throws what the gateway throws.
@@ -132,7 +151,11 @@ class Locks {
                         const std::vector<std::shared_ptr<Ticket>>& sent, Told& told);
   void watch();
   void deleted(const std::string& key);
-  static void tell(Told& told) noexcept;
+  void tell(Told& told) noexcept;
+  // Under the lock: fails what waits, and everything asked for later, with `why`.
+  void fail_all(const std::exception_ptr& why);
+  // Under the lock: the lease may have expired; it is lost from now on (told.expired says why).
+  void expire(Told& told);
   // Under the lock: `ticket` is free of blockers.
   void ready(const std::shared_ptr<Ticket>& ticket, Told& told);
 
@@ -140,6 +163,8 @@ class Locks {
   std::string prefix_;
   std::int64_t lease_;
   std::int64_t start_revision_ = 0;
+  std::atomic<Clock::rep> alive_until_;  // Clock's ticks
+  std::function<void(const std::string&)> expired_;
 
   std::mutex mutex_;  // guards what follows
   std::uint64_t sequence_ = 0;

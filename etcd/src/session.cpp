@@ -1,5 +1,6 @@
 // The session: sign in, a lease, a key that proves the session may write under its prefix, and a
 // thread that renews the lease every third of its TTL until the session goes or the lease is lost.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -27,13 +28,13 @@ class EtcdSession::Impl {
  public:
   explicit Impl(EtcdOptions options) : gateway(std::move(options)) {}
   ~Impl() {
-    locks.reset();  // its watch first: the revocation below deletes its keys
     {
       std::lock_guard lock(mutex);
       stopping = true;
     }
     wake.notify_all();
     if (renewer.joinable()) renewer.join();
+    locks.reset();  // its watch before the revocation below deletes its keys
     if (lease_id != 0 && alive.load()) {
       try {
         gateway.call("/v3/lease/revoke", Json{{"ID", std::to_string(lease_id)}});
@@ -46,6 +47,7 @@ class EtcdSession::Impl {
   void start() {
     const EtcdOptions& options = gateway.options();
     gateway.authenticate();
+    const auto asked = std::chrono::steady_clock::now();
     const Json granted = gateway.call("/v3/lease/grant", Json{{"TTL", options.lease_ttl.count()}});
     lease_id = integer_of(granted.value("ID", Json()));
     if (lease_id == 0) throw EtcdError("etcd: the lease grant gave no lease ID: " + granted.dump());
@@ -57,13 +59,14 @@ class EtcdSession::Impl {
     gateway.call(
         "/v3/kv/put",
         Json{{"key", base64(session_key)}, {"value", base64("alive")}, {"lease", std::to_string(lease_id)}});
-    last_renewal = std::chrono::steady_clock::now();
-    locks = std::make_unique<detail::Locks>(gateway, options.prefix, lease_id);
+    const std::chrono::seconds ttl(std::max<std::int64_t>(1, integer_of(granted.value("TTL", Json()))));
+    locks = std::make_unique<detail::Locks>(gateway, options.prefix, lease_id, asked + ttl,
+                                            [this](const std::string& why) { lose(why, false); });
     renewer = std::thread([this] { renew(); });
   }
 
-  // Renews the lease every third of its TTL. A lease that etcd no longer knows, or that could not
-  // be renewed before it would have expired, is lost.
+  // Renews the lease every third of its TTL. A lease that etcd no longer knows, or that had no
+  // renewal answered within its TTL (counted from when that renewal was sent), is lost.
   void renew() {
     const auto ttl =
         std::chrono::duration_cast<std::chrono::steady_clock::duration>(gateway.options().lease_ttl);
@@ -72,41 +75,43 @@ class EtcdSession::Impl {
       wake.wait_for(lock, ttl / 3, [this] { return stopping; });
       if (stopping) return;
       lock.unlock();
+      if (locks->lose_if_expired()) return;  // told through the Locks
       std::string lost_because;
       try {
+        const auto sent = std::chrono::steady_clock::now();
         const Json answer = gateway.call("/v3/lease/keepalive", Json{{"ID", std::to_string(lease_id)}});
         const Json& result = answer.contains("result") ? answer["result"] : answer;
-        if (integer_of(result.value("TTL", Json())) > 0) {
-          last_renewal = std::chrono::steady_clock::now();
+        if (const std::int64_t left = integer_of(result.value("TTL", Json())); left > 0) {
+          locks->renewed(sent, std::chrono::seconds(left));
           renewal_count.fetch_add(1, std::memory_order_release);
         } else {
           lost_because =
               "etcd no longer knows lease " + std::to_string(lease_id) + " (it expired or was revoked)";
         }
-      } catch (const std::exception& error) {
-        if (std::chrono::steady_clock::now() - last_renewal >= ttl) {
-          lost_because =
-              "lease " + std::to_string(lease_id) + " could not be renewed within its TTL: " + error.what();
-        }
+      } catch (const std::exception&) {
+        // Out of reach: tried again, until the lease may have expired.
       }
       if (!lost_because.empty()) {
-        lose(lost_because);
+        lose(lost_because, true);
         return;
       }
+      if (locks->lose_if_expired()) return;
       lock.lock();
     }
   }
 
-  void lose(const std::string& why) {
+  // Once: the lease is gone. `tell_locks`: unless the Locks found it (they failed their requests).
+  void lose(const std::string& why, bool tell_locks) {
     std::vector<std::function<void(const std::string&)>> told;
     {
       std::lock_guard lock(mutex);
+      if (!alive.load(std::memory_order_relaxed)) return;
       alive.store(false, std::memory_order_release);
       lost_reason = why;
       told.swap(listeners);
     }
     // Nothing waiting in etcd can be granted now; the claims' owners hear why first.
-    locks->lease_lost(std::make_exception_ptr(EtcdLeaseLost("etcd: " + why)));
+    if (tell_locks) locks->lease_lost(std::make_exception_ptr(EtcdLeaseLost("etcd: " + why)));
     for (auto& listener : told) {
       try {
         listener(why);
@@ -121,8 +126,7 @@ class EtcdSession::Impl {
   std::string session_key;
   std::atomic<bool> alive{true};
   std::atomic<std::uint64_t> renewal_count{0};
-  std::chrono::steady_clock::time_point last_renewal;  // the renewing thread's
-  std::mutex mutex;                                    // guards what follows
+  std::mutex mutex;  // guards what follows
   std::condition_variable wake;
   bool stopping = false;
   std::string lost_reason;

@@ -8,6 +8,9 @@
 //       CLOCK_MONOTONIC (one clock for every process of the host), when it began and ended.
 //   etcd_contender ENDPOINT PREFIX hold PATH
 //       holds PATH exclusively with begin_rule, prints "held TOKEN" and waits to be killed.
+//   etcd_contender ENDPOINT PREFIX wait PATH
+//       prints "asking", asks for PATH exclusively with begin_rule, prints "held TOKEN" once granted
+//       or "lost WHY" when the lease is lost first, and exits.
 //
 // Exits 0 when every job ran and every rule was granted.
 #include <time.h>
@@ -45,7 +48,8 @@ struct Part {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: etcd_contender ENDPOINT PREFIX (contend SEED COUNT LOG | hold PATH)\n");
+    std::fprintf(stderr,
+                 "usage: etcd_contender ENDPOINT PREFIX (contend SEED COUNT LOG | hold PATH | wait PATH)\n");
     return 1;
   }
   EtcdOptions options;
@@ -62,6 +66,19 @@ int main(int argc, char** argv) {
     std::printf("held %lld\n", static_cast<long long>(fencing_token(*manager, held)));
     std::fflush(stdout);
     for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // until killed
+  }
+  if (mode == "wait" && argc == 5) {
+    const Rule wanted = rules::path(argv[4]);
+    std::printf("asking\n");
+    std::fflush(stdout);
+    try {
+      const RuleScope scope(*manager, wanted);
+      std::printf("held %lld\n", static_cast<long long>(fencing_token(*manager, wanted)));
+    } catch (const EtcdLeaseLost& lost) {
+      std::printf("lost %s\n", lost.what());
+    }
+    std::fflush(stdout);
+    return 0;
   }
   if (mode != "contend" || argc != 7) return 1;
 

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <memory>
 #include <sstream>
@@ -161,6 +162,69 @@ TEST(EtcdProcessesTest, AProcessKilledWhileHoldingFreesItsClaimOnceItsLeaseExpir
   ASSERT_EQ(token.wait_for(std::chrono::seconds(30)), std::future_status::ready);
   EXPECT_GT(token.get(), held_token);
   detail::SessionAccess::locks(*session).release(ticket);
+}
+
+// Whether `done` came true within a minute, asking again and again (each look asks etcd).
+bool within_a_minute(const std::function<bool()>& done) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > give_up) return false;
+  }
+  return true;
+}
+
+// A process waiting for a rule is paused (SIGSTOP) until its lease has expired in etcd; meanwhile
+// the holder lets go and another session takes the rule. Resumed, the paused process reads the
+// deletions etcd made meanwhile (its own key's among them): it must not be granted the rule too,
+// and ends with EtcdLeaseLost.
+TEST(EtcdProcessesTest, AWaiterPausedPastItsLeaseIsNotGrantedWhenItResumes) {
+  test::EtcdServer server;
+  EtcdOptions options;
+  options.endpoints = {server.endpoint()};
+  options.prefix = "/paused";
+  const auto keys_of_t = [&server] {
+    const std::string keys = server.etcdctl("get --prefix --keys-only /paused/c/p/t/");
+    std::size_t count = 0;
+    for (std::size_t at = keys.find("/paused/c/"); at != std::string::npos;
+         at = keys.find("/paused/c/", at + 1))
+      ++count;
+    return count;
+  };
+  // Claims /t for `session` and waits until it holds it.
+  const auto hold_t = [](EtcdSession& session) {
+    auto granted = std::make_shared<std::promise<std::int64_t>>();
+    std::future<std::int64_t> token = granted->get_future();
+    auto ticket = detail::SessionAccess::locks(session).request(
+        {{"/t", true}}, {.granted = [granted](std::int64_t revision) { granted->set_value(revision); }});
+    if (token.wait_for(std::chrono::seconds(30)) != std::future_status::ready)
+      throw std::runtime_error("/t was never granted");
+    return ticket;
+  };
+  auto first = EtcdSession::connect(options);
+  auto first_ticket = hold_t(*first);
+
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  const pid_t waiter = spawn({TASKLET_ETCD_CONTENDER, server.endpoint(), "/paused", "wait", "/t"}, out[1]);
+  close(out[1]);
+  std::unique_ptr<FILE, int (*)(FILE*)> said(fdopen(out[0], "r"), &fclose);
+  std::array<char, 512> line{};
+  ASSERT_NE(std::fgets(line.data(), line.size(), said.get()), nullptr);  // "asking"
+  ASSERT_TRUE(within_a_minute([&] { return keys_of_t() == 2; })) << "the waiter's request is in etcd";
+  kill(waiter, SIGSTOP);
+  // Its lease (TTL 2 s) expires: etcd deletes its key. Then the holder lets go, and another
+  // session is granted /t.
+  ASSERT_TRUE(within_a_minute([&] { return keys_of_t() == 1; })) << "the waiter's lease expired";
+  detail::SessionAccess::locks(*first).release(first_ticket);
+  auto second = EtcdSession::connect(options);
+  auto second_ticket = hold_t(*second);
+  kill(waiter, SIGCONT);
+  ASSERT_NE(std::fgets(line.data(), line.size(), said.get()), nullptr);
+  const std::string answer = line.data();
+  EXPECT_EQ(answer.rfind("lost ", 0), 0u) << "granted while another session holds /t: " << answer;
+  EXPECT_NE(answer.find("lease"), std::string::npos) << answer;
+  EXPECT_EQ(exit_status(waiter), 0);
+  detail::SessionAccess::locks(*second).release(second_ticket);
 }
 
 }  // namespace

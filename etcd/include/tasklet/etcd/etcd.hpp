@@ -99,8 +99,10 @@ class EtcdSession {
   bool lease_alive() const noexcept;
   /// How many times the lease was renewed so far.
   std::uint64_t renewals() const noexcept;
-  /// Called once, on the renewing thread, when the lease is found lost; immediately when it was
-  /// lost already. Must not block for long.
+  /// Called once when the lease is found lost, on the thread that finds it (the renewing one, the
+  /// one that follows etcd's deletions, or a fencing_token caller); immediately when it was lost
+  /// already. The lease counts as lost once no renewal was answered within its TTL, counted from
+  /// when that renewal was sent, before etcd says so. Must not block for long.
   void on_lease_lost(std::function<void(const std::string& why)> listener);
 
   class Impl;
