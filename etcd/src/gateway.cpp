@@ -102,6 +102,7 @@ Gateway::Answer Gateway::post(const std::string& endpoint, const std::string& pa
   CURL* handle = thread_handle();
   HeaderList headers;
   headers.add("Content-Type: application/json");
+  headers.add("Expect:");  // the whole request at once: no wait for "100 Continue" on larger bodies
   if (!token.empty()) headers.add("Authorization: " + token);
   Answer answer;
   const std::string url = endpoint + path;

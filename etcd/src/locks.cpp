@@ -44,13 +44,16 @@ std::vector<std::string> ancestors_of(const std::string& path) {
 
 }  // namespace
 
-Locks::Locks(Gateway& gateway, std::string prefix, std::int64_t lease, Clock::time_point alive_until,
+Locks::Locks(Gateway& gateway, std::string prefix, std::int64_t lease, std::string session_key,
+             std::int64_t session_key_revision, Clock::time_point alive_until,
              std::function<void(const std::string& why)> expired)
     : gateway_(gateway),
       prefix_(std::move(prefix)),
       lease_(lease),
+      session_key_(std::move(session_key)),
       alive_until_(alive_until.time_since_epoch().count()),
-      expired_(std::move(expired)) {
+      expired_(std::move(expired)),
+      guard_(session_key_revision) {
   // Deletions from the next revision on: a request's blockers, read later, are all still there then.
   const Json now =
       gateway_.call("/v3/kv/range", Json{{"key", base64(prefix_ + "/c/")}, {"count_only", true}});
@@ -179,7 +182,7 @@ std::shared_ptr<Ticket> Locks::request(std::vector<Claim> claims, TicketCalls ca
 void Locks::flush() {
   {
     std::lock_guard lock(mutex_);
-    if (deletions_.empty()) return;
+    if (deletions_.empty() && fenced_deletions_.empty()) return;
   }
   work_.notify_one();
 }
@@ -191,9 +194,11 @@ void Locks::release(const std::shared_ptr<Ticket>& ticket, bool send) {
     ticket->released = true;  // a waiting request is withdrawn: never granted
     switch (ticket->stage) {
       case Ticket::Stage::queued:
-        std::erase(queued_, ticket);  // nothing of it is in etcd
+        std::erase(queued_, ticket);
         ticket->stage = Ticket::Stage::done;
-        return;
+        if (!ticket->unanswered) return;  // nothing of it is in etcd
+        delete_keys(*ticket);
+        break;
       case Ticket::Stage::sent:
         return;  // the courier deletes its keys once the transaction is back
       case Ticket::Stage::entered:
@@ -205,14 +210,19 @@ void Locks::release(const std::shared_ptr<Ticket>& ticket, bool send) {
         }
         ticket->blockers.clear();
         ticket->stage = Ticket::Stage::done;
-        if (lease_lost_) return;  // etcd deleted the keys with the lease
-        deletions_.insert(deletions_.end(), ticket->keys.begin(), ticket->keys.end());
+        delete_keys(*ticket);
         break;
       case Ticket::Stage::done:
         return;
     }
   }
   if (send) work_.notify_one();
+}
+
+void Locks::delete_keys(const Ticket& ticket) {
+  if (lease_lost_) return;  // etcd deleted the keys with the lease
+  std::vector<std::string>& into = ticket.unanswered ? fenced_deletions_ : deletions_;
+  into.insert(into.end(), ticket.keys.begin(), ticket.keys.end());
 }
 
 void Locks::lease_lost(std::exception_ptr why) {
@@ -238,6 +248,7 @@ void Locks::fail_all(const std::exception_ptr& why) {
   }
   queued_.clear();
   deletions_.clear();
+  fenced_deletions_.clear();
   waiting_on_.clear();
   // Tickets under way fail when the transaction is back (register_entered).
 }
@@ -303,7 +314,8 @@ void Locks::courier() {
   std::unique_lock lock(mutex_);
   for (;;) {
     work_.wait(lock, [this] {
-      return stopping_ || !failing_.empty() || (!lease_lost_ && (!queued_.empty() || !deletions_.empty()));
+      return stopping_ || !failing_.empty() ||
+             (!lease_lost_ && (!queued_.empty() || !deletions_.empty() || !fenced_deletions_.empty()));
     });
     if (stopping_) return;
     if (!failing_.empty()) {
@@ -317,19 +329,20 @@ void Locks::courier() {
       lock.lock();
       continue;
     }
-    std::vector<std::string> deletes;
-    deletes.swap(deletions_);
-    std::vector<std::shared_ptr<Ticket>> sent;
-    std::size_t operations = deletes.size();
+    Batch batch;
+    batch.fenced.swap(fenced_deletions_);
+    batch.deletes.swap(deletions_);
+    std::size_t operations = batch.before_tickets();
     std::size_t taken = 0;
     for (; taken < queued_.size(); ++taken) {
       const std::size_t cost = operations_of(*queued_[taken]);
       if (operations != 0 && operations + cost > most_operations) break;
       operations += cost;
       queued_[taken]->stage = Ticket::Stage::sent;
-      sent.push_back(queued_[taken]);
+      batch.sent.push_back(queued_[taken]);
     }
     queued_.erase(queued_.begin(), queued_.begin() + static_cast<std::ptrdiff_t>(taken));
+    const std::int64_t guard = guard_;
     sending_ = true;
     lock.unlock();
 
@@ -338,7 +351,7 @@ void Locks::courier() {
     bool unreachable = false;
     std::exception_ptr refused;
     try {
-      answer = send(deletes, sent);
+      answer = send(guard, batch);
     } catch (const EtcdUnavailable&) {
       unreachable = true;
     } catch (const EtcdError& error) {
@@ -355,10 +368,22 @@ void Locks::courier() {
 
     lock.lock();
     sending_ = false;
-    if (unreachable) {
+    bool moved = false;  // the session's key has another revision: nothing of the batch applied
+    if (!unreachable && !refused && !answer.value("succeeded", false)) {
+      const Json& kvs =
+          answer["responses"].at(0).value("response_range", Json::object()).value("kvs", Json());
+      if (kvs.is_array() && !kvs.empty()) {
+        // A rewrite whose answer was lost was applied: its revision is the one to hold to now.
+        guard_ = integer_of(kvs[0].value("mod_revision", Json()));
+        moved = true;
+      } else {
+        unreachable = true;  // the key went with the lease: as for "lease not found"
+      }
+    }
+    if (unreachable || moved) {
       deleted_while_sending_.clear();  // the retry reads anew
       if (lease_lost_) {
-        for (const std::shared_ptr<Ticket>& ticket : sent) {
+        for (const std::shared_ptr<Ticket>& ticket : batch.sent) {
           ticket->stage = Ticket::Stage::done;
           if (!ticket->released) told.failed.emplace_back(ticket, lease_lost_);
         }
@@ -367,20 +392,22 @@ void Locks::courier() {
         lock.lock();
         continue;
       }
-      for (const std::shared_ptr<Ticket>& ticket : sent) ticket->stage = Ticket::Stage::queued;
-      std::erase_if(sent, [](const std::shared_ptr<Ticket>& ticket) { return ticket->released; });
-      queued_.insert(queued_.begin(), sent.begin(), sent.end());
-      deletions_.insert(deletions_.end(), deletes.begin(), deletes.end());
-      work_.wait_for(lock, std::chrono::milliseconds(200), [this] { return stopping_; });
+      send_again(batch, unreachable);
+      if (unreachable) work_.wait_for(lock, std::chrono::milliseconds(200), [this] { return stopping_; });
       continue;
     }
     if (refused) {
-      for (const std::shared_ptr<Ticket>& ticket : sent) {
+      for (const std::shared_ptr<Ticket>& ticket : batch.sent) {
         ticket->stage = Ticket::Stage::done;
         if (!ticket->released) told.failed.emplace_back(ticket, refused);
       }
+      if (!batch.fenced.empty()) {
+        // Refused as a whole: the rewrite and its deletions go again, with the next batch.
+        fenced_deletions_.insert(fenced_deletions_.end(), batch.fenced.begin(), batch.fenced.end());
+      }
     } else {
-      register_entered(answer, deletes.size(), sent, told);
+      if (!batch.fenced.empty()) guard_ = integer_of(answer["header"].value("revision", Json()));
+      register_entered(answer, batch, told);
     }
     deleted_while_sending_.clear();
     lock.unlock();
@@ -389,13 +416,34 @@ void Locks::courier() {
   }
 }
 
-Json Locks::send(const std::vector<std::string>& deletes,
-                 const std::vector<std::shared_ptr<Ticket>>& sent) const {
+void Locks::send_again(Batch& batch, bool unanswered) {
+  for (const std::shared_ptr<Ticket>& ticket : batch.sent) {
+    ticket->stage = Ticket::Stage::queued;
+    ticket->unanswered = ticket->unanswered || unanswered;
+    if (ticket->released) {
+      ticket->stage = Ticket::Stage::done;
+      if (ticket->unanswered) delete_keys(*ticket);  // else nothing of it is in etcd
+    }
+  }
+  std::erase_if(batch.sent, [](const std::shared_ptr<Ticket>& ticket) { return ticket->released; });
+  queued_.insert(queued_.begin(), batch.sent.begin(), batch.sent.end());
+  deletions_.insert(deletions_.end(), batch.deletes.begin(), batch.deletes.end());
+  fenced_deletions_.insert(fenced_deletions_.end(), batch.fenced.begin(), batch.fenced.end());
+}
+
+Json Locks::send(std::int64_t guard, const Batch& batch) const {
   Json ops = Json::array();
-  for (const std::string& key : deletes)
-    ops.push_back(Json{{"request_delete_range", {{"key", base64(key)}}}});
+  if (!batch.fenced.empty()) {
+    ops.push_back(Json{
+        {"request_put",
+         {{"key", base64(session_key_)}, {"value", base64("alive")}, {"lease", std::to_string(lease_)}}}});
+  }
+  for (const auto* keys : {&batch.fenced, &batch.deletes}) {
+    for (const std::string& key : *keys)
+      ops.push_back(Json{{"request_delete_range", {{"key", base64(key)}}}});
+  }
   // Per ticket: one put per claim (with the previous value, for a retry), then its reads.
-  for (const std::shared_ptr<Ticket>& ticket : sent) {
+  for (const std::shared_ptr<Ticket>& ticket : batch.sent) {
     for (std::size_t i = 0; i < ticket->claims.size(); ++i) {
       ops.push_back(Json{{"request_put",
                           {{"key", base64(ticket->keys[i])},
@@ -408,17 +456,21 @@ Json Locks::send(const std::vector<std::string>& deletes,
         ops.push_back(Json{{"request_range", {{"key", base64(from)}, {"range_end", base64(to)}}}});
     }
   }
-  return gateway_.call("/v3/kv/txn", Json{{"success", ops}});
+  const Json compare = Json::array({Json{{"key", base64(session_key_)},
+                                         {"target", "MOD"},
+                                         {"result", "EQUAL"},
+                                         {"mod_revision", std::to_string(guard)}}});
+  const Json failure = Json::array({Json{{"request_range", {{"key", base64(session_key_)}}}}});
+  return gateway_.call("/v3/kv/txn", Json{{"compare", compare}, {"success", ops}, {"failure", failure}});
 }
 
-void Locks::register_entered(const Json& answer, std::size_t deletes,
-                             const std::vector<std::shared_ptr<Ticket>>& sent, Told& told) {
+void Locks::register_entered(const Json& answer, const Batch& batch, Told& told) {
   // The answer may have waited past the lease's TTL (this process paused): then nothing is granted.
   if (!lease_lost_ && may_have_expired()) expire(told);
   const std::int64_t revision = integer_of(answer["header"].value("revision", Json()));
   const Json& responses = answer["responses"];
-  std::size_t at = deletes;
-  for (const std::shared_ptr<Ticket>& ticket : sent) {
+  std::size_t at = batch.before_tickets();
+  for (const std::shared_ptr<Ticket>& ticket : batch.sent) {
     // A put retried after an answer that was lost keeps the revision of the first.
     const Json& first_put = responses.at(at).value("response_put", Json::object());
     const std::int64_t earlier =
@@ -435,7 +487,7 @@ void Locks::register_entered(const Json& answer, std::size_t deletes,
       // Withdrawn while it was on its way (its keys go with the next batch), or the lease went.
       ticket->stage = Ticket::Stage::done;
       if (lease_lost_ && !ticket->released) told.failed.emplace_back(ticket, lease_lost_);
-      if (!lease_lost_) deletions_.insert(deletions_.end(), ticket->keys.begin(), ticket->keys.end());
+      delete_keys(*ticket);
       continue;
     }
     ticket->revision = mine;
@@ -449,7 +501,7 @@ void Locks::register_entered(const Json& answer, std::size_t deletes,
     if (ticket->calls.entered) ticket->calls.entered(mine);
     if (ticket->blockers.empty()) ready(ticket, told);
   }
-  if (!deletions_.empty()) work_.notify_one();
+  if (!deletions_.empty() || !fenced_deletions_.empty()) work_.notify_one();
 }
 
 void Locks::deleted(const std::string& key) {

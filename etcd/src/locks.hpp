@@ -10,6 +10,12 @@
 // requests are granted in revision order (strict FIFO) and non-conflicting ones never wait for
 // each other.
 //
+// A transaction that got no answer may still be applied later (etcd received it and was slow, or
+// paused). So that a withdrawn request's keys cannot come back after their deletion, every
+// transaction holds only while the session's key (<prefix>/sessions/<lease hex>) has the revision
+// the courier last knew: withdrawing a request whose transaction went unanswered rewrites that key
+// and deletes the request's keys in one transaction, after which no earlier one can apply.
+//
 // A grant must not outlive the lease: etcd expires it a TTL after the last renewal it saw, so the
 // lease certainly lives only until the last answered renewal's sending plus its TTL. Past that, a
 // grant could overlap a process granted after the expiry (this one paused past its TTL reads
@@ -79,6 +85,7 @@ struct Ticket {
   Stage stage = Stage::queued;
   bool granted = false;
   bool released = false;       // by its owner: never granted from then on
+  bool unanswered = false;     // a transaction with its keys went unanswered: it may apply later
   std::exception_ptr failure;  // why it failed, for the courier to tell
 };
 
@@ -89,7 +96,9 @@ class Locks {
   /// `alive_until` (see renewed()). `expired` is called, on one of these threads and outside the
   /// lock, when they find that the lease may have expired (which counts as lost): it must not
   /// destroy the Locks. Throws what the gateway throws (reading the current revision).
-  Locks(Gateway& gateway, std::string prefix, std::int64_t lease, Clock::time_point alive_until,
+  /// `session_key` is the session's key, put at `session_key_revision` and bound to the lease.
+  Locks(Gateway& gateway, std::string prefix, std::int64_t lease, std::string session_key,
+        std::int64_t session_key_revision, Clock::time_point alive_until,
         std::function<void(const std::string& why)> expired);
   /// Stops both threads. Outstanding tickets are not released: the lease's revocation deletes them.
   ~Locks();
@@ -144,11 +153,25 @@ class Locks {
     std::string expired;  // why the lease counts as lost now, for `expired_`
   };
   void courier();
-  // One transaction: `deletes`, then each ticket's puts and reads. Throws what the gateway throws.
-  Json send(const std::vector<std::string>& deletes, const std::vector<std::shared_ptr<Ticket>>& sent) const;
+  // What one transaction carries: `fenced` deletions go with a rewrite of the session's key.
+  struct Batch {
+    std::vector<std::string> fenced;
+    std::vector<std::string> deletes;
+    std::vector<std::shared_ptr<Ticket>> sent;
+    std::size_t before_tickets() const noexcept {
+      return (fenced.empty() ? 0 : 1 + fenced.size()) + deletes.size();
+    }
+  };
+  // One transaction, if the session's key still has revision `guard`: the rewrite and `fenced`
+  // deletions, then `deletes`, then each ticket's puts and reads. Throws what the gateway throws.
+  Json send(std::int64_t guard, const Batch& batch) const;
+  // Under the lock: nothing of `batch` was applied, or nobody knows (`unanswered`): it goes again.
+  void send_again(Batch& batch, bool unanswered);
+  // Under the lock: the keys of a withdrawn `ticket` go, with the next transaction, or with a
+  // rewrite of the session's key when an unanswered transaction may still put them.
+  void delete_keys(const Ticket& ticket);
   // Under the lock: what the transaction answered for the tickets it entered.
-  void register_entered(const Json& answer, std::size_t deletes,
-                        const std::vector<std::shared_ptr<Ticket>>& sent, Told& told);
+  void register_entered(const Json& answer, const Batch& batch, Told& told);
   void watch();
   void deleted(const std::string& key);
   void tell(Told& told) noexcept;
@@ -163,13 +186,16 @@ class Locks {
   std::string prefix_;
   std::int64_t lease_;
   std::int64_t start_revision_ = 0;
+  std::string session_key_;
   std::atomic<Clock::rep> alive_until_;  // Clock's ticks
   std::function<void(const std::string&)> expired_;
 
   std::mutex mutex_;  // guards what follows
   std::uint64_t sequence_ = 0;
-  std::vector<std::shared_ptr<Ticket>> queued_;                          // for the courier, in request order
-  std::vector<std::string> deletions_;                                   // keys for the courier to delete
+  std::vector<std::shared_ptr<Ticket>> queued_;  // for the courier, in request order
+  std::vector<std::string> deletions_;           // keys for the courier to delete
+  std::vector<std::string> fenced_deletions_;    // to delete with a rewrite of the session's key
+  std::int64_t guard_;  // the session key's revision the courier knows
   std::map<std::string, std::set<std::shared_ptr<Ticket>>> waiting_on_;  // blocker key -> tickets
   bool sending_ = false;                                                 // a transaction is under way
   std::set<std::string> deleted_while_sending_;                          // the watcher's, meanwhile

@@ -56,12 +56,14 @@ class EtcdSession::Impl {
     char id[32];
     std::snprintf(id, sizeof id, "%016llx", static_cast<unsigned long long>(lease_id));
     session_key = options.prefix + "/sessions/" + id;
-    gateway.call(
+    const Json put = gateway.call(
         "/v3/kv/put",
         Json{{"key", base64(session_key)}, {"value", base64("alive")}, {"lease", std::to_string(lease_id)}});
+    const std::int64_t put_at = integer_of(put["header"].value("revision", Json()));
     const std::chrono::seconds ttl(std::max<std::int64_t>(1, integer_of(granted.value("TTL", Json()))));
-    locks = std::make_unique<detail::Locks>(gateway, options.prefix, lease_id, asked + ttl,
-                                            [this](const std::string& why) { lose(why, false); });
+    locks =
+        std::make_unique<detail::Locks>(gateway, options.prefix, lease_id, session_key, put_at, asked + ttl,
+                                        [this](const std::string& why) { lose(why, false); });
     renewer = std::thread([this] { renew(); });
   }
 

@@ -1,8 +1,8 @@
 // Managers made with make_job_manager against a real etcd: two managers with sessions of their own
 // stand for two processes (tests/etcd/etcd_processes_test.cpp runs real ones). Shared rules exclude
 // across them for jobs, begin_rule and strands; identity mutexes stay local; fencing tokens grow;
-// a job cancelled while it waits in etcd is withdrawn there; a lost lease and a dead etcd tell
-// every holder and leave nothing hanging.
+// a job cancelled while it waits in etcd is withdrawn there, even when etcd applies its request
+// late; a lost lease and a dead etcd tell every holder and leave nothing hanging.
 #include <atomic>
 #include <chrono>
 #include <future>
@@ -19,6 +19,7 @@
 #include "tasklet/coroutine.hpp"
 #include "tasklet/etcd/etcd.hpp"
 #include "tasklet/tasklet.hpp"
+#include "tcp_proxy.hpp"
 
 namespace tasklet::etcd {
 namespace {
@@ -394,6 +395,34 @@ TEST_F(EtcdManagerTest, AJobGrantedButNotStartedWhenTheLeaseIsLostEndsWithTheLos
   EXPECT_EQ(ran.load(), 0);
   EXPECT_TRUE(ended_for_lost_lease(*granted)) << granted->result().message;
   EXPECT_NE(granted->result().message.find("lease"), std::string::npos) << granted->result().message;
+}
+
+// A job's request goes to an etcd that does not answer in time (a proxy keeps the transaction),
+// and the job is canceled. etcd then applies the transaction late: its keys must go all the same,
+// and a job of another manager on the same rule must run, while the first session lives on.
+TEST_F(EtcdManagerTest, ACanceledRequestWhoseTransactionEtcdAppliesLateLeavesNoKeys) {
+  test::TcpProxy proxy(server_->endpoint());
+  EtcdOptions options;
+  options.endpoints = {proxy.endpoint()};
+  options.prefix = "/managers";
+  options.request_timeout = 300ms;
+  auto slow = make_job_manager(EtcdSession::connect(options), JobManager::Options{2, nullptr});
+  proxy.hold();
+  auto canceled = job_on(slow, "canceled", rules::path("/late"), [](ProgressMonitor&) {});
+  canceled->schedule();
+  ASSERT_TRUE(proxy.wait_until_kept("/v3/kv/txn", true))
+      << "the request's transaction timed out in the proxy";
+  canceled->cancel();
+  ASSERT_TRUE(canceled->join(test::patience));
+  EXPECT_EQ(canceled->result().severity, Status::Severity::cancel);
+  proxy.release();  // etcd gets the transaction (and its retries) now
+  auto other = manager();
+  std::atomic<int> ran{0};
+  auto after = job_on(other, "after", rules::path("/late"), [&ran](ProgressMonitor&) { ++ran; });
+  after->schedule();
+  EXPECT_TRUE(after->join(test::patience)) << "waits for keys a canceled request left in etcd";
+  EXPECT_EQ(ran.load(), 1);
+  EXPECT_TRUE(test::eventually([&] { return claim_keys("p/late/") == 0; }));
 }
 
 TEST_F(EtcdManagerTest, EtcdDyingWhileRulesAreHeldAndWaitedForEndsInCancellationNotAHang) {

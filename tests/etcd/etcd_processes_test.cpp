@@ -2,7 +2,7 @@
 // on random paths, shared and exclusive, and a checker proves from their logs that no two
 // conflicting holders overlapped and that conflicting requests were granted in revision order
 // (their fencing tokens); a process killed with SIGKILL while it holds a rule frees it once its
-// lease's TTL has passed.
+// lease's TTL has passed; a process paused past its lease while it waits is not granted on resuming.
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
