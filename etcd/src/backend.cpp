@@ -5,14 +5,14 @@
 #include <cstdio>
 #include <utility>
 
-#include "domain.hpp"
-#include "job_core.hpp"
-#include "rule_table.hpp"
+#include "jobs/job_core.hpp"
+#include "scheduler/domain.hpp"
+#include "scheduler/tasklet_state.hpp"
 #include "session_access.hpp"
+#include "table/rule_table.hpp"
 #include "tasklet/error.hpp"
 #include "tasklet/job.hpp"
 #include "tasklet/rules/rules.hpp"
-#include "tasklet_state.hpp"
 
 namespace tasklet::etcd {
 namespace detail {

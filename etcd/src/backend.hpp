@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "locks.hpp"
-#include "rule_backend.hpp"
-#include "rule_request.hpp"
+#include "table/rule_backend.hpp"
+#include "table/rule_request.hpp"
 #include "tasklet/etcd/etcd.hpp"
 
 namespace tasklet::etcd::detail {

@@ -1,6 +1,6 @@
 #include "tasklet/detail/allocator.hpp"
 
-#include "allocation_seam.hpp"
+#include "base/allocation_seam.hpp"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define TASKLET_PLAIN_ALLOCATOR 1

@@ -1,7 +1,7 @@
-#include "task_condition.hpp"
+#include "base/task_condition.hpp"
 
-#include "context.hpp"
-#include "trace.hpp"
+#include "base/context.hpp"
+#include "base/trace.hpp"
 
 namespace tasklet::detail {
 

@@ -10,7 +10,7 @@
 
 #include <oneapi/tbb/task.h>
 
-#include "timer.hpp"
+#include "base/timer.hpp"
 
 namespace tasklet::detail {
 

@@ -1,4 +1,4 @@
-#include "timer.hpp"
+#include "base/timer.hpp"
 
 #include <utility>
 

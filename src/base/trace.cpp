@@ -1,4 +1,4 @@
-#include "trace.hpp"
+#include "base/trace.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -7,7 +7,7 @@
 #include <sstream>
 #include <string_view>
 
-#include "context.hpp"
+#include "base/context.hpp"
 
 namespace tasklet::detail {
 

@@ -1,4 +1,4 @@
-#include "workers_impl.hpp"
+#include "base/workers_impl.hpp"
 
 #include <algorithm>
 #include <mutex>

@@ -8,9 +8,9 @@
 #include <string>
 #include <utility>
 
-#include "context.hpp"
-#include "job_core.hpp"
-#include "jobs.hpp"
+#include "base/context.hpp"
+#include "jobs/job_core.hpp"
+#include "jobs/jobs.hpp"
 #include "tasklet/coroutine.hpp"
 #include "tasklet/detail/allocator.hpp"
 #include "tasklet/error.hpp"

@@ -23,8 +23,8 @@
 
 #include <oneapi/tbb/mutex.h>
 
-#include "scheduler_impl.hpp"
-#include "task_condition.hpp"
+#include "base/task_condition.hpp"
+#include "scheduler/scheduler_impl.hpp"
 #include "tasklet/detail/allocator.hpp"
 #include "tasklet/job.hpp"
 #include "tasklet/job_group.hpp"

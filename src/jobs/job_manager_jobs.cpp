@@ -3,9 +3,9 @@
 #include <memory>
 #include <utility>
 
-#include "domain.hpp"
-#include "jobs.hpp"
-#include "scheduler_impl.hpp"
+#include "jobs/jobs.hpp"
+#include "scheduler/domain.hpp"
+#include "scheduler/scheduler_impl.hpp"
 #include "tasklet/job_manager.hpp"
 
 namespace tasklet::detail {

@@ -1,7 +1,7 @@
 // The jobs' side of a manager: its life cycle, the registry of live jobs, and the changes of a job's
 // state on the way into the job scheduler (jobs.hpp says what guards what; jobs_ends.cpp is the way
 // out of a run).
-#include "jobs.hpp"
+#include "jobs/jobs.hpp"
 
 #include <time.h>
 
@@ -10,9 +10,9 @@
 #include <string>
 #include <utility>
 
-#include "scheduler_impl.hpp"
+#include "scheduler/scheduler_impl.hpp"
+#include "scheduler/tasklet_state.hpp"
 #include "tasklet/error.hpp"
-#include "tasklet_state.hpp"
 
 namespace tasklet::detail {
 

@@ -28,11 +28,11 @@
 
 #include <oneapi/tbb/mutex.h>
 
-#include "context.hpp"
-#include "domain.hpp"
-#include "job_core.hpp"
-#include "room_for.hpp"
-#include "task_condition.hpp"
+#include "base/context.hpp"
+#include "base/room_for.hpp"
+#include "base/task_condition.hpp"
+#include "jobs/job_core.hpp"
+#include "scheduler/domain.hpp"
 #include "tasklet/job.hpp"
 #include "tasklet/job_group.hpp"
 #include "tasklet/job_manager.hpp"

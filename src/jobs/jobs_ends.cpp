@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "jobs.hpp"
+#include "jobs/jobs.hpp"
 #include "tasklet/error.hpp"
 
 namespace tasklet::detail {

@@ -1,6 +1,6 @@
 // Operations on every job of a family, or of the manager: find, cancel, sleep, wake_up and join by
 // family, suspend and resume, is_idle, and the cancel of a group.
-#include "jobs.hpp"
+#include "jobs/jobs.hpp"
 
 #include <algorithm>
 #include <utility>

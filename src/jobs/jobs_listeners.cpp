@@ -6,7 +6,7 @@
 #include <mutex>
 #include <utility>
 
-#include "jobs.hpp"
+#include "jobs/jobs.hpp"
 
 namespace tasklet::detail {
 

@@ -1,6 +1,6 @@
 // The jobs' side of Job's operations (schedule, cancel, join, sleep, wake_up, yield_rule) and of a
 // job's run, on the manager's job scheduler.
-#include "jobs.hpp"
+#include "jobs/jobs.hpp"
 
 #include <algorithm>
 #include <exception>
@@ -8,9 +8,9 @@
 #include <string>
 #include <utility>
 
-#include "scheduler_impl.hpp"
+#include "scheduler/scheduler_impl.hpp"
+#include "scheduler/tasklet_state.hpp"
 #include "tasklet/error.hpp"
-#include "tasklet_state.hpp"
 
 namespace tasklet::detail {
 

@@ -1,6 +1,6 @@
 // Delayed schedules and wake-ups: the jobs keep them in time order and set one alarm of the
 // manager's timer for the earliest.
-#include "jobs.hpp"
+#include "jobs/jobs.hpp"
 
 namespace tasklet::detail {
 

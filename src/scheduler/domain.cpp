@@ -6,12 +6,12 @@
 #include <string>
 #include <utility>
 
-#include "domain.hpp"
+#include "scheduler/domain.hpp"
 
-#include "context.hpp"
-#include "scheduler_impl.hpp"
+#include "base/context.hpp"
+#include "scheduler/scheduler_impl.hpp"
+#include "scheduler/tasklet_state.hpp"
 #include "tasklet/error.hpp"
-#include "tasklet_state.hpp"
 
 namespace tasklet::detail {
 

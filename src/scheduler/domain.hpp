@@ -13,14 +13,14 @@
 #include <thread>
 #include <unordered_map>
 
-#include "context.hpp"
-#include "rule_table.hpp"
-#include "task_condition.hpp"
+#include "base/context.hpp"
+#include "base/task_condition.hpp"
+#include "base/trace.hpp"
+#include "table/rule_table.hpp"
 #include "tasklet/error.hpp"
 #include "tasklet/job_manager.hpp"
 #include "tasklet/scheduler.hpp"
 #include "tasklet/workers.hpp"
-#include "trace.hpp"
 
 namespace tasklet::detail {
 

@@ -9,12 +9,12 @@
 #include <utility>
 #include <vector>
 
-#include "domain.hpp"
+#include "scheduler/domain.hpp"
 
-#include "context.hpp"
-#include "scheduler_impl.hpp"
+#include "base/context.hpp"
+#include "scheduler/scheduler_impl.hpp"
+#include "scheduler/tasklet_state.hpp"
 #include "tasklet/error.hpp"
-#include "tasklet_state.hpp"
 
 namespace tasklet::detail {
 

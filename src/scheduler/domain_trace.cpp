@@ -9,7 +9,7 @@
 
 #include <unistd.h>
 
-#include "domain.hpp"
+#include "scheduler/domain.hpp"
 
 namespace tasklet::detail {
 

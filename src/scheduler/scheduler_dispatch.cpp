@@ -9,10 +9,10 @@
 
 #include <oneapi/tbb/task_arena.h>
 
-#include "context.hpp"
-#include "scheduler_impl.hpp"
+#include "base/context.hpp"
+#include "scheduler/scheduler_impl.hpp"
+#include "scheduler/tasklet_state.hpp"
 #include "tasklet/error.hpp"
-#include "tasklet_state.hpp"
 
 namespace tasklet {
 

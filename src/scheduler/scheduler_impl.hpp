@@ -32,15 +32,15 @@
 #include <oneapi/tbb/scalable_allocator.h>
 #include <oneapi/tbb/task_group.h>
 
-#include "context.hpp"
-#include "domain.hpp"
-#include "rule_table.hpp"
+#include "base/context.hpp"
+#include "base/workers_impl.hpp"
+#include "scheduler/domain.hpp"
+#include "table/rule_table.hpp"
 #include "tasklet/detail/hold.hpp"
 #include "tasklet/detail/library_tasklet.hpp"
 #include "tasklet/job_manager.hpp"
 #include "tasklet/scheduler.hpp"
 #include "tasklet/workers.hpp"
-#include "workers_impl.hpp"
 
 namespace tasklet::detail {
 

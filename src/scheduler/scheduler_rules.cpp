@@ -9,12 +9,12 @@
 #include <new>
 #include <utility>
 
-#include "context.hpp"
-#include "domain.hpp"
-#include "room_for.hpp"
-#include "scheduler_impl.hpp"
+#include "base/context.hpp"
+#include "base/room_for.hpp"
+#include "scheduler/domain.hpp"
+#include "scheduler/scheduler_impl.hpp"
+#include "scheduler/tasklet_state.hpp"
 #include "tasklet/error.hpp"
-#include "tasklet_state.hpp"
 
 namespace tasklet {
 

@@ -4,9 +4,9 @@
 #include <string>
 #include <utility>
 
-#include "scheduler_impl.hpp"
+#include "scheduler/scheduler_impl.hpp"
+#include "scheduler/tasklet_state.hpp"
 #include "tasklet/error.hpp"
-#include "tasklet_state.hpp"
 
 namespace tasklet {
 

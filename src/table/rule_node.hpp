@@ -13,8 +13,8 @@
 
 #include <boost/container/flat_map.hpp>
 
-#include "lock_mode.hpp"
-#include "rule_request.hpp"
+#include "table/lock_mode.hpp"
+#include "table/rule_request.hpp"
 #include "tasklet/scheduling_rule.hpp"
 
 namespace tasklet::detail {

@@ -16,8 +16,8 @@
 #include <span>
 #include <vector>
 
-#include "lock_mode.hpp"
-#include "room_for.hpp"
+#include "base/room_for.hpp"
+#include "table/lock_mode.hpp"
 #include "tasklet/detail/allocator.hpp"
 #include "tasklet/scheduling_rule.hpp"
 

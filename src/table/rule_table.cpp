@@ -2,7 +2,7 @@
 // nodes, the pairwise checks of custom rules, root intents, and revoking parked requests. Which
 // nodes a request takes is in rule_table_index.cpp; taking one out and granting those it lets
 // through, in rule_table_release.cpp; the doors, in rule_table_doors.cpp.
-#include "rule_table.hpp"
+#include "table/rule_table.hpp"
 
 #include <algorithm>
 #include <atomic>

@@ -55,11 +55,11 @@
 #include <oneapi/tbb/mutex.h>
 #include <boost/container/small_vector.hpp>
 
-#include "rule_backend.hpp"
-#include "rule_node.hpp"
-#include "rule_request.hpp"
+#include "base/trace.hpp"
+#include "table/rule_backend.hpp"
+#include "table/rule_node.hpp"
+#include "table/rule_request.hpp"
 #include "tasklet/scheduling_rule.hpp"
-#include "trace.hpp"
 
 namespace tasklet::detail {
 

@@ -9,7 +9,7 @@
 #include <span>
 #include <utility>
 
-#include "rule_table.hpp"
+#include "table/rule_table.hpp"
 
 namespace tasklet::detail {
 

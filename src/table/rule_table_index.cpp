@@ -8,7 +8,7 @@
 #include <string_view>
 #include <utility>
 
-#include "rule_table.hpp"
+#include "table/rule_table.hpp"
 
 namespace tasklet::detail {
 

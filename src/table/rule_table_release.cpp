@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "rule_table.hpp"
+#include "table/rule_table.hpp"
 
 namespace tasklet::detail {
 

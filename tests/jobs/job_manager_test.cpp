@@ -14,7 +14,7 @@
 #include <gtest/gtest.h>
 #include <oneapi/tbb/task_arena.h>
 
-#include "jobs.hpp"
+#include "jobs/jobs.hpp"
 #include "support/job_support.hpp"
 #include "tasklet/tasklet.hpp"
 

@@ -15,7 +15,7 @@
 
 #include <gtest/gtest.h>
 
-#include "scheduler_impl.hpp"
+#include "scheduler/scheduler_impl.hpp"
 #include "support/test_support.hpp"
 #include "tasklet/tasklet.hpp"
 

@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <new>
 
-#include "allocation_seam.hpp"
+#include "base/allocation_seam.hpp"
 
 namespace tasklet::test {
 

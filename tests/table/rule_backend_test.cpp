@@ -1,7 +1,7 @@
 // The rule table with a backend that shares path and named rules (as tasklet::etcd does): a
 // request hears of its grant only after the backend's, waits here first and there second, never
 // parks, and is withdrawn, cancelled, handed over or abandoned in either place.
-#include "rule_backend.hpp"
+#include "table/rule_backend.hpp"
 
 #include <algorithm>
 #include <exception>
@@ -12,7 +12,7 @@
 
 #include <gtest/gtest.h>
 
-#include "rule_table.hpp"
+#include "table/rule_table.hpp"
 #include "tasklet/rules/rules.hpp"
 
 namespace tasklet::detail {

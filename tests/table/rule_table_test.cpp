@@ -1,8 +1,8 @@
 // The rule table on its own: FIFO grants, hierarchical exclusion, shared reads, multi and custom
 // rules, and a randomized comparison against a from-scratch reference model.
-#include "rule_table.hpp"
+#include "table/rule_table.hpp"
 
-#include "domain.hpp"
+#include "scheduler/domain.hpp"
 
 #include <algorithm>
 #include <atomic>

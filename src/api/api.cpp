@@ -1,7 +1,7 @@
 #include "tasklet/api.hpp"
 
-#include "context.hpp"
-#include "scheduler_impl.hpp"
+#include "base/context.hpp"
+#include "scheduler/scheduler_impl.hpp"
 #include "tasklet/job_manager.hpp"
 #include "tasklet/workers.hpp"
 

@@ -1,8 +1,8 @@
 // The library's part of tasklet/coroutine.hpp: where a parked coroutine goes on.
 #include "tasklet/coroutine.hpp"
 
-#include "context.hpp"
-#include "scheduler_impl.hpp"
+#include "base/context.hpp"
+#include "scheduler/scheduler_impl.hpp"
 
 namespace tasklet::detail {
 

@@ -6,14 +6,14 @@
 #include <cstdint>
 #include <mutex>
 
-#include "domain.hpp"
-#include "scheduler_impl.hpp"
-#include "task_condition.hpp"
+#include "base/task_condition.hpp"
+#include "scheduler/domain.hpp"
+#include "scheduler/scheduler_impl.hpp"
+#include "scheduler/tasklet_state.hpp"
 #include "tasklet/directive.hpp"
 #include "tasklet/error.hpp"
 #include "tasklet/rules/rules.hpp"
 #include "tasklet/tasklet_base.hpp"
-#include "tasklet_state.hpp"
 
 namespace tasklet {
 
