@@ -20,8 +20,7 @@ inline constexpr std::size_t cache_line = 64;
 /// std::make_shared puts the reference counts right before the object, in the same cache line.
 /// Every copy of a Rule (one per tasklet that carries it) writes the counts, and the rule table
 /// reads the object (its vtable pointer and note) for every request on another core, so each copy
-/// took the line away from that core. The posting thread of the path-rule benchmark spent a fifth
-/// of its time on that one increment, and half as much with the object on its own line.
+/// would take the line away from that core.
 template <class R, class... Args>
 Rule make_rule(Args&&... args);
 

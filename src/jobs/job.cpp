@@ -21,7 +21,7 @@ namespace tasklet {
 
 // From the scalable allocator, as make_job's jobs: a job made by the posting thread is mostly freed
 // by a worker, and glibc's allocator gives such frees back to the allocating thread's arena under
-// its lock (10-15 % of a job's cost on the Job API rows).
+// its lock.
 struct Job::Core final : detail::JobCore, detail::PooledObject {
   using JobCore::JobCore;
   static void drop_steps(Job& job) noexcept;  // defined with Job::Coroutine

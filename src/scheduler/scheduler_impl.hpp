@@ -189,8 +189,7 @@ class SchedulerImpl final {
   // Each of the next three lines is the cache line of its own: the workers write active_ once per
   // tasklet and the holds once per tasklet with a rule, and read running_ once per async phase,
   // which nobody writes while run() is active. Left to where the members happened to fall (next to
-  // group_'s counters, and to each other), the no-rule workload took 15-20 % longer per tasklet
-  // in some processes than in others.
+  // group_'s counters, and to each other), they would share lines with what others write.
   //
   // Tasklets scheduled and not yet done, for run() and active_count(). A background scheduler
   // (a manager's, for its serial executors and its jobs) has no run() and is not visible to users:

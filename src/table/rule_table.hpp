@@ -332,8 +332,7 @@ class RuleTable {
   oneapi::tbb::mutex mutex_;
   // What was entered and not put in yet, newest first: requests linked through next_submitted and
   // requests entered together (tagged: see enter_all), each linked to the next older one. On the
-  // lock's cache line: a submission pushes here and then tries the lock (on a line of its own,
-  // every SerialExecutor post took 7-14 % longer).
+  // lock's cache line: a submission pushes here and then tries the lock, one line for both.
   std::atomic<std::uintptr_t> submitted_{0};
   std::atomic<bool> entering_submitted_{false};  // a lock holder took the stack and enters it
   // Requests refused for lack of memory (put_in_or_refuse), linked like the submitted ones, until
