@@ -2,6 +2,8 @@
 // reused), endpoints tried in turn, and etcd's gRPC errors mapped to the library's exceptions.
 #include "gateway.hpp"
 
+#include <algorithm>
+
 #include <curl/curl.h>
 
 #include <memory>
@@ -98,7 +100,7 @@ std::string Gateway::endpoint() const {
 }
 
 Gateway::Answer Gateway::post(const std::string& endpoint, const std::string& path, const std::string& body,
-                              const std::string& token) const {
+                              const std::string& token, std::chrono::milliseconds limit) const {
   CURL* handle = thread_handle();
   HeaderList headers;
   headers.add("Content-Type: application/json");
@@ -106,7 +108,8 @@ Gateway::Answer Gateway::post(const std::string& endpoint, const std::string& pa
   if (!token.empty()) headers.add("Authorization: " + token);
   Answer answer;
   const std::string url = endpoint + path;
-  const auto timeout = static_cast<long>(options_.request_timeout.count());
+  const auto timeout = static_cast<long>(
+      std::max<std::int64_t>(1, (limit.count() > 0 ? limit : options_.request_timeout).count()));
   curl_easy_setopt(handle, CURLOPT_URL, url.c_str());
   curl_easy_setopt(handle, CURLOPT_POST, 1L);
   curl_easy_setopt(handle, CURLOPT_POSTFIELDS, body.c_str());
@@ -126,7 +129,8 @@ Gateway::Answer Gateway::post(const std::string& endpoint, const std::string& pa
   return answer;
 }
 
-Json Gateway::call_once(const std::string& path, const Json& body, const std::string& token) {
+Json Gateway::call_once(const std::string& path, const Json& body, const std::string& token,
+                        std::chrono::milliseconds timeout) {
   const std::string text = body.dump();
   std::size_t first = 0;
   {
@@ -139,7 +143,7 @@ Json Gateway::call_once(const std::string& path, const Json& body, const std::st
     const std::string& endpoint = options_.endpoints[at];
     Answer answer;
     try {
-      answer = post(endpoint, path, text, token);
+      answer = post(endpoint, path, text, token, timeout);
     } catch (const EtcdUnavailable& unreachable) {
       failures += std::string(failures.empty() ? "" : "; ") + unreachable.what();
       continue;
@@ -173,21 +177,21 @@ Json Gateway::call_once(const std::string& path, const Json& body, const std::st
   throw EtcdUnavailable("etcd: no endpoint answered " + path + " (" + failures + ")");
 }
 
-Json Gateway::call(const std::string& path, const Json& body) {
+Json Gateway::call(const std::string& path, const Json& body, std::chrono::milliseconds timeout) {
   std::string token;
   {
     std::lock_guard lock(mutex_);
     token = token_;
   }
   try {
-    return call_once(path, body, token);
+    return call_once(path, body, token, timeout);
   } catch (const EtcdAuthFailed&) {
     if (token.empty()) throw;
     authenticate();  // simple tokens expire: sign in again, once
     std::lock_guard lock(mutex_);
     token = token_;
   }
-  return call_once(path, body, token);
+  return call_once(path, body, token, timeout);
 }
 
 void StreamStop::stop() noexcept {

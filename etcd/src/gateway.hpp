@@ -2,6 +2,7 @@
 // of the session's endpoints that answers.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -45,8 +46,9 @@ class Gateway {
   /// POSTs `body` to `path` ("/v3/kv/put") and returns the answer. An endpoint that cannot be
   /// reached, or answers "unavailable", is left for the next one. Throws EtcdUnavailable when none
   /// answered; EtcdAuthFailed, EtcdPermissionDenied, or EtcdError with etcd's message otherwise.
-  /// When signed in, an expired token is renewed once, transparently.
-  Json call(const std::string& path, const Json& body);
+  /// When signed in, an expired token is renewed once, transparently. `timeout`: per attempt,
+  /// instead of the options' request_timeout when positive.
+  Json call(const std::string& path, const Json& body, std::chrono::milliseconds timeout = {});
 
   /// POSTs `body` to a streaming `path` ("/v3/watch") on the endpoint that answered last, and hands
   /// each JSON message of the answer to `on_message`, until the stream ends (returns), `stop` is
@@ -69,8 +71,9 @@ class Gateway {
   };
   // One attempt on one endpoint; throws EtcdUnavailable when it cannot be reached.
   Answer post(const std::string& endpoint, const std::string& path, const std::string& body,
-              const std::string& token) const;
-  Json call_once(const std::string& path, const Json& body, const std::string& token);
+              const std::string& token, std::chrono::milliseconds timeout) const;
+  Json call_once(const std::string& path, const Json& body, const std::string& token,
+                 std::chrono::milliseconds timeout = {});
 
   EtcdOptions options_;
   mutable std::mutex mutex_;  // guards token_ and current_

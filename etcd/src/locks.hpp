@@ -132,6 +132,10 @@ class Locks {
   void renewed(Clock::time_point sent, std::chrono::seconds ttl) noexcept;
   /// Whether the lease may have expired in etcd by now (no renewal answered within its TTL).
   bool may_have_expired() const noexcept;
+  /// Until when the lease certainly lives.
+  Clock::time_point alive_until() const noexcept {
+    return Clock::time_point(Clock::duration(alive_until_.load(std::memory_order_acquire)));
+  }
   /// When the lease may have expired: as lease_lost(), then `expired` is told. Returns whether the
   /// lease is lost (now or before).
   bool lose_if_expired();
@@ -195,7 +199,7 @@ class Locks {
   std::vector<std::shared_ptr<Ticket>> queued_;  // for the courier, in request order
   std::vector<std::string> deletions_;           // keys for the courier to delete
   std::vector<std::string> fenced_deletions_;    // to delete with a rewrite of the session's key
-  std::int64_t guard_;  // the session key's revision the courier knows
+  std::int64_t guard_;                           // the session key's revision the courier knows
   std::map<std::string, std::set<std::shared_ptr<Ticket>>> waiting_on_;  // blocker key -> tickets
   bool sending_ = false;                                                 // a transaction is under way
   std::set<std::string> deleted_while_sending_;                          // the watcher's, meanwhile

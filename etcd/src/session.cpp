@@ -68,20 +68,24 @@ class EtcdSession::Impl {
   }
 
   // Renews the lease every third of its TTL. A lease that etcd no longer knows, or that had no
-  // renewal answered within its TTL (counted from when that renewal was sent), is lost.
+  // renewal answered within its TTL (counted from when that renewal was sent), is lost: the
+  // renewing thread wakes, and an attempt gives up, by that moment.
   void renew() {
-    const auto ttl =
-        std::chrono::duration_cast<std::chrono::steady_clock::duration>(gateway.options().lease_ttl);
+    using Clock = std::chrono::steady_clock;
+    const auto ttl = std::chrono::duration_cast<Clock::duration>(gateway.options().lease_ttl);
     std::unique_lock lock(mutex);
     while (!stopping) {
-      wake.wait_for(lock, ttl / 3, [this] { return stopping; });
+      wake.wait_until(lock, std::min(Clock::now() + ttl / 3, locks->alive_until()),
+                      [this] { return stopping; });
       if (stopping) return;
       lock.unlock();
       if (locks->lose_if_expired()) return;  // told through the Locks
       std::string lost_because;
       try {
-        const auto sent = std::chrono::steady_clock::now();
-        const Json answer = gateway.call("/v3/lease/keepalive", Json{{"ID", std::to_string(lease_id)}});
+        const auto sent = Clock::now();
+        const auto until_expiry = std::chrono::ceil<std::chrono::milliseconds>(locks->alive_until() - sent);
+        const Json answer = gateway.call("/v3/lease/keepalive", Json{{"ID", std::to_string(lease_id)}},
+                                         std::min(until_expiry, gateway.options().request_timeout));
         const Json& result = answer.contains("result") ? answer["result"] : answer;
         if (const std::int64_t left = integer_of(result.value("TTL", Json())); left > 0) {
           locks->renewed(sent, std::chrono::seconds(left));
