@@ -68,14 +68,6 @@ void write_micros(std::ostream& out, std::int64_t nanos) {
       << static_cast<char>('0' + fraction / 10 % 10) << static_cast<char>('0' + fraction % 10);
 }
 
-// The job's name in an owner named "job 'name'" (how the jobs describe a run), else empty.
-std::string_view job_of(std::string_view owner) {
-  constexpr std::string_view prefix = "job '";
-  if (owner.size() <= prefix.size() || owner.substr(0, prefix.size()) != prefix || owner.back() != '\'')
-    return {};
-  return owner.substr(prefix.size(), owner.size() - prefix.size() - 1);
-}
-
 }  // namespace
 
 Trace::Nanos Trace::now() noexcept {
@@ -152,7 +144,13 @@ void Trace::async_slice(const char* category, std::string name, Nanos from, std:
   push({to, 0, id, to_tid, 'e', category, std::move(name), {}});
 }
 
-void Trace::entered(const void* request, bool thread, bool waits, std::string owner, std::string rule,
+Trace::Args Trace::with_owner(const Owner& owner, Args args) {
+  args.insert(args.begin(), {"owner", owner.text});
+  if (!owner.job.empty()) args.insert(args.begin() + 1, {"job", owner.job});
+  return args;
+}
+
+void Trace::entered(const void* request, bool thread, bool waits, Owner owner, std::string rule,
                     std::string blockers) {
   const Nanos at = now();
   std::lock_guard lock(mutex_);
@@ -172,10 +170,8 @@ void Trace::granted(const void* request, bool thread, std::string by) {
   wait.by = std::move(by);
   if (!thread) {
     async_slice("rule-wait", "wait for " + wait.rule, wait.since, wait.tid, at, here,
-                {{"rule", wait.rule},
-                 {"owner", wait.owner},
-                 {"blockers", wait.blockers},
-                 {"let_through_by", wait.by}});
+                with_owner(wait.owner,
+                           {{"rule", wait.rule}, {"blockers", wait.blockers}, {"let_through_by", wait.by}}));
   }
   // The arrow from this release to where the owner starts with the rule.
   const std::uint64_t id = ++next_id_;
@@ -194,22 +190,16 @@ void Trace::left(const void* request, bool held) {
     const auto hold = holds_.find(request);
     if (held && hold != holds_.end()) {
       if (hold->second.thread) {
-        push({hold->second.since,
-              at - hold->second.since,
-              0,
-              here,
-              'X',
-              "hold",
-              "hold " + wait.rule,
-              {{"rule", wait.rule}, {"owner", wait.owner}}});
+        push({hold->second.since, at - hold->second.since, 0, here, 'X', "hold", "hold " + wait.rule,
+              with_owner(wait.owner, {{"rule", wait.rule}})});
       } else {
         async_slice("hold", "hold " + wait.rule, hold->second.since, hold->second.tid, at, here,
-                    {{"rule", wait.rule}, {"owner", wait.owner}});
+                    with_owner(wait.owner, {{"rule", wait.rule}}));
       }
     } else if (!held && wait.waits && !wait.thread) {
       async_slice(
           "rule-wait", "wait for " + wait.rule, wait.since, wait.tid, at, here,
-          {{"rule", wait.rule}, {"owner", wait.owner}, {"blockers", wait.blockers}, {"ended", "withdrawn"}});
+          with_owner(wait.owner, {{"rule", wait.rule}, {"blockers", wait.blockers}, {"ended", "withdrawn"}}));
     }
     requests_.erase(found);
   }
@@ -249,17 +239,9 @@ void Trace::thread_got(const void* request, Nanos waited_since, Nanos at) {
       hold->second.tid = here;
     }
     const Wait& wait = found->second;
-    push({waited_since,
-          at - waited_since,
-          0,
-          here,
-          'X',
-          "wait",
-          "wait for " + wait.rule,
-          {{"rule", wait.rule},
-           {"owner", wait.owner},
-           {"blockers", wait.blockers},
-           {"let_through_by", wait.by}}});
+    push({waited_since, at - waited_since, 0, here, 'X', "wait", "wait for " + wait.rule,
+          with_owner(wait.owner,
+                     {{"rule", wait.rule}, {"blockers", wait.blockers}, {"let_through_by", wait.by}})});
   }
   const auto flow = flows_.find(request);
   if (flow != flows_.end()) {
@@ -268,7 +250,7 @@ void Trace::thread_got(const void* request, Nanos waited_since, Nanos at) {
   }
 }
 
-void Trace::parked(const void* tasklet, std::string owner) {
+void Trace::parked(const void* tasklet, Owner owner) {
   const Nanos at = now();
   std::lock_guard lock(mutex_);
   if (stopped_) return;
@@ -281,8 +263,7 @@ void Trace::resumed(const void* tasklet, Nanos at) {
   const auto found = parks_.find(tasklet);
   if (found == parks_.end()) return;
   const std::uint32_t here = tid();
-  async_slice("park", "parked", found->second.first, here, at, here,
-              {{"owner", std::move(found->second.second)}});
+  async_slice("park", "parked", found->second.first, here, at, here, with_owner(found->second.second, {}));
   parks_.erase(found);
 }
 
@@ -367,21 +348,12 @@ void Trace::write_events(std::ostream& out, const std::string& label) const {
     }
     if (!event.args.empty()) {
       out << ",\"args\":{";
-      std::string_view job;
-      bool has_job = false;
       for (std::size_t i = 0; i < event.args.size(); ++i) {
         const auto& [key, value] = event.args[i];
         if (i != 0) out << ',';
         write_string(out, key);
         out << ':';
         write_string(out, value);
-        has_job = has_job || std::string_view(key) == "job";
-        if (std::string_view(key) == "owner") job = job_of(value);
-      }
-      // A job's run is named "job 'name'" as its owner: its events carry the job's name too.
-      if (!job.empty() && !has_job) {
-        out << ",\"job\":";
-        write_string(out, job);
       }
       out << '}';
     }

@@ -34,6 +34,15 @@ class Trace {
   /// An event's arguments: a key (a literal) and its text.
   using Args = boost::container::small_vector<std::pair<const char*, std::string>, 4>;
 
+  /// Whom an event is about: the owner as diagnostics name it, and the job it works for (empty:
+  /// none), which the events carry as an argument of its own.
+  struct Owner {
+    std::string text;
+    std::string job;
+  };
+  /// `args` with the owner's arguments ("owner", and "job" when it has one) in front.
+  static Args with_owner(const Owner& owner, Args args);
+
   explicit Trace(std::size_t max_events);
   Trace(const Trace&) = delete;
   /// Drops what was recorded and starts again, keeping at most `max_events` events (later ones are
@@ -57,7 +66,7 @@ class Trace {
 
   /// A request entered the table. `waits`: it was not granted at once; `blockers` says whom it
   /// waits for.
-  void entered(const void* request, bool thread, bool waits, std::string owner, std::string rule,
+  void entered(const void* request, bool thread, bool waits, Owner owner, std::string rule,
                std::string blockers);
   /// A request was granted, at once or after waiting; `by` names the exit that let it through
   /// (empty: none). After a wait, a flow starts here (on the releasing thread) and ends where its
@@ -77,7 +86,7 @@ class Trace {
   /// wait, the wait is a slice of its own, and the hold starts here (until the request leaves).
   void thread_got(const void* request, Nanos waited_since, Nanos at);
   /// A tasklet parked (it returned WAIT) and was resumed: the park is drawn when it resumes.
-  void parked(const void* tasklet, std::string owner);
+  void parked(const void* tasklet, Owner owner);
   void resumed(const void* tasklet, Nanos at);
 
   /// Chrome's JSON Object Format: {"traceEvents": [...], ...}. `label` names the process.
@@ -102,7 +111,8 @@ class Trace {
     std::uint32_t tid = 0;
     bool waits = false;
     bool thread = false;
-    std::string owner, rule, blockers, by;
+    Owner owner;
+    std::string rule, blockers, by;
   };
   struct Hold {
     Nanos since = 0;
@@ -137,7 +147,7 @@ class Trace {
   std::unordered_map<const void*, Wait> requests_;        // in the table: since when, and its wait
   std::unordered_map<const void*, Hold> holds_;           // granted, not yet left
   std::unordered_map<const void*, std::uint64_t> flows_;  // granted after a wait, owner not started
-  std::unordered_map<const void*, std::pair<Nanos, std::string>> parks_;
+  std::unordered_map<const void*, std::pair<Nanos, Owner>> parks_;
 };
 
 /// A phase being recorded (TaskState::traced_phase while it runs). Where its task suspends (a

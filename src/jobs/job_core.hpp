@@ -170,6 +170,7 @@ class JobRun final : public JobTasklet {
   /// The job ends unrun, with the error (canceled when its manager shut down).
   void abandoned(std::exception_ptr error) noexcept override;
   std::string describe() const override;
+  std::string job_name() const override;
   bool runs(const JobCore& job) const noexcept override { return &core_ == &job; }
   /// The job whose run `tasklet` is, if it is one (for layers above: whom a holder is).
   static std::shared_ptr<Job> job_of(const Tasklet* tasklet);

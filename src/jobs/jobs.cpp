@@ -35,6 +35,7 @@ void JobRun::go_on_in(Directive next) noexcept {
 }
 
 std::string JobRun::describe() const { return "job '" + core_.job().name() + "'"; }
+std::string JobRun::job_name() const { return core_.job().name(); }
 
 std::shared_ptr<Job> JobRun::job_of(const Tasklet* tasklet) {
   const auto* run = dynamic_cast<const JobRun*>(tasklet);

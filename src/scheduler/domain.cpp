@@ -96,6 +96,11 @@ RuleBlocker ThreadHold::describe() const {
   return {std::move(owner), last_rule_.lock(), false};
 }
 
+std::string ThreadHold::job_name() const {
+  const Tasklet* tasklet = owner_tasklet_.load(std::memory_order_relaxed);
+  return tasklet != nullptr ? SchedulerImpl::job_of_tasklet(*tasklet) : std::string();
+}
+
 ThreadHold* ThreadHold::take(const Rule& rule, bool parkable) {
   ThreadHold* hold = std::exchange(spare.hold, nullptr);
   if (hold != nullptr && hold->parked_in_ != nullptr) {

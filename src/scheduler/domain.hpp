@@ -84,6 +84,7 @@ class ThreadHold final : public InlineRuleRequest<4> {
     owner_thread_.store(thread, std::memory_order_relaxed);
   }
   RuleBlocker describe() const override;
+  std::string job_name() const override;
   /// The tasklet whose phase (or rule) it is for, if any.
   const Tasklet* owner_tasklet() const noexcept { return owner_tasklet_.load(std::memory_order_relaxed); }
   /// Set (under the domain's handing lock) when this waiting request was withdrawn because a rule

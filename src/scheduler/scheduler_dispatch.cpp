@@ -263,6 +263,11 @@ std::string detail::SchedulerImpl::describe_tasklet(const Tasklet& tasklet) cons
   return TaskletAccess::has_name(tasklet) ? "tasklet '" + tasklet.name() + "'" : tasklet.name();
 }
 
+std::string detail::SchedulerImpl::job_of_tasklet(const Tasklet& tasklet) {
+  const auto* library = dynamic_cast<const LibraryTasklet*>(&tasklet);
+  return library != nullptr ? library->job_name() : std::string();
+}
+
 // The hook is told on a worker: an abandonment comes from a grant or a refusal, which the table
 // delivers wherever it was entered or released, perhaps under a lock of the layer above (a job's
 // cancel() withdraws under its manager's lock), and the hook takes that layer's locks. Out of

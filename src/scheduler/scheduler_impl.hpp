@@ -161,6 +161,8 @@ class SchedulerImpl final {
   using DescribeTasklet = std::string (*)(const Tasklet&);
   void describe_tasklets_by(DescribeTasklet describe) noexcept { describe_ = describe; }
   std::string describe_tasklet(const Tasklet& tasklet) const;
+  /// The job `tasklet` works for (a library tasklet's job_name()), empty for others.
+  static std::string job_of_tasklet(const Tasklet& tasklet);
   /// Ends a tasklet without running its next phase, for `error` (out of memory entering its rule
   /// or queueing the phase, its rule refused by a backend, its manager shutting down): a library
   /// tasklet is told so on a worker (detail::LibraryTasklet) and ends with no failure recorded;

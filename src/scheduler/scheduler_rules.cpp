@@ -114,6 +114,7 @@ struct detail::SchedulerImpl::TaskletHold final : detail::InlineRuleRequest<N>, 
   RuleBlocker describe() const override {
     return {scheduler().describe_tasklet(*tasklet), tasklet->rule(), false};
   }
+  std::string job_name() const override { return SchedulerImpl::job_of_tasklet(*tasklet); }
   SchedulerImpl& scheduler() const noexcept { return detail::impl(*TaskletAccess::scheduler(*tasklet)); }
   void granted() noexcept override {
     SchedulerImpl& impl = scheduler();
@@ -174,6 +175,7 @@ struct detail::SchedulerImpl::PhaseHold final : detail::InlineRuleRequest<4>, de
   RuleBlocker describe() const override {
     return {scheduler().describe_tasklet(*tasklet), tasklet->rule(), false};
   }
+  std::string job_name() const override { return SchedulerImpl::job_of_tasklet(*tasklet); }
   SchedulerImpl& scheduler() const noexcept { return detail::impl(*TaskletAccess::scheduler(*tasklet)); }
   void granted() noexcept override { answer_with(HoldAnswer::granted); }
   void cancelled() noexcept override { answer_with(HoldAnswer::cancelled); }
@@ -381,9 +383,10 @@ void detail::SchedulerImpl::release_rule(Tasklet& tasklet) noexcept {
 void detail::SchedulerImpl::release_traced(detail::Trace& trace, Tasklet& tasklet,
                                            detail::RuleRequest& hold) noexcept {
   const detail::Trace::Nanos start = detail::Trace::now();
-  std::string owner, rule;
+  detail::Trace::Owner owner;
+  std::string rule;
   try {
-    owner = describe_tasklet(tasklet);
+    owner = {describe_tasklet(tasklet), job_of_tasklet(tasklet)};
     rule = describe(tasklet.rule());
   } catch (...) {
     // Out of memory: the slice goes unnamed.
@@ -391,7 +394,7 @@ void detail::SchedulerImpl::release_traced(detail::Trace& trace, Tasklet& taskle
   domain_.table_.leave(hold);
   delete &hold;
   try {
-    trace.slice("release", "release " + rule, start, {{"rule", rule}, {"owner", std::move(owner)}});
+    trace.slice("release", "release " + rule, start, detail::Trace::with_owner(owner, {{"rule", rule}}));
   } catch (...) {
     // Out of memory: the trace misses this release.
   }

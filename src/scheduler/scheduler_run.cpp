@@ -126,13 +126,13 @@ PhaseResult run_untraced_phase(detail::SchedulerImpl& impl, const TaskletPtr& ow
   Tasklet& tasklet = *owned;
   detail::TracedPhase phase{trace, detail::Trace::now(), {}, {}};
   const detail::RuleRequest* hold = TaskletAccess::hold(tasklet);
-  std::string owner;
+  detail::Trace::Owner owner;
   try {
     if (hold != nullptr) trace.flow_end(hold, phase.since);
     trace.resumed(&tasklet, phase.since);
-    owner = impl.describe_tasklet(tasklet);
-    phase.name = owner + (sync ? " (sync)" : " (async)");
-    phase.args = {{"owner", owner}, {"phase", sync ? "sync" : "async"}};
+    owner = {impl.describe_tasklet(tasklet), detail::SchedulerImpl::job_of_tasklet(tasklet)};
+    phase.name = owner.text + (sync ? " (sync)" : " (async)");
+    phase.args = detail::Trace::with_owner(owner, {{"phase", sync ? "sync" : "async"}});
     if (hold != nullptr) phase.args.emplace_back("rule", describe(tasklet.rule()));
   } catch (...) {
     // Out of memory: the trace misses them.

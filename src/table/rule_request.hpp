@@ -168,6 +168,9 @@ class RuleRequest {
   /// Who asked and for which rule, for diagnostics (RuleTable::blockers). Called under the table's
   /// lock: the rule is a strong reference, so that the caller can print it outside.
   virtual RuleBlocker describe() const { return {"a request", nullptr, false}; }
+  /// The job this request works for (a job's run, or code in it), empty for others: the trace
+  /// records it apart from describe()'s text. Called under the table's lock.
+  virtual std::string job_name() const { return {}; }
   /// Whether leave() may park this request (see the top of rule_table.hpp) instead of releasing it;
   /// asked when it is entered. Its owner then keeps it until it enters it again or discards it.
   virtual bool parkable() const noexcept { return false; }

@@ -498,7 +498,8 @@ void RuleTable::trace_entered(Trace& trace, const RuleRequest& request, bool gra
         blockers += (blockers.empty() ? "" : "; ") + traced_text(blocker);
     }
     const bool thread = request.blocks_thread();
-    trace.entered(&request, thread, !granted, who.owner, traced_text(who.rule.get()), std::move(blockers));
+    trace.entered(&request, thread, !granted, {who.owner, request.job_name()}, traced_text(who.rule.get()),
+                  std::move(blockers));
     if (granted) trace.granted(&request, thread, {});
   } catch (...) {
     // Out of memory: the trace misses this request.

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <exception>
+#include <string>
 
 #include "tasklet/tasklet_base.hpp"
 
@@ -18,6 +19,8 @@ class LibraryTasklet : public Tasklet {
   /// Told once, on one of the workers, before the engine lets go of the tasklet; `why` says why
   /// (std::bad_alloc for lack of memory).
   virtual void abandoned(std::exception_ptr why) noexcept = 0;
+  /// The name of the job whose run this is (empty for other work), for the trace.
+  virtual std::string job_name() const { return {}; }
 
  protected:
   LibraryTasklet() = default;
