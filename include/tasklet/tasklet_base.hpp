@@ -45,7 +45,7 @@ class Tasklet : public std::enable_shared_from_this<Tasklet> {
   std::string name() const;
 
   /// True from the moment the tasklet is scheduled until its last phase returns done.
-  bool is_active() const noexcept { return (state_.load(std::memory_order_acquire) & 3u) != 0; }
+  bool is_active() const noexcept;
 
   /// The engine's view of a tasklet (defined inside the library, not for users).
   class Engine;

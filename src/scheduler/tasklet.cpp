@@ -1,5 +1,6 @@
 #include <cstdio>
 
+#include "scheduler/tasklet_state.hpp"
 #include "tasklet/detail/library_tasklet.hpp"
 #include "tasklet/error.hpp"
 #include "tasklet/tasklet_base.hpp"
@@ -8,6 +9,10 @@ namespace tasklet {
 
 Tasklet::~Tasklet() = default;
 detail::LibraryTasklet::~LibraryTasklet() = default;
+
+bool Tasklet::is_active() const noexcept {
+  return detail::word::phase(state_.load(std::memory_order_acquire)) != detail::word::idle;
+}
 
 void Tasklet::set_rule(Rule rule) {
   if (is_active()) {
