@@ -23,7 +23,7 @@ lane="stress lane"
 source scripts/lane_steps.sh
 
 step "build the oracle under TSan"
-TASKLET_TSAN_TBB_JOBS="$jobs" bash scripts/build-tsan-tbb.sh
+TASKLET_TBB_JOBS="$jobs" bash scripts/build-tbb.sh tsan
 cmake --preset tsan >/dev/null
 cmake --build --preset tsan -j "$jobs" --target stress_rule_oracle_test
 
@@ -43,6 +43,7 @@ if [ "$holds" -lt "$min_holds" ]; then
 fi
 
 step "build the shutdown storm under ASan + UBSan"
+TASKLET_TBB_JOBS="$jobs" bash scripts/build-tbb.sh asan
 cmake --preset asan >/dev/null
 cmake --build --preset asan -j "$jobs" --target stress_shutdown_storm_test
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The ThreadSanitizer lane (CI runs it after the ASan lane): builds oneTBB with TSan
-# (scripts/build-tsan-tbb.sh, once per build tree), builds the `tsan` preset against it, checks
+# (scripts/build-tbb.sh tsan, once per build tree), builds the `tsan` preset against it, checks
 # that the tests really load that oneTBB, and runs `ctest --preset tsan` (labels unit, rules,
 # stress, example, install, etcd; TSAN_OPTIONS with tests/tsan.supp and halt_on_error=1 come from the
 # preset). Extra arguments go to ctest.
@@ -22,7 +22,7 @@ lane="tsan lane"
 source scripts/lane_steps.sh
 
 step "oneTBB with -DTBB_SANITIZE=thread"
-TASKLET_TSAN_TBB_JOBS="$jobs" bash scripts/build-tsan-tbb.sh
+TASKLET_TBB_JOBS="$jobs" bash scripts/build-tbb.sh tsan
 
 step "configure and build (preset tsan)"
 cmake --preset tsan >/dev/null
@@ -30,19 +30,8 @@ cmake --build --preset tsan -j "$jobs"
 
 # The lane is only worth something if the binaries load the instrumented oneTBB (RUNPATH set by
 # CMake from the imported targets); Debian's libtbb12 would give false reports or hide races.
-# ldd's output is read whole before grep: with pipefail, `ldd | grep -q` fails whenever grep exits
-# at the first match while ldd is still writing (ldd dies of SIGPIPE).
-tbb_lib="$(pwd)/build/tbb-tsan/install/lib"
-for binary in build/tsan/tests/scheduler/unit_scheduler_test build/tsan/examples/request_response; do
-  loaded="$(env -u LD_LIBRARY_PATH ldd "$binary")" || { echo "tsan lane: ldd $binary failed" >&2; exit 1; }
-  for lib in libtbb.so.12 libtbbmalloc.so.2; do
-    grep -qF "$lib => $tbb_lib/$lib" <<<"$loaded" || {
-      echo "tsan lane: $binary does not load $tbb_lib/$lib:" >&2
-      echo "$loaded" >&2
-      exit 1
-    }
-  done
-done
+loads_tbb_from "$(pwd)/build/tbb-tsan/install/lib" \
+  build/tsan/tests/scheduler/unit_scheduler_test build/tsan/examples/request_response
 
 step "ctest --preset tsan (TASKLET_STRESS_SCALE=$TASKLET_STRESS_SCALE${exclude:+, excluding $exclude})"
 ctest_args=(--preset tsan -j "$jobs")

@@ -1,30 +1,43 @@
 #!/usr/bin/env bash
-# Builds oneTBB (tbb + tbbmalloc) instrumented for ThreadSanitizer, for the TSan lane.
+# Builds oneTBB (tbb + tbbmalloc) for a sanitizer lane: scripts/build-tbb.sh tsan|asan
 #
-# Debian's libtbb12 is not instrumented, so TSan cannot see oneTBB's synchronisation and reports
-# false races on everything handed between threads through it. This script fetches the Debian
-# source package of the *installed* libtbb-dev version (same headers, same Debian patches), builds
-# it with -DTBB_SANITIZE=thread and installs it into a prefix inside the build tree:
+#   tsan  instrumented for ThreadSanitizer (-DTBB_SANITIZE=thread). Debian's libtbb12 is not
+#         instrumented, so TSan cannot see oneTBB's synchronisation and reports false races on
+#         everything handed between threads through it.
+#   asan  resumable tasks on threads instead of swapped stacks (__TBB_RESUMABLE_TASKS_USE_THREADS,
+#         what oneTBB itself picks under sanitizers). AddressSanitizer cannot follow the
+#         swapcontext of Debian's build: an exception thrown in a job resumed on another stack
+#         leaves stale shadow behind, and a later frame reports a false stack-use-after-scope.
+#         Not instrumented, so the gcc (asan preset) and clang (fuzz preset) builds can share it.
 #
-#   build/tbb-tsan/install        (override: TASKLET_TSAN_TBB_PREFIX=/abs/path)
+# It fetches the Debian source package of the *installed* libtbb-dev version (same headers, same
+# Debian patches) and installs the build into a prefix inside the build tree:
+#
+#   build/tbb-<flavour>/install        (override: TASKLET_TBB_PREFIX=/abs/path)
 #
 # Idempotent: when the prefix holds a build of the same source version, compiler and flags (see
 # the stamp file in it) it does nothing. Otherwise it installs what is missing via apt (dpkg-dev
 # for apt-get source, cmake, ninja, g++), adds a deb-src entry for Debian 12 if none serves the
 # source, runs apt-get update only when the source is not found, and builds with ninja
-# (TASKLET_TSAN_TBB_JOBS, default: number of cores).
+# (TASKLET_TBB_JOBS, default: number of cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
-work="$root/build/tbb-tsan"
-prefix="${TASKLET_TSAN_TBB_PREFIX:-$work/install}"
-jobs="${TASKLET_TSAN_TBB_JOBS:-$(nproc)}"
+flavour="${1:-}"
+case "$flavour" in
+  tsan | asan) ;;
+  *) echo "usage: scripts/build-tbb.sh tsan|asan" >&2; exit 2 ;;
+esac
+work="$root/build/tbb-$flavour"
+prefix="${TASKLET_TBB_PREFIX:-$work/install}"
+jobs="${TASKLET_TBB_JOBS:-$(nproc)}"
 
-log() { echo "tsan-tbb: $*"; }
+log() { echo "$flavour-tbb: $*"; }
+fail() { echo "$flavour-tbb: $*" >&2; exit 1; }
 sudo_cmd=()
 if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null || { echo "tsan-tbb: run as root (apt) or install the packages by hand" >&2; exit 1; }
+  command -v sudo >/dev/null || { echo "build-tbb: run as root (apt) or install the packages by hand" >&2; exit 1; }
   sudo_cmd=(sudo)
 fi
 export DEBIAN_FRONTEND=noninteractive
@@ -42,12 +55,17 @@ upstream_version=${upstream_version%-*}
 # std::atomic_thread_fence in oneTBB (concurrent_monitor's prepare_wait/notify handshake): TSan
 # does not model stand-alone fences. Its waits and wake-ups still go through futex/mutex paths
 # TSan follows, and the lane has seen no report from there; -Wno-tsan keeps the build log short.
+if [ "$flavour" = tsan ]; then
+  flavour_args=(-DTBB_SANITIZE=thread -DCMAKE_CXX_FLAGS=-Wno-tsan)
+else
+  flavour_args=(-DCMAKE_CXX_FLAGS=-D__TBB_RESUMABLE_TASKS_USE_THREADS=1)
+fi
 cmake_args=(
   -G Ninja
   -DCMAKE_BUILD_TYPE=RelWithDebInfo
   -DCMAKE_INSTALL_PREFIX="$prefix"
   -DCMAKE_INSTALL_LIBDIR=lib
-  -DTBB_SANITIZE=thread
+  "${flavour_args[@]}"
   -DTBB_TEST=OFF
   -DTBB_EXAMPLES=OFF
   -DTBB_STRICT=OFF
@@ -55,19 +73,18 @@ cmake_args=(
   -DTBBMALLOC_PROXY_BUILD=OFF
   -DTBB_DISABLE_HWLOC_AUTOMATIC_SEARCH=ON
   -DTBB_ENABLE_IPO=OFF
-  -DCMAKE_CXX_FLAGS=-Wno-tsan
 )
 compiler_version=$(c++ --version)
 compiler_version=${compiler_version%%$'\n'*}  # first line; no `| head` under pipefail
 stamp_text="$src_package $src_version | $compiler_version | ${cmake_args[*]}"
-stamp="$prefix/tasklet-tbb-tsan.stamp"
+stamp="$prefix/tasklet-tbb-$flavour.stamp"
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_text" ] \
    && [ -f "$prefix/lib/cmake/TBB/TBBConfig.cmake" ]; then
   log "up to date in $prefix ($src_package $src_version)"
   exit 0
 fi
-log "building $src_package $src_version with -DTBB_SANITIZE=thread into $prefix"
+log "building $src_package $src_version (${flavour_args[*]}) into $prefix"
 
 # Tools: apt-get source needs dpkg-dev (dpkg-source); the build needs cmake, ninja and g++.
 missing=()
@@ -96,7 +113,7 @@ if ! source_known; then
   if ! grep -rqsE '^(deb-src|Types:.*deb-src)' /etc/apt/sources.list /etc/apt/sources.list.d/; then
     log "adding deb-src entries for bookworm (main) in /etc/apt/sources.list.d/tasklet-deb-src.sources"
     "${sudo_cmd[@]}" tee /etc/apt/sources.list.d/tasklet-deb-src.sources >/dev/null <<'EOF'
-# Added by tasklet's scripts/build-tsan-tbb.sh: source packages, to build oneTBB for ThreadSanitizer.
+# Added by tasklet's scripts/build-tbb.sh: source packages, to build oneTBB for the sanitizer lanes.
 Types: deb-src
 URIs: http://deb.debian.org/debian
 Suites: bookworm bookworm-updates
@@ -113,11 +130,11 @@ EOF
   if [ "$apt_updated" -eq 0 ]; then
     "${sudo_cmd[@]}" apt-get update -qq
   fi
-  source_known || { echo "tsan-tbb: no deb-src serves $src_package $src_version" >&2; exit 1; }
+  source_known || fail "no deb-src serves $src_package $src_version"
 fi
 
 # Fetch and unpack (Debian patches applied) into a clean directory.
-src_parent="$work/src"
+src_parent="$root/build/tbb-src"  # shared by the flavours
 src_dir="$src_parent/$src_package-$upstream_version"
 if [ ! -f "$src_dir/CMakeLists.txt" ] || [ "$(cat "$src_parent/version" 2>/dev/null)" != "$src_version" ]; then
   rm -rf "$src_parent"
@@ -126,11 +143,12 @@ if [ ! -f "$src_dir/CMakeLists.txt" ] || [ "$(cat "$src_parent/version" 2>/dev/n
   (cd "$src_parent" && apt-get source -qq "$src_package=$src_version" >/dev/null)
   echo "$src_version" >"$src_parent/version"
 fi
-[ -f "$src_dir/CMakeLists.txt" ] || { echo "tsan-tbb: no CMakeLists.txt in $src_dir" >&2; exit 1; }
+[ -f "$src_dir/CMakeLists.txt" ] || fail "no CMakeLists.txt in $src_dir"
 
 # Configure, build (tbb and tbbmalloc only: no tests, examples, proxy or hwloc binding), install.
 bin_dir="$work/build"
 rm -rf "$bin_dir" "$prefix"
+mkdir -p "$work"
 cmake -S "$src_dir" -B "$bin_dir" "${cmake_args[@]}" >"$work/configure.log" \
   || { cat "$work/configure.log"; exit 1; }
 cmake --build "$bin_dir" -j "$jobs" --target tbb tbbmalloc
