@@ -103,11 +103,12 @@ void detail::SchedulerImpl::continue_after_phase(TaskletPtr tasklet, Directive d
       if (directive != Directive::wait) {
         const Directive resumed_with = st::resume_directive(word);
         state.compare_exchange_strong(word, plain, std::memory_order_acq_rel);
-        finish(std::move(tasklet),
-               std::make_exception_ptr(AlreadyResumed(
-                   tasklet->name() + " was resumed with " + std::string(to_string(resumed_with)) +
-                   " but its phase returned " + std::string(to_string(directive)) +
-                   " instead of wait; a suspended tasklet must return wait")));
+        // Named before the tasklet moves: arguments are evaluated in no set order.
+        std::exception_ptr misuse = std::make_exception_ptr(
+            AlreadyResumed(tasklet->name() + " was resumed with " + std::string(to_string(resumed_with)) +
+                           " but its phase returned " + std::string(to_string(directive)) +
+                           " instead of wait; a suspended tasklet must return wait"));
+        finish(std::move(tasklet), std::move(misuse));
         return;
       }
       const Directive resumed_with = st::resume_directive(word);
