@@ -202,6 +202,30 @@ class Jobs final {
   void complete_run(RunEnd& end);
   void complete_off_timer(RunEnd end);
   void schedule_refused(const Job& job) const;
+  // What a schedule() asks for, and what make_waiting() made of it.
+  struct ScheduleCall {
+    std::chrono::milliseconds delay;
+    bool is_rerun, wanted, plain;
+  };
+  struct Scheduling {
+    std::uint32_t ends = 0;     // of the job before this waiting
+    bool waiting = false;       // it became waiting
+    bool wake_joiners = false;  // a re-run no longer wanted: its joiners stop waiting for it
+  };
+  Scheduling make_waiting(JobCore& job, ScheduleCall call, const std::shared_ptr<Job>& owner,
+                          std::shared_ptr<JobRun>& run);
+  RunEnd enter_scheduled(JobCore& job, std::chrono::milliseconds delay, bool is_rerun,
+                         std::unique_lock<std::mutex>& manager_lock, ToStart& to_start);
+  bool enter_group(JobCore& job, GroupCore& group, bool is_rerun);
+  // The parts of a run before the job's own run(): taking the turn (nullopt: not this run's; else
+  // whether it is canceled), holding it back while the manager is suspended, the monitor, the
+  // events told before it, and the end of a run that does not start.
+  std::optional<bool> take_turn(JobCore& job, JobRun& run, bool stopping);
+  bool hold_back(JobCore& job);
+  std::shared_ptr<ProgressMonitor> monitor_for(JobCore& job, std::exception_ptr& no_monitor) noexcept;
+  void tell_before_run(JobCore& job, PendingEvent::Kind kind) noexcept;
+  Directive end_before_run(JobCore& job, bool canceled, bool stopping,
+                           const std::exception_ptr& no_monitor) noexcept;
   void undo_schedule(JobCore& job, GroupCore* group, JobGroup::State group_before,
                      std::size_t events_before) noexcept;
 
