@@ -26,6 +26,23 @@ bool any_atom(const SchedulingRule& rule, F&& fn) {
   return false;
 }
 
+// A custom rule's answer to whether it conflicts with `theirs`; one that throws conflicts.
+bool custom_answer(const SchedulingRule& mine, const SchedulingRule& theirs) noexcept {
+  try {
+    return mine.is_conflicting(theirs);
+  } catch (...) {
+    return true;
+  }
+}
+
+// Whether a custom part of `custom` says it conflicts with a part of `other`.
+bool custom_parts_conflict(const SchedulingRule& custom, const SchedulingRule& other) noexcept {
+  return any_atom(custom, [&](const SchedulingRule& mine) {
+    if (mine.key().kind != RuleKey::Kind::custom) return false;
+    return any_atom(other, [&](const SchedulingRule& theirs) { return custom_answer(mine, theirs); });
+  });
+}
+
 // A rule's text for the trace recorder, made under the table's lock, where no user code runs: a
 // built-in rule's own to_string(), and for a rule with custom parts a name of the library's.
 std::string traced_text(const SchedulingRule* rule) {
@@ -108,16 +125,7 @@ void RuleTable::remove_custom(RuleRequest& request) noexcept {
 // always the one asked: built-in rules know nothing of it. A throwing check counts as a conflict:
 // waiting is safe, running together might not be.
 bool RuleTable::customs_say_conflict(const RuleRequest& custom, const RuleRequest& other) noexcept {
-  return any_atom(*custom.rule_, [&](const SchedulingRule& mine) {
-    if (mine.key().kind != RuleKey::Kind::custom) return false;
-    return any_atom(*other.rule_, [&](const SchedulingRule& theirs) {
-      try {
-        return mine.is_conflicting(theirs);
-      } catch (...) {
-        return true;
-      }
-    });
-  });
+  return custom_parts_conflict(*custom.rule_, *other.rule_);
 }
 
 bool RuleTable::conflicts_pairwise(const RuleRequest& a, const RuleRequest& b) noexcept {
@@ -223,92 +231,104 @@ std::uint32_t RuleTable::mark_clear(RuleRequest& request) noexcept {
 // orphans to delete (outside the lock).
 bool RuleTable::put_in(RuleRequest& request, Grants& grants, Orphans& orphans) {
   assert(request.rule_ != nullptr && !request.in_table_);
-  {
-    request.place_.in_table = {0, 0};  // its link in submitted_ was read: the union changes member
-    request.ticket_ = ++next_ticket_;
-    request.held_ = false;
-    request.clear_entries();
-    request.has_custom_ = false;
-    const RuleKey key = request.rule_->key();
-    add_atom(request, *request.rule_, key, false, root_claimed() || claims_root(key));
-    // Where the request stands at the root: it claims it, takes an intent there, or is rootless.
-    bool at_root = false, claims = false, on_path = false;
-    for (const RuleEntry& entry : request.entries()) {
-      if (entry.node() == &root_) {
-        at_root = true;
-        claims = entry.mode() != LockMode::is && entry.mode() != LockMode::ix;
-      } else {
-        on_path = on_path || (entry.node()->identity == nullptr && entry.node()->parent != &names_);
-      }
-    }
-    const bool rootless = on_path && !at_root;
-    if (rootless) request.reserve_entries(request.entry_count_ + std::size_t{1});  // for give_root_intents
-    // A parked request would keep the backend's hold while it looks free here.
-    const bool parkable = request.parkable() && !shared_out(request);
-    // Room for all that entering adds, taken before anything of the table changes: out of memory
-    // (here or above) the request is refused with the table as it was, but for empty nodes. Its
-    // queues' room waits for mark_clear() when nothing changes before (most nodes never queue).
-    make_room(request, claims || request.has_custom_, grants, orphans, parkable);
-    if (claims) give_root_intents();
+  request.place_.in_table = {0, 0};  // its link in submitted_ was read: the union changes member
+  request.ticket_ = ++next_ticket_;
+  request.held_ = false;
+  request.clear_entries();
+  request.has_custom_ = false;
+  const RuleKey key = request.rule_->key();
+  add_atom(request, *request.rule_, key, false, root_claimed() || claims_root(key));
+  const RootStand stand = stand_at_root(request);
+  if (stand.rootless)
+    request.reserve_entries(request.entry_count_ + std::size_t{1});  // for give_root_intents
+  // A parked request would keep the backend's hold while it looks free here.
+  const bool parkable = request.parkable() && !shared_out(request);
+  // Room for all that entering adds, taken before anything of the table changes: out of memory
+  // (here or above) the request is refused with the table as it was, but for empty nodes. Its
+  // queues' room waits for mark_clear() when nothing changes before (most nodes never queue).
+  make_room(request, stand.claims || request.has_custom_, grants, orphans, parkable);
+  if (stand.claims) give_root_intents();
 
-    // A parked request's rule may be gone (its owner's frame kept it alive), so a custom rule cannot
-    // be asked about it: a request with custom parts takes every parked request out first.
-    if (request.has_custom_ && !parked_.empty()) revoke_parked(request, grants, orphans);
-    bool custom_blocked = (request.has_custom_ || !customs_.empty()) && blocked_by_custom(request);
-    std::uint32_t unclear = mark_clear(request);
-    if (unclear != 0 && !claims && !request.has_custom_) {
-      for (const RuleEntry& entry : request.entries()) {
-        if (entry.clear()) continue;
-        const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
-        entry.node()->make_queue(mode);
-        entry.node()->waiting(mode).make_room();
-      }
-    }
-    // Whoever would wait for a parked request takes it out of the table first.
-    if ((unclear != 0 || custom_blocked) && !request.has_custom_ && !parked_.empty() &&
-        revoke_parked(request, grants, orphans)) {
-      custom_blocked = (request.has_custom_ || !customs_.empty()) && blocked_by_custom(request);
-      unclear = mark_clear(request);
-    }
-    request.in_table_ = true;
-    insert_live(request, rootless);
-    if (request.has_custom_) customs_.push_back(&request);
-    request.parkable_ = parkable && !request.has_custom_;
-    request.park_.store(request.parkable_ ? Park::active : Park::none, std::memory_order_relaxed);
-    if (request.parkable_) {
-      drop_orphans(grants, orphans);
-      parked_.push_back(&request);
-    }
+  // A parked request's rule may be gone (its owner's frame kept it alive), so a custom rule cannot
+  // be asked about it: a request with custom parts takes every parked request out first.
+  if (request.has_custom_ && !parked_.empty()) revoke_parked(request, grants, orphans);
+  bool custom_blocked = (request.has_custom_ || !customs_.empty()) && blocked_by_custom(request);
+  std::uint32_t unclear = mark_clear(request);
+  if (unclear != 0 && !stand.claims && !request.has_custom_) make_queue_room(request);
+  // Whoever would wait for a parked request takes it out of the table first.
+  if ((unclear != 0 || custom_blocked) && !request.has_custom_ && !parked_.empty() &&
+      revoke_parked(request, grants, orphans)) {
+    custom_blocked = (request.has_custom_ || !customs_.empty()) && blocked_by_custom(request);
+    unclear = mark_clear(request);
+  }
+  request.in_table_ = true;
+  insert_live(request, stand.rootless);
+  if (request.has_custom_) customs_.push_back(&request);
+  request.parkable_ = parkable && !request.has_custom_;
+  request.park_.store(request.parkable_ ? Park::active : Park::none, std::memory_order_relaxed);
+  if (request.parkable_) {
+    drop_orphans(grants, orphans);
+    parked_.push_back(&request);
+  }
+  const bool held = unclear == 0 && !custom_blocked;
+  if (held) {
+    hold_entered(request);
+  } else {
+    queue_entered(request, unclear, custom_blocked);
+  }
+  if (Trace* trace = trace_.load(std::memory_order_relaxed)) [[unlikely]]
+    trace_entered(*trace, request, held);
+  return held;
+}
 
-    if (unclear == 0 && !custom_blocked) {
-      for (RuleEntry& entry : request.entries()) {
-        const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
-        entry.node()->count(mode);
-      }
-      request.held_ = true;
-      ++held_;
-      if (Trace* trace = trace_.load(std::memory_order_relaxed)) [[unlikely]]
-        trace_entered(*trace, request, true);
-      return true;
+// Where a request stands at the root: it claims it, takes an intent there, or is rootless.
+RuleTable::RootStand RuleTable::stand_at_root(const RuleRequest& request) const noexcept {
+  bool at_root = false, claims = false, on_path = false;
+  for (const RuleEntry& entry : request.entries()) {
+    if (entry.node() == &root_) {
+      at_root = true;
+      claims = entry.mode() != LockMode::is && entry.mode() != LockMode::ix;
     } else {
-      request.place_.in_table.unclear = unclear;
-      request.custom_blocked_ = custom_blocked;
-      for (std::size_t index = 0; index < request.entry_count_; ++index) {
-        RuleEntry& entry = request.entry_data()[index];
-        if (entry.clear()) {
-          const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
-          entry.node()->count(mode);
-          ++entry.node()->clear_waiting[mode];
-        } else {
-          enqueue(request, index);
-        }
-      }
-      if (custom_blocked) blocked_.push_back(&request);
-      if (Trace* trace = trace_.load(std::memory_order_relaxed)) [[unlikely]]
-        trace_entered(*trace, request, false);
+      on_path = on_path || (entry.node()->identity == nullptr && entry.node()->parent != &names_);
     }
   }
-  return false;
+  return {claims, on_path && !at_root};
+}
+
+// Room in the queues of the entries that are not clear, for a request that will wait there.
+void RuleTable::make_queue_room(const RuleRequest& request) {
+  for (const RuleEntry& entry : request.entries()) {
+    if (entry.clear()) continue;
+    const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
+    entry.node()->make_queue(mode);
+    entry.node()->waiting(mode).make_room();
+  }
+}
+
+void RuleTable::hold_entered(RuleRequest& request) noexcept {
+  for (RuleEntry& entry : request.entries()) {
+    const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
+    entry.node()->count(mode);
+  }
+  request.held_ = true;
+  ++held_;
+}
+
+// A request that waits: counted where it is clear (and waiting there), queued where it is not.
+void RuleTable::queue_entered(RuleRequest& request, std::uint32_t unclear, bool custom_blocked) {
+  request.place_.in_table.unclear = unclear;
+  request.custom_blocked_ = custom_blocked;
+  for (std::size_t index = 0; index < request.entry_count_; ++index) {
+    RuleEntry& entry = request.entry_data()[index];
+    if (entry.clear()) {
+      const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
+      entry.node()->count(mode);
+      ++entry.node()->clear_waiting[mode];
+    } else {
+      enqueue(request, index);
+    }
+  }
+  if (custom_blocked) blocked_.push_back(&request);
 }
 
 // Room in the table's lists for `request`, in the lists of requests to tell or delete for what
@@ -539,46 +559,14 @@ std::vector<RuleBlocker> RuleTable::wait_chain(const std::function<bool(const Ru
   std::exception_ptr failed;  // out of memory: the grants the lock delivered go out all the same
   try {
     Locked lock(*this, grants);
-    struct Step {
-      const RuleRequest* request;
-      std::size_t from;  // the step it was reached from (itself for a start)
-    };
-    std::vector<Step> steps;
-    const auto idle = [](const RuleRequest& request) {
-      const Park park = request.park_.load(std::memory_order_acquire);
-      return park != Park::none && park != Park::active && park != Park::wanted;
-    };
+    std::vector<ChainStep> steps;
     for (const RuleRequest* request : live_) {
-      if (!request->held_ && !idle(*request) && steps.size() < limit && start(*request)) {
+      if (!request->held_ && !idle_parked(*request) && steps.size() < limit && start(*request)) {
         steps.push_back({request, steps.size()});
       }
     }
-    const auto seen = [&steps](const RuleRequest* request) {
-      return std::any_of(steps.begin(), steps.end(),
-                         [request](const Step& step) { return step.request == request; });
-    };
     for (std::size_t at = 0; at < steps.size() && chain.empty(); ++at) {
-      const RuleRequest& waiting = *steps[at].request;
-      for (const RuleRequest* other : live_) {
-        if (other == &waiting || idle(*other) || (!other->held_ && other->ticket_ > waiting.ticket_))
-          continue;
-        if (!conflicting(waiting, *other) && !conflicts_pairwise(waiting, *other)) continue;
-        if (other->held_) {
-          if (std::find(mine.begin(), mine.end(), other) == mine.end()) continue;
-          // Found: the chain from the start to here, then the caller's request.
-          std::vector<const RuleRequest*> path{other};
-          for (std::size_t step = at;; step = steps[step].from) {
-            path.push_back(steps[step].request);
-            if (steps[step].from == step) break;
-          }
-          for (auto request = path.rbegin(); request != path.rend(); ++request) {
-            chain.push_back((*request)->describe());
-            chain.back().holds = (*request)->held_;
-          }
-          break;
-        }
-        if (steps.size() < limit && !seen(other)) steps.push_back({other, at});
-      }
+      chain = step_chain(steps, at, mine, limit);
     }
   } catch (...) {
     failed = std::current_exception();
@@ -586,6 +574,46 @@ std::vector<RuleBlocker> RuleTable::wait_chain(const std::function<bool(const Ru
   notify(grants);
   if (failed) std::rethrow_exception(failed);
   return chain;
+}
+
+bool RuleTable::idle_parked(const RuleRequest& request) noexcept {
+  const Park park = request.park_.load(std::memory_order_acquire);
+  return park != Park::none && park != Park::active && park != Park::wanted;
+}
+
+// One step of wait_chain(), under the lock: what the request of steps[at] waits for. A holder in
+// `mine` ends the search (the chain from the start to it, then the caller's request); a waiter not
+// seen yet becomes a step.
+std::vector<RuleBlocker> RuleTable::step_chain(std::vector<ChainStep>& steps, std::size_t at,
+                                               std::span<const RuleRequest* const> mine,
+                                               std::size_t limit) const {
+  const RuleRequest& waiting = *steps[at].request;
+  const auto seen = [&steps](const RuleRequest* request) {
+    return std::any_of(steps.begin(), steps.end(),
+                       [request](const ChainStep& step) { return step.request == request; });
+  };
+  for (const RuleRequest* other : live_) {
+    if (other == &waiting || idle_parked(*other) || (!other->held_ && other->ticket_ > waiting.ticket_))
+      continue;
+    if (!conflicting(waiting, *other) && !conflicts_pairwise(waiting, *other)) continue;
+    if (!other->held_) {
+      if (steps.size() < limit && !seen(other)) steps.push_back({other, at});
+      continue;
+    }
+    if (std::find(mine.begin(), mine.end(), other) == mine.end()) continue;
+    std::vector<const RuleRequest*> path{other};
+    for (std::size_t step = at;; step = steps[step].from) {
+      path.push_back(steps[step].request);
+      if (steps[step].from == step) break;
+    }
+    std::vector<RuleBlocker> chain;
+    for (auto request = path.rbegin(); request != path.rend(); ++request) {
+      chain.push_back((*request)->describe());
+      chain.back().holds = (*request)->held_;
+    }
+    return chain;
+  }
+  return {};
 }
 
 std::vector<RuleTable::Seen> RuleTable::snapshot(std::size_t max_waiters, std::size_t& left_out) {
@@ -640,17 +668,8 @@ bool RuleTable::conflict(const Seen& a, const Seen& b) noexcept {
   }
   if (!a.custom && !b.custom) return false;
   const auto says = [](const Seen& custom, const Seen& other) {
-    if (!custom.custom || !custom.who.rule || !other.who.rule) return false;
-    return any_atom(*custom.who.rule, [&](const SchedulingRule& mine) {
-      if (mine.key().kind != RuleKey::Kind::custom) return false;
-      return any_atom(*other.who.rule, [&](const SchedulingRule& theirs) {
-        try {
-          return mine.is_conflicting(theirs);
-        } catch (...) {
-          return true;
-        }
-      });
-    });
+    return custom.custom && custom.who.rule && other.who.rule &&
+           custom_parts_conflict(*custom.who.rule, *other.who.rule);
   };
   return says(a, b) || says(b, a);
 }

@@ -300,6 +300,8 @@ class RuleTable {
   std::size_t withdraw_collected(Collect&& collect);
   void add_atom(RuleRequest& request, const SchedulingRule& atom, const RuleKey& key, bool merge,
                 bool with_root);
+  void add_path(RuleRequest& request, const SchedulingRule& atom, const RuleKey& key, bool merge,
+                bool with_root);
   RuleNote* note_on(const SchedulingRule& rule, std::size_t room);
   static void add_entry(RuleRequest& request, RuleNode& node, LockMode mode, bool merge);
   // Out of memory while queueing terminates: a half-queued request would break the table.
@@ -308,11 +310,28 @@ class RuleTable {
   RuleNode& path_node(RuleNode& from, std::string_view segment);
   RuleNode& identity_node(const SchedulingRule& rule);
   static bool conflicts_pairwise(const RuleRequest& a, const RuleRequest& b) noexcept;
+  // wait_chain()'s search: each step a request and the step it was reached from (itself for a start).
+  struct ChainStep {
+    const RuleRequest* request;
+    std::size_t from;
+  };
+  std::vector<RuleBlocker> step_chain(std::vector<ChainStep>& steps, std::size_t at,
+                                      std::span<const RuleRequest* const> mine, std::size_t limit) const;
+  // Parked and idle: in the table for its owner's next hold, waited for by nobody.
+  static bool idle_parked(const RuleRequest& request) noexcept;
   static bool customs_say_conflict(const RuleRequest& custom, const RuleRequest& other) noexcept;
   static bool clear_at(const RuleNode& node, LockMode mode, std::uint64_t ticket) noexcept;
   bool blocked_by_custom(const RuleRequest& request) const noexcept;
   static bool conflicting(const RuleRequest& a, const RuleRequest& b) noexcept;
   bool put_in(RuleRequest& request, Grants& grants, Orphans& orphans);
+  struct RootStand {
+    bool claims;    // it claims the root (not only an intent there)
+    bool rootless;  // on a path, without an entry at the root
+  };
+  RootStand stand_at_root(const RuleRequest& request) const noexcept;
+  static void make_queue_room(const RuleRequest& request);
+  void hold_entered(RuleRequest& request) noexcept;
+  void queue_entered(RuleRequest& request, std::uint32_t unclear, bool custom_blocked);
   bool revoke_parked(const RuleRequest& request, Grants& grants, Orphans& orphans);
   void drop_orphans(Grants& grants, Orphans& orphans) noexcept;
   static bool park(RuleRequest& request) noexcept;

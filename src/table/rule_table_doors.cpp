@@ -21,6 +21,8 @@ struct RuleTable::SubmittedRun {
   std::uintptr_t next;
   std::size_t count;
   static std::size_t bytes(std::size_t count) noexcept {
+    // A block of pointers follows the header: their size is meant.
+    // NOLINTNEXTLINE(bugprone-sizeof-expression)
     return sizeof(SubmittedRun) + count * (sizeof(RuleRequest*) + sizeof(const SchedulingRule*));
   }
   RuleRequest** requests() noexcept { return reinterpret_cast<RuleRequest**>(this + 1); }

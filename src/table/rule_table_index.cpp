@@ -58,6 +58,8 @@ RuleNote* RuleTable::note_on(const SchedulingRule& rule, std::size_t room) {
     if (Slot::replace(rule, held, Slot::seen_once())) return nullptr;
   }
   if (held == Slot::seen_once()) {
+    // The note's nodes follow it, a pointer each.
+    // NOLINTNEXTLINE(bugprone-sizeof-expression)
     void* block = ::operator new(sizeof(RuleNote) + room * sizeof(RuleNode*));
     auto* made = ::new (block) RuleNote{id_, 0, 0, static_cast<std::uint32_t>(room)};
     if (Slot::replace(rule, held, made)) return made;
@@ -112,44 +114,9 @@ void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom, const
     case RuleKey::Kind::named:
       add_entry(request, path_node(names_, key.segments[0]), LockMode::x, merge);
       return;
-    case RuleKey::Kind::path: {
-      const std::size_t count = key.segments.size() + 1;
-      if (!merge) request.reserve_entries(count);
-      const LockMode intent = key.shared ? LockMode::is : LockMode::ix;
-      const LockMode target = key.shared ? LockMode::s : LockMode::x;
-      RuleNote* note = note_on(atom, count);
-      if (note != nullptr && note->count == count && note->generation == node_generation_) {
-        const std::size_t first = with_root || count == 1 ? 0 : 1;
-        if (merge) {
-          for (std::size_t i = first; i < count; ++i)
-            add_entry(request, *note->nodes()[i], i + 1 == count ? target : intent, true);
-          return;
-        }
-        // Alone in the request (reserved above): the entries are written in place.
-        RuleEntry* entry = request.entry_data() + request.entry_count_;
-        for (std::size_t i = first; i < count; ++i, ++entry) {
-          *entry = RuleEntry{};
-          entry->set_node(*note->nodes()[i]);
-          entry->set_mode(i + 1 == count ? target : intent);
-        }
-        request.entry_count_ += static_cast<std::uint32_t>(count - first);
-        return;
-      }
-      RuleNode* node = &root_;
-      std::size_t depth = 0;
-      for (const std::string_view segment : key.segments) {
-        if (with_root || node != &root_) add_entry(request, *node, intent, merge);
-        if (note != nullptr) note->nodes()[depth++] = node;
-        node = &path_node(*node, segment);
-      }
-      add_entry(request, *node, target, merge);
-      if (note != nullptr) {
-        note->nodes()[depth] = node;
-        note->count = static_cast<std::uint32_t>(count);
-        note->generation = node_generation_;
-      }
+    case RuleKey::Kind::path:
+      add_path(request, atom, key, merge, with_root);
       return;
-    }
     case RuleKey::Kind::multi:
       for (const Rule& child : key.children) {
         if (child) add_atom(request, *child, child->key(), true, with_root);
@@ -158,6 +125,47 @@ void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom, const
     case RuleKey::Kind::custom:
       request.has_custom_ = true;
       return;
+  }
+}
+
+// A path rule's entries: an intent on each node above its own (the root's only `with_root`), its
+// mode on its own. A note kept on the rule object remembers the nodes while the tree is unchanged.
+void RuleTable::add_path(RuleRequest& request, const SchedulingRule& atom, const RuleKey& key, bool merge,
+                         bool with_root) {
+  const std::size_t count = key.segments.size() + 1;
+  if (!merge) request.reserve_entries(count);
+  const LockMode intent = key.shared ? LockMode::is : LockMode::ix;
+  const LockMode target = key.shared ? LockMode::s : LockMode::x;
+  RuleNote* note = note_on(atom, count);
+  if (note != nullptr && note->count == count && note->generation == node_generation_) {
+    const std::size_t first = with_root || count == 1 ? 0 : 1;
+    if (merge) {
+      for (std::size_t i = first; i < count; ++i)
+        add_entry(request, *note->nodes()[i], i + 1 == count ? target : intent, true);
+      return;
+    }
+    // Alone in the request (reserved above): the entries are written in place.
+    RuleEntry* entry = request.entry_data() + request.entry_count_;
+    for (std::size_t i = first; i < count; ++i, ++entry) {
+      *entry = RuleEntry{};
+      entry->set_node(*note->nodes()[i]);
+      entry->set_mode(i + 1 == count ? target : intent);
+    }
+    request.entry_count_ += static_cast<std::uint32_t>(count - first);
+    return;
+  }
+  RuleNode* node = &root_;
+  std::size_t depth = 0;
+  for (const std::string_view segment : key.segments) {
+    if (with_root || node != &root_) add_entry(request, *node, intent, merge);
+    if (note != nullptr) note->nodes()[depth++] = node;
+    node = &path_node(*node, segment);
+  }
+  add_entry(request, *node, target, merge);
+  if (note != nullptr) {
+    note->nodes()[depth] = node;
+    note->count = static_cast<std::uint32_t>(count);
+    note->generation = node_generation_;
   }
 }
 
