@@ -70,6 +70,8 @@ class SchedulerImpl final {
   void schedule(TaskletPtr tasklet, Directive directive);
   /// Scheduler::suspend: the suspension's generation, for its Rescheduler.
   std::uint32_t suspend(Tasklet& tasklet);
+  bool park_idle(Tasklet& tasklet, TaskletPtr& owned, std::uint64_t& word, std::uint32_t generation);
+  TaskletPtr unpark(Tasklet& tasklet, std::uint64_t& word, std::uint32_t generation);
   void resume(const TaskletPtr& tasklet, std::uint32_t generation, Directive directive);
   /// resume() without draining inline; with `checked` false, for a suspension the engine made and
   /// knows to be current and unused (then it does not throw).
@@ -157,6 +159,8 @@ class SchedulerImpl final {
   /// The synchronous thread waits in begin_rule until `answered` (set by answer_server, under
   /// mutex_), running the sync phases queued meanwhile when `run_phases`.
   void serve_until(const bool& answered, bool run_phases);
+  void hand_out_async() noexcept;
+  bool wait_to_serve(const bool& answered, bool run_phases);
   void answer_server(bool& answered) noexcept;
   using DescribeTasklet = std::string (*)(const Tasklet&);
   void describe_tasklets_by(DescribeTasklet describe) noexcept { describe_ = describe; }

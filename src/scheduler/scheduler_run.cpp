@@ -139,7 +139,7 @@ PhaseResult run_untraced_phase(detail::SchedulerImpl& impl, const TaskletPtr& ow
   }
   detail::TaskState& task = detail::state();  // the task's, wherever it resumes
   detail::TracedPhase* const outer = std::exchange(task.traced_phase, &phase);
-  const PhaseResult result = run_untraced_phase(impl, owned);
+  PhaseResult result = run_untraced_phase(impl, owned);
   task.traced_phase = outer;
   try {
     if (!phase.ended) {
@@ -238,35 +238,42 @@ void detail::SchedulerImpl::run_sync_batch() noexcept {
 
 void detail::SchedulerImpl::serve_until(const bool& answered, bool run_phases) {
   for (;;) {
-    if (run_phases) {
-      try {
-        flush_async_batch();
-        if (domain_.table_.has_submitted()) {
-          domain_.table_.drain();
-          flush_async_batch();
-        }
-      } catch (...) {
-        // Out of memory: the batch stays for the next turn.
-      }
-    }
-    {
-      // First the rest of the turn this wait is nested in (queued before what came since).
-      std::unique_lock lock(mutex_);
-      const auto batch_done = [this] { return sync_next_ == sync_batch_.size(); };
-      while (!answered && (!run_phases || (batch_done() && sync_queue_.empty()))) {
-        const bool was_sleeping = std::exchange(sleeping_, true);
-        wake_.wait(lock);
-        sleeping_ = was_sleeping;
-      }
-      if (answered) return;
-      if (batch_done()) {
-        sync_batch_.clear();
-        sync_next_ = 0;
-        sync_batch_.swap(sync_queue_);
-      }
-    }
+    if (run_phases) hand_out_async();
+    if (wait_to_serve(answered, run_phases)) return;
     run_sync_phase(std::move(sync_batch_[sync_next_++]));
   }
+}
+
+// The async phases the synchronous thread queued, and the requests it submitted, go out before it
+// waits. Out of memory: the batch stays for the next turn.
+void detail::SchedulerImpl::hand_out_async() noexcept {
+  try {
+    flush_async_batch();
+    if (domain_.table_.has_submitted()) {
+      domain_.table_.drain();
+      flush_async_batch();
+    }
+  } catch (...) {
+  }
+}
+
+// serve_until()'s wait: true once answered; else a sync phase is next in sync_batch_ (first the rest
+// of the turn this wait is nested in, queued before what came since).
+bool detail::SchedulerImpl::wait_to_serve(const bool& answered, bool run_phases) {
+  std::unique_lock lock(mutex_);
+  const auto batch_done = [this] { return sync_next_ == sync_batch_.size(); };
+  while (!answered && (!run_phases || (batch_done() && sync_queue_.empty()))) {
+    const bool was_sleeping = std::exchange(sleeping_, true);
+    wake_.wait(lock);
+    sleeping_ = was_sleeping;
+  }
+  if (answered) return true;
+  if (batch_done()) {
+    sync_batch_.clear();
+    sync_next_ = 0;
+    sync_batch_.swap(sync_queue_);
+  }
+  return false;
 }
 
 void detail::SchedulerImpl::answer_server(bool& answered) noexcept {

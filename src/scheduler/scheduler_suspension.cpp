@@ -13,6 +13,25 @@ namespace tasklet {
 using detail::TaskletAccess;
 namespace st = detail::word;
 
+// suspend() of an idle tasklet: parked, owned by the scheduler. False when its state word changed
+// meanwhile (`word` has the new one).
+bool detail::SchedulerImpl::park_idle(Tasklet& tasklet, TaskletPtr& owned, std::uint64_t& word,
+                                      std::uint32_t generation) {
+  if (!owned) owned = tasklet.weak_from_this().lock();
+  if (!owned) throw IllegalState("suspend: " + tasklet.name() + " is not owned by a std::shared_ptr");
+  std::lock_guard lock(parked_mutex_);
+  const auto entry = parked_.emplace(&tasklet, nullptr).first;  // out of memory: nothing changed
+  if (!TaskletAccess::state(tasklet).compare_exchange_strong(
+          word, st::with_generation(st::parked | st::armed, generation), std::memory_order_acq_rel)) {
+    parked_.erase(entry);
+    return false;
+  }
+  TaskletAccess::set_scheduler(tasklet, &self_);
+  if (!background_) active_.fetch_add(1, std::memory_order_relaxed);
+  entry->second = std::move(owned);
+  return true;
+}
+
 std::uint32_t detail::SchedulerImpl::suspend(Tasklet& tasklet) {
   // An idle tasklet is parked here, so the scheduler must be able to own it; an active one (its own
   // phase suspends it) is owned already, perhaps by an aliasing pointer (a job's own run).
@@ -27,21 +46,9 @@ std::uint32_t detail::SchedulerImpl::suspend(Tasklet& tasklet) {
     // Never 0, which names no suspension (see ~Suspension).
     const std::uint32_t generation = st::generation(word) + 1 == 0 ? 1 : st::generation(word) + 1;
     switch (st::phase(word)) {
-      case st::idle: {
-        if (!owned) owned = tasklet.weak_from_this().lock();
-        if (!owned) throw IllegalState("suspend: " + tasklet.name() + " is not owned by a std::shared_ptr");
-        std::lock_guard lock(parked_mutex_);
-        const auto entry = parked_.emplace(&tasklet, nullptr).first;  // out of memory: nothing changed
-        if (!state.compare_exchange_strong(word, st::with_generation(st::parked | st::armed, generation),
-                                           std::memory_order_acq_rel)) {
-          parked_.erase(entry);
-          continue;
-        }
-        TaskletAccess::set_scheduler(tasklet, &self_);
-        if (!background_) active_.fetch_add(1, std::memory_order_relaxed);
-        entry->second = std::move(owned);
-        return generation;
-      }
+      case st::idle:
+        if (park_idle(tasklet, owned, word, generation)) return generation;
+        continue;
       case st::active:
         if (detail::state().tasklet != &tasklet || TaskletAccess::scheduler(tasklet) != &self_) {
           throw AlreadyScheduled("suspend: " + tasklet.name() +
@@ -91,6 +98,21 @@ void detail::SchedulerImpl::resume(const TaskletPtr& tasklet, std::uint32_t gene
   if (directive == Directive::sync) drain_inline();
 }
 
+// A parked tasklet leaves parked_ as it becomes active; null when its state word changed meanwhile
+// (`word` has the new one).
+detail::SchedulerImpl::TaskletPtr detail::SchedulerImpl::unpark(Tasklet& tasklet, std::uint64_t& word, std::uint32_t generation) {
+  std::lock_guard lock(parked_mutex_);
+  if (!TaskletAccess::state(tasklet).compare_exchange_strong(
+          word, st::with_generation(st::active, generation), std::memory_order_acq_rel)) {
+    return nullptr;
+  }
+  auto entry = parked_.find(&tasklet);
+  assert(entry != parked_.end());
+  TaskletPtr owned = std::move(entry->second);
+  parked_.erase(entry);
+  return owned;
+}
+
 // With `checked`, throws what check_resumable finds; without, the caller is the engine itself and
 // knows the suspension is current and unused.
 void detail::SchedulerImpl::resume_suspension(const TaskletPtr& tasklet, std::uint32_t generation,
@@ -100,18 +122,8 @@ void detail::SchedulerImpl::resume_suspension(const TaskletPtr& tasklet, std::ui
   for (;;) {
     if (checked) check_resumable(*tasklet, word, generation, directive);
     if (st::phase(word) == st::parked) {
-      TaskletPtr owned;
-      {
-        std::lock_guard lock(parked_mutex_);
-        if (!state.compare_exchange_strong(word, st::with_generation(st::active, generation),
-                                           std::memory_order_acq_rel)) {
-          continue;
-        }
-        auto entry = parked_.find(tasklet.get());
-        assert(entry != parked_.end());
-        owned = std::move(entry->second);
-        parked_.erase(entry);
-      }
+      TaskletPtr owned = unpark(*tasklet, word, generation);
+      if (!owned) continue;
       dispatch(std::move(owned), directive);
       return;
     }
