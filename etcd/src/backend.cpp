@@ -234,7 +234,7 @@ std::optional<std::int64_t> EtcdBackend::token(const RuleRequest& request) const
 
 }  // namespace detail
 
-std::shared_ptr<JobManager> make_job_manager(std::shared_ptr<EtcdSession> session,
+std::shared_ptr<JobManager> make_job_manager(const std::shared_ptr<EtcdSession>& session,
                                              JobManager::Options options) {
   if (!session) throw std::invalid_argument("etcd: make_job_manager needs a session");
   auto backend = std::make_shared<detail::EtcdBackend>(session);

@@ -61,6 +61,64 @@ std::size_t append_body(char* data, std::size_t size, std::size_t count, void* o
 
 bool mentions(const std::string& text, const char* what) { return text.find(what) != std::string::npos; }
 
+// What every request to etcd carries: a POST of `body` as JSON, the token, the TLS settings.
+// `url`, `body` and `headers` must outlive the transfer.
+void prepare_post(CURL* handle, const std::string& url, const std::string& body, HeaderList& headers,
+                  const std::string& token, const EtcdOptions& options) {
+  headers.add("Content-Type: application/json");
+  headers.add("Expect:");  // the whole request at once: no wait for "100 Continue" on larger bodies
+  if (!token.empty()) headers.add("Authorization: " + token);
+  curl_easy_setopt(handle, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(handle, CURLOPT_POST, 1L);
+  curl_easy_setopt(handle, CURLOPT_POSTFIELDS, body.c_str());
+  curl_easy_setopt(handle, CURLOPT_POSTFIELDSIZE, static_cast<long>(body.size()));
+  curl_easy_setopt(handle, CURLOPT_HTTPHEADER, headers.list);
+  curl_easy_setopt(handle, CURLOPT_NOSIGNAL, 1L);  // timeouts without signals: any thread may call
+  if (!options.ca_file.empty()) curl_easy_setopt(handle, CURLOPT_CAINFO, options.ca_file.c_str());
+  if (!options.cert_file.empty()) curl_easy_setopt(handle, CURLOPT_SSLCERT, options.cert_file.c_str());
+  if (!options.key_file.empty()) curl_easy_setopt(handle, CURLOPT_SSLKEY, options.key_file.c_str());
+}
+
+// A stream's answer: one JSON object per line, each handed to on_message once its line is whole.
+struct StreamLines {
+  const std::function<bool(const Json&)>* on_message;
+  std::string pending;  // received, not yet a whole message
+  bool ended = false;   // on_message said so
+  std::string bad;      // what was not JSON
+
+  static std::size_t on_data(char* data, std::size_t size, std::size_t count, void* out) {
+    auto& stream = *static_cast<StreamLines*>(out);
+    stream.pending.append(data, size * count);
+    for (std::size_t end = stream.pending.find('\n'); end != std::string::npos;
+         end = stream.pending.find('\n')) {
+      const std::string line = stream.pending.substr(0, end);
+      stream.pending.erase(0, end + 1);
+      if (!line.empty() && !stream.ended && !stream.take(line)) return 0;  // ends the transfer
+    }
+    return stream.ended ? 0 : size * count;
+  }
+  // False when the line is not JSON.
+  bool take(const std::string& line) {
+    Json message = Json::parse(line, nullptr, false);
+    if (message.is_discarded()) {
+      bad = line.substr(0, 200);
+      return false;
+    }
+    if (!(*on_message)(message)) ended = true;
+    return true;
+  }
+};
+
+// Why a stream's transfer ended, from its multi handle.
+std::string stream_end(CURLM* multi) {
+  int left = 0;
+  CURLcode result = CURLE_OK;
+  while (CURLMsg* message = curl_multi_info_read(multi, &left)) {
+    if (message->msg == CURLMSG_DONE) result = message->data.result;
+  }
+  return result == CURLE_OK ? std::string("closed by etcd") : curl_easy_strerror(result);
+}
+
 }  // namespace
 
 std::int64_t integer_of(const Json& value) {
@@ -103,26 +161,15 @@ Gateway::Answer Gateway::post(const std::string& endpoint, const std::string& pa
                               const std::string& token, std::chrono::milliseconds limit) const {
   CURL* handle = thread_handle();
   HeaderList headers;
-  headers.add("Content-Type: application/json");
-  headers.add("Expect:");  // the whole request at once: no wait for "100 Continue" on larger bodies
-  if (!token.empty()) headers.add("Authorization: " + token);
   Answer answer;
   const std::string url = endpoint + path;
   const auto timeout = static_cast<long>(
       std::max<std::int64_t>(1, (limit.count() > 0 ? limit : options_.request_timeout).count()));
-  curl_easy_setopt(handle, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(handle, CURLOPT_POST, 1L);
-  curl_easy_setopt(handle, CURLOPT_POSTFIELDS, body.c_str());
-  curl_easy_setopt(handle, CURLOPT_POSTFIELDSIZE, static_cast<long>(body.size()));
-  curl_easy_setopt(handle, CURLOPT_HTTPHEADER, headers.list);
+  prepare_post(handle, url, body, headers, token, options_);
   curl_easy_setopt(handle, CURLOPT_WRITEFUNCTION, &append_body);
   curl_easy_setopt(handle, CURLOPT_WRITEDATA, &answer.body);
   curl_easy_setopt(handle, CURLOPT_TIMEOUT_MS, timeout);
   curl_easy_setopt(handle, CURLOPT_CONNECTTIMEOUT_MS, timeout);
-  curl_easy_setopt(handle, CURLOPT_NOSIGNAL, 1L);  // timeouts without signals: any thread may call
-  if (!options_.ca_file.empty()) curl_easy_setopt(handle, CURLOPT_CAINFO, options_.ca_file.c_str());
-  if (!options_.cert_file.empty()) curl_easy_setopt(handle, CURLOPT_SSLCERT, options_.cert_file.c_str());
-  if (!options_.key_file.empty()) curl_easy_setopt(handle, CURLOPT_SSLKEY, options_.key_file.c_str());
   const CURLcode code = curl_easy_perform(handle);
   if (code != CURLE_OK) throw EtcdUnavailable(url + ": " + curl_easy_strerror(code));
   curl_easy_getinfo(handle, CURLINFO_RESPONSE_CODE, &answer.status);
@@ -214,54 +261,19 @@ void Gateway::stream(const std::string& path, const Json& body,
     token = token_;
     endpoint = options_.endpoints[current_];
   }
-  struct Stream {
-    std::string pending;  // received, not yet a whole message
-    const std::function<bool(const Json&)>* on_message;
-    bool ended = false;  // on_message said so
-    std::string bad;     // what was not JSON
-  } received{{}, &on_message, false, {}};
-  // The gateway sends one JSON object per line.
-  const auto on_data = +[](char* data, std::size_t size, std::size_t count, void* out) -> std::size_t {
-    auto& stream = *static_cast<Stream*>(out);
-    stream.pending.append(data, size * count);
-    for (std::size_t end = stream.pending.find('\n'); end != std::string::npos;
-         end = stream.pending.find('\n')) {
-      const std::string line = stream.pending.substr(0, end);
-      stream.pending.erase(0, end + 1);
-      if (line.empty() || stream.ended) continue;
-      Json message = Json::parse(line, nullptr, false);
-      if (message.is_discarded()) {
-        stream.bad = line.substr(0, 200);
-        return 0;  // ends the transfer
-      }
-      if (!(*stream.on_message)(message)) stream.ended = true;
-    }
-    return stream.ended ? 0 : size * count;
-  };
-
+  StreamLines received{&on_message, {}, false, {}};
   init_curl_once();
   std::unique_ptr<CURL, HandleDeleter> handle(curl_easy_init());
   std::unique_ptr<CURLM, decltype(&curl_multi_cleanup)> multi(curl_multi_init(), &curl_multi_cleanup);
   if (!handle || !multi) throw EtcdError("etcd: libcurl could not make a handle");
   HeaderList headers;
-  headers.add("Content-Type: application/json");
-  if (!token.empty()) headers.add("Authorization: " + token);
   const std::string url = endpoint + path;
   const std::string text = body.dump();
-  curl_easy_setopt(handle.get(), CURLOPT_URL, url.c_str());
-  curl_easy_setopt(handle.get(), CURLOPT_POST, 1L);
-  curl_easy_setopt(handle.get(), CURLOPT_POSTFIELDS, text.c_str());
-  curl_easy_setopt(handle.get(), CURLOPT_POSTFIELDSIZE, static_cast<long>(text.size()));
-  curl_easy_setopt(handle.get(), CURLOPT_HTTPHEADER, headers.list);
-  curl_easy_setopt(handle.get(), CURLOPT_WRITEFUNCTION, on_data);
+  prepare_post(handle.get(), url, text, headers, token, options_);
+  curl_easy_setopt(handle.get(), CURLOPT_WRITEFUNCTION, &StreamLines::on_data);
   curl_easy_setopt(handle.get(), CURLOPT_WRITEDATA, &received);
   curl_easy_setopt(handle.get(), CURLOPT_CONNECTTIMEOUT_MS,
                    static_cast<long>(options_.request_timeout.count()));
-  curl_easy_setopt(handle.get(), CURLOPT_NOSIGNAL, 1L);
-  if (!options_.ca_file.empty()) curl_easy_setopt(handle.get(), CURLOPT_CAINFO, options_.ca_file.c_str());
-  if (!options_.cert_file.empty())
-    curl_easy_setopt(handle.get(), CURLOPT_SSLCERT, options_.cert_file.c_str());
-  if (!options_.key_file.empty()) curl_easy_setopt(handle.get(), CURLOPT_SSLKEY, options_.key_file.c_str());
   curl_multi_add_handle(multi.get(), handle.get());
   {
     std::lock_guard lock(stop.mutex_);
@@ -289,13 +301,7 @@ void Gateway::stream(const std::string& path, const Json& body,
   if (stop.stopped() || received.ended) return;
   if (!received.bad.empty())
     throw EtcdError("etcd at " + url + " streamed something other than JSON: " + received.bad);
-  int left = 0;
-  CURLcode result = CURLE_OK;
-  while (CURLMsg* message = curl_multi_info_read(multi.get(), &left)) {
-    if (message->msg == CURLMSG_DONE) result = message->data.result;
-  }
-  throw EtcdUnavailable("etcd: the stream from " + url + " ended: " +
-                        (result == CURLE_OK ? std::string("closed by etcd") : curl_easy_strerror(result)));
+  throw EtcdUnavailable("etcd: the stream from " + url + " ended: " + stream_end(multi.get()));
 }
 
 void Gateway::authenticate() {

@@ -225,7 +225,7 @@ void Locks::delete_keys(const Ticket& ticket) {
   into.insert(into.end(), ticket.keys.begin(), ticket.keys.end());
 }
 
-void Locks::lease_lost(std::exception_ptr why) {
+void Locks::lease_lost(const std::exception_ptr& why) {
   {
     std::lock_guard lock(mutex_);
     if (lease_lost_) return;
@@ -309,8 +309,6 @@ void Locks::tell(Told& told) noexcept {
 // operations. etcd out of reach: the same batch again shortly (a retried put keeps its key's first
 // revision, which the answer's previous value gives back), until the lease is lost.
 void Locks::courier() {
-  // etcd's default --max-txn-ops is 128; a single request beyond it goes alone, and etcd refuses it.
-  constexpr std::size_t most_operations = 120;
   std::unique_lock lock(mutex_);
   for (;;) {
     work_.wait(lock, [this] {
@@ -318,101 +316,118 @@ void Locks::courier() {
              (!lease_lost_ && (!queued_.empty() || !deletions_.empty() || !fenced_deletions_.empty()));
     });
     if (stopping_) return;
+    Told told;
     if (!failing_.empty()) {
-      Told told;
       for (const std::shared_ptr<Ticket>& ticket : failing_) {
         if (!ticket->released) told.failed.emplace_back(ticket, ticket->failure);
       }
       failing_.clear();
+    } else {
+      Batch batch = take_batch();
+      const std::int64_t guard = guard_;
+      sending_ = true;
       lock.unlock();
-      tell(told);
+      Sent sent = send_batch(guard, batch);
       lock.lock();
-      continue;
-    }
-    Batch batch;
-    batch.fenced.swap(fenced_deletions_);
-    batch.deletes.swap(deletions_);
-    std::size_t operations = batch.before_tickets();
-    std::size_t taken = 0;
-    for (; taken < queued_.size(); ++taken) {
-      const std::size_t cost = operations_of(*queued_[taken]);
-      if (operations != 0 && operations + cost > most_operations) break;
-      operations += cost;
-      queued_[taken]->stage = Ticket::Stage::sent;
-      batch.sent.push_back(queued_[taken]);
-    }
-    queued_.erase(queued_.begin(), queued_.begin() + static_cast<std::ptrdiff_t>(taken));
-    const std::int64_t guard = guard_;
-    sending_ = true;
-    lock.unlock();
-
-    Told told;
-    Json answer;
-    bool unreachable = false;
-    std::exception_ptr refused;
-    try {
-      answer = send(guard, batch);
-    } catch (const EtcdUnavailable&) {
-      unreachable = true;
-    } catch (const EtcdError& error) {
-      // The lease is gone, and the session will say so within a third of its TTL: until then, as
-      // if etcd were out of reach (lease_lost() then fails the batch with the session's reason).
-      if (std::string_view(error.what()).find("lease not found") != std::string_view::npos) {
-        unreachable = true;
-      } else {
-        refused = std::current_exception();
-      }
-    } catch (...) {
-      refused = std::current_exception();
-    }
-
-    lock.lock();
-    sending_ = false;
-    bool moved = false;  // the session's key has another revision: nothing of the batch applied
-    if (!unreachable && !refused && !answer.value("succeeded", false)) {
-      const Json& kvs =
-          answer["responses"].at(0).value("response_range", Json::object()).value("kvs", Json());
-      if (kvs.is_array() && !kvs.empty()) {
-        // A rewrite whose answer was lost was applied: its revision is the one to hold to now.
-        guard_ = integer_of(kvs[0].value("mod_revision", Json()));
-        moved = true;
-      } else {
-        unreachable = true;  // the key went with the lease: as for "lease not found"
-      }
-    }
-    if (unreachable || moved) {
-      deleted_while_sending_.clear();  // the retry reads anew
-      if (lease_lost_) {
-        for (const std::shared_ptr<Ticket>& ticket : batch.sent) {
-          ticket->stage = Ticket::Stage::done;
-          if (!ticket->released) told.failed.emplace_back(ticket, lease_lost_);
-        }
-        lock.unlock();
-        tell(told);
-        lock.lock();
+      sending_ = false;
+      if (!settle(batch, sent, told)) {
+        if (sent.unreachable) pause_before_retry(lock);
         continue;
       }
-      send_again(batch, unreachable);
-      if (unreachable) work_.wait_for(lock, std::chrono::milliseconds(200), [this] { return stopping_; });
-      continue;
     }
-    if (refused) {
-      for (const std::shared_ptr<Ticket>& ticket : batch.sent) {
-        ticket->stage = Ticket::Stage::done;
-        if (!ticket->released) told.failed.emplace_back(ticket, refused);
-      }
-      if (!batch.fenced.empty()) {
-        // Refused as a whole: the rewrite and its deletions go again, with the next batch.
-        fenced_deletions_.insert(fenced_deletions_.end(), batch.fenced.begin(), batch.fenced.end());
-      }
-    } else {
-      if (!batch.fenced.empty()) guard_ = integer_of(answer["header"].value("revision", Json()));
-      register_entered(answer, batch, told);
-    }
-    deleted_while_sending_.clear();
     lock.unlock();
     tell(told);
     lock.lock();
+  }
+}
+
+// etcd out of reach: the courier tries again shortly, or at once when the Locks go.
+void Locks::pause_before_retry(std::unique_lock<std::mutex>& lock) {
+  work_.wait_for(lock, std::chrono::milliseconds(200), [this] { return stopping_; });
+}
+
+// Under the lock: the next batch, the deletions first, then queued requests while the transaction
+// stays under etcd's limit of operations.
+Locks::Batch Locks::take_batch() {
+  // etcd's default --max-txn-ops is 128; a single request beyond it goes alone, and etcd refuses it.
+  constexpr std::size_t most_operations = 120;
+  Batch batch;
+  batch.fenced.swap(fenced_deletions_);
+  batch.deletes.swap(deletions_);
+  std::size_t operations = batch.before_tickets();
+  std::size_t taken = 0;
+  for (; taken < queued_.size(); ++taken) {
+    const std::size_t cost = operations_of(*queued_[taken]);
+    if (operations != 0 && operations + cost > most_operations) break;
+    operations += cost;
+    queued_[taken]->stage = Ticket::Stage::sent;
+    batch.sent.push_back(queued_[taken]);
+  }
+  queued_.erase(queued_.begin(), queued_.begin() + static_cast<std::ptrdiff_t>(taken));
+  return batch;
+}
+
+// Outside the lock: the batch's transaction, and how it went.
+Locks::Sent Locks::send_batch(std::int64_t guard, const Batch& batch) const {
+  Sent sent;
+  try {
+    sent.answer = send(guard, batch);
+  } catch (const EtcdUnavailable&) {
+    sent.unreachable = true;
+  } catch (const EtcdError& error) {
+    // The lease is gone, and the session will say so within a third of its TTL: until then, as
+    // if etcd were out of reach (lease_lost() then fails the batch with the session's reason).
+    if (std::string_view(error.what()).find("lease not found") != std::string_view::npos) {
+      sent.unreachable = true;
+    } else {
+      sent.refused = std::current_exception();
+    }
+  } catch (...) {
+    sent.refused = std::current_exception();
+  }
+  return sent;
+}
+
+// Under the lock, once a batch was sent: false when it goes again (etcd out of reach, or the
+// session's key has another revision and nothing of it applied); else `told` has what to tell.
+bool Locks::settle(Batch& batch, Sent& sent, Told& told) {
+  bool moved = false;
+  if (!sent.unreachable && !sent.refused && !sent.answer.value("succeeded", false)) {
+    const Json& kvs =
+        sent.answer["responses"].at(0).value("response_range", Json::object()).value("kvs", Json());
+    if (kvs.is_array() && !kvs.empty()) {
+      // A rewrite whose answer was lost was applied: its revision is the one to hold to now.
+      guard_ = integer_of(kvs[0].value("mod_revision", Json()));
+      moved = true;
+    } else {
+      sent.unreachable = true;  // the key went with the lease: as for "lease not found"
+    }
+  }
+  if (sent.unreachable || moved) {
+    deleted_while_sending_.clear();  // the retry reads anew
+    if (!lease_lost_) {
+      send_again(batch, sent.unreachable);
+      return false;
+    }
+    fail_sent(batch, lease_lost_, told);
+    return true;
+  }
+  if (sent.refused) {
+    fail_sent(batch, sent.refused, told);
+    // Refused as a whole: the rewrite and its deletions go again, with the next batch.
+    fenced_deletions_.insert(fenced_deletions_.end(), batch.fenced.begin(), batch.fenced.end());
+  } else {
+    if (!batch.fenced.empty()) guard_ = integer_of(sent.answer["header"].value("revision", Json()));
+    register_entered(sent.answer, batch, told);
+  }
+  deleted_while_sending_.clear();
+  return true;
+}
+
+void Locks::fail_sent(const Batch& batch, const std::exception_ptr& failure, Told& told) {
+  for (const std::shared_ptr<Ticket>& ticket : batch.sent) {
+    ticket->stage = Ticket::Stage::done;
+    if (!ticket->released) told.failed.emplace_back(ticket, failure);
   }
 }
 
@@ -524,6 +539,17 @@ void Locks::deleted(const std::string& key) {
   tell(told);
 }
 
+// One message of the watch: each deletion it reports, and `next`, the revision to resume from.
+void Locks::watched(const Json& result, std::int64_t& next) {
+  if (!result.contains("events")) return;
+  for (const Json& event : result["events"]) {
+    if (event.value("type", std::string()) != "DELETE") continue;
+    const Json& kv = event["kv"];
+    next = std::max(next, integer_of(kv.value("mod_revision", Json())) + 1);
+    deleted(unbase64(kv.value("key", std::string())));
+  }
+}
+
 // Follows the deletions under <prefix>/c from start_revision_ on, resuming after the last revision
 // seen when the stream breaks, until the Locks go.
 void Locks::watch() {
@@ -538,15 +564,7 @@ void Locks::watch() {
       gateway_.stream(
           "/v3/watch", create,
           [&](const Json& message) {
-            const Json& result = message.contains("result") ? message["result"] : message;
-            if (result.contains("events")) {
-              for (const Json& event : result["events"]) {
-                if (event.value("type", std::string()) != "DELETE") continue;
-                const Json& kv = event["kv"];
-                next = std::max(next, integer_of(kv.value("mod_revision", Json())) + 1);
-                deleted(unbase64(kv.value("key", std::string())));
-              }
-            }
+            watched(message.contains("result") ? message["result"] : message, next);
             return true;
           },
           stop_);

@@ -127,7 +127,7 @@ class Locks {
   /// The session's lease is gone: nothing is sent any more (etcd has deleted the keys already), no
   /// request is granted from now on, and every request not granted yet, or made later, fails with
   /// `why` (told on the courier's thread).
-  void lease_lost(std::exception_ptr why);
+  void lease_lost(const std::exception_ptr& why);
   /// etcd answered a renewal of the lease sent at `sent`, with `ttl`: the lease lives until then.
   void renewed(Clock::time_point sent, std::chrono::seconds ttl) noexcept;
   /// Whether the lease may have expired in etcd by now (no renewal answered within its TTL).
@@ -169,6 +169,18 @@ class Locks {
   // One transaction, if the session's key still has revision `guard`: the rewrite and `fenced`
   // deletions, then `deletes`, then each ticket's puts and reads. Throws what the gateway throws.
   Json send(std::int64_t guard, const Batch& batch) const;
+  Batch take_batch();
+  void pause_before_retry(std::unique_lock<std::mutex>& lock);
+  // How a transaction went: its answer, or etcd out of reach, or refused with an error.
+  struct Sent {
+    Json answer;
+    bool unreachable = false;
+    std::exception_ptr refused;
+  };
+  Sent send_batch(std::int64_t guard, const Batch& batch) const;
+  bool settle(Batch& batch, Sent& sent, Told& told);
+  // Under the lock: the batch's requests fail with `failure`.
+  static void fail_sent(const Batch& batch, const std::exception_ptr& failure, Told& told);
   // Under the lock: nothing of `batch` was applied, or nobody knows (`unanswered`): it goes again.
   void send_again(Batch& batch, bool unanswered);
   // Under the lock: the keys of a withdrawn `ticket` go, with the next transaction, or with a
@@ -177,6 +189,7 @@ class Locks {
   // Under the lock: what the transaction answered for the tickets it entered.
   void register_entered(const Json& answer, const Batch& batch, Told& told);
   void watch();
+  void watched(const Json& result, std::int64_t& next);
   void deleted(const std::string& key);
   void tell(Told& told) noexcept;
   // Under the lock: fails what waits, and everything asked for later, with `why`.

@@ -125,7 +125,7 @@ class EtcdSession {
 /// the session's on_lease_lost listeners are told. A manager cannot share again after that: make
 /// a new session and manager. The manager keeps the session alive. Throws std::invalid_argument
 /// for a null session, std::bad_alloc. See docs/distributed.md.
-std::shared_ptr<JobManager> make_job_manager(std::shared_ptr<EtcdSession> session,
+std::shared_ptr<JobManager> make_job_manager(const std::shared_ptr<EtcdSession>& session,
                                              JobManager::Options options = {});
 
 /// The fencing token under which the calling code (a begin_rule scope on this thread, or the
