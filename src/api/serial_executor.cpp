@@ -152,12 +152,12 @@ bool Repeat::end() {
 }  // namespace detail
 
 SerialExecutor::SerialExecutor(std::shared_ptr<JobManager> manager, std::string name)
-    : manager_(manager ? std::move(manager) : JobManager::global()),
+    : manager_(manager ? std::move(manager) : std::shared_ptr<JobManager>(JobManager::global())),
       rule_(rules::mutex(name.empty() ? "serial executor" : std::move(name))),
       state_(std::make_shared<State>()) {}
 
 SerialExecutor::SerialExecutor(std::shared_ptr<JobManager> manager, Rule rule)
-    : manager_(manager ? std::move(manager) : JobManager::global()),
+    : manager_(manager ? std::move(manager) : std::shared_ptr<JobManager>(JobManager::global())),
       rule_(std::move(rule)),
       state_(std::make_shared<State>()) {
   validate_rule(rule_);
