@@ -8,7 +8,8 @@ packages=(g++ cmake ninja-build libtbb-dev libboost-dev libgtest-dev libgmock-de
           libcurl4-openssl-dev  # tasklet::etcd speaks to etcd's JSON gateway
           etcd-server etcd-client  # the etcd tests start their own etcd on loopback
           chromium  # the timeline test renders the HTML timeline headless
-          clang libclang-rt-14-dev)  # clang and its libFuzzer runtime: the fuzz lane (scripts/fuzz.sh)
+          clang libclang-rt-14-dev  # clang and its libFuzzer runtime: the fuzz lane (scripts/fuzz.sh)
+          clang-tidy)  # the tidy lane (scripts/tidy.sh)
 missing=()
 for package in "${packages[@]}"; do
   status="$(dpkg-query -W -f='${Status}' "$package" 2>/dev/null || true)"
