@@ -17,7 +17,7 @@
 #include <utility>
 
 #include "tasklet/detail/allocator.hpp"
-#include "tasklet/detail/library_tasklet.hpp"
+#include "tasklet/detail/serial_task.hpp"
 #include "tasklet/scheduling_rule.hpp"
 #include "tasklet/tasklet_base.hpp"
 
@@ -25,9 +25,7 @@ namespace tasklet {
 
 class JobManager;
 namespace detail {
-class SerialTask;
 class Repeat;
-class RepeatBody;
 }  // namespace detail
 
 class SerialExecutor {
@@ -116,67 +114,14 @@ class SerialExecutor {
   std::size_t outstanding() const noexcept;
 
   /// The mutex rule every task holds.
-  const Rule& rule() const noexcept { return rule_; }
-
-  struct State;
+  const Rule& rule() const noexcept;
 
  private:
-  friend class detail::Repeat;
   Handle post_task(std::shared_ptr<detail::SerialTask> task, Duration delay = Duration::zero());
   Handle post_repeating(std::shared_ptr<detail::RepeatBody> body, Duration initial_delay, Duration period);
 
-  std::shared_ptr<JobManager> manager_;
-  Rule rule_;
-  std::shared_ptr<State> state_;
+  std::shared_ptr<detail::SerialState> state_;
 };
-
-namespace detail {
-
-/// One posted task (private): a tasklet holding the executor's rule whose only phase runs the
-/// body. Its destruction, whether it ran or was cancelled, counts it out of the executor.
-class SerialTask : public LibraryTasklet {
- public:
-  explicit SerialTask(SerialExecutor::State& state) noexcept : state_(state) {}
-  ~SerialTask() override;
-  Directive task() final;
-  const SerialExecutor::State* state() const noexcept { return &state_; }
-  /// The engine ended the task unrun, out of memory: wait() rethrows the error.
-  void abandoned(std::exception_ptr error) noexcept override;
-
- private:
-  virtual void run_body() = 0;
-  // Not owned: the executor's destructor waits until every task of it is destroyed.
-  SerialExecutor::State& state_;
-};
-
-template <class F>
-class SerialTaskOf final : public SerialTask {
- public:
-  SerialTaskOf(SerialExecutor::State& state, F fn) : SerialTask(state), fn_(std::move(fn)) {}
-
- private:
-  void run_body() override { fn_(); }
-  F fn_;
-};
-
-/// The body of a task posted at a fixed rate (private): each run is a SerialTask of its own.
-class RepeatBody {
- public:
-  virtual ~RepeatBody() = default;
-  virtual void run() = 0;
-};
-
-template <class F>
-class RepeatBodyOf final : public RepeatBody {
- public:
-  explicit RepeatBodyOf(F fn) : fn_(std::move(fn)) {}
-  void run() override { fn_(); }
-
- private:
-  F fn_;
-};
-
-}  // namespace detail
 
 template <class F>
 requires std::is_invocable_v < std::decay_t<F>

@@ -15,17 +15,23 @@
 #include "tasklet/rules/rules.hpp"
 #include "tasklet/tasklet_base.hpp"
 
-namespace tasklet {
+namespace tasklet::detail {
 
 // The state outlives every task: the executor's destructor waits until each has been destroyed.
-struct SerialExecutor::State {
+class SerialState {
+ public:
+  SerialState(std::shared_ptr<JobManager> given, Rule held) noexcept
+      : manager(std::move(given)), rule(std::move(held)) {}
+
+  const std::shared_ptr<JobManager> manager;
+  const Rule rule;
   // Tasks posted and not yet destroyed; only a count that may bring it to zero takes the mutex,
   // to wake wait() and the destructor.
   std::atomic<std::size_t> outstanding{0};
   mutable std::mutex mutex;  // guards first_error and the wake-up of `idle`
   // A wait() in a job or an async phase suspends its oneTBB task instead of blocking the worker
   // that the executor's own tasks may need (with one worker, blocking it would deadlock).
-  detail::TaskCondition idle;
+  TaskCondition idle;
   std::exception_ptr first_error;
   // Repeating tasks: each posts its next run under this lock, and stops once cancel() marked it
   // over or cancel_all() counted up `epoch` since it was posted.
@@ -46,10 +52,18 @@ struct SerialExecutor::State {
   }
 };
 
-namespace detail {
-
 namespace {
+
 SchedulerImpl& background_of(JobManager& manager) { return impl(domain(manager).background()); }
+
+// Hands a task to the manager's background scheduler, due after `delay`; its destructor counts it
+// out of the executor again.
+void post_serial(SerialState& state, std::shared_ptr<SerialTask> task, Clock::duration delay) {
+  state.outstanding.fetch_add(1, std::memory_order_relaxed);
+  TaskletAccess::set_trusted_rule(*task, state.rule);  // the executor made it: valid
+  background_of(*state.manager).schedule_after(delay, std::move(task), Directive::async);
+}
+
 }  // namespace
 
 SerialTask::~SerialTask() { state_.count_out(); }
@@ -73,11 +87,13 @@ void SerialTask::abandoned(std::exception_ptr error) noexcept {
 class Repeat : public std::enable_shared_from_this<Repeat> {
  public:
   using Duration = SerialExecutor::Duration;
-  Repeat(SerialExecutor& executor, std::shared_ptr<RepeatBody> body, Duration period) noexcept
-      : executor_(executor), body_(std::move(body)), period_(period) {}
+  Repeat(SerialState& state, std::shared_ptr<RepeatBody> body, Duration period) noexcept
+      : state_(state), body_(std::move(body)), period_(period) {}
 
+  // The first run, due `first_due`, in the executor's cancel_all() count `epoch`.
+  void start(Clock::time_point first_due);
   // Under the repeat lock: posts the run due at next_due_. Out of memory, nothing is posted.
-  void post_next_locked(SerialExecutor::State& state);
+  void post_next_locked();
   // One run: the body, then the next run unless the repeat is over.
   void run_once();
   // cancel(): no run starts from now on; false when it was over already.
@@ -85,7 +101,7 @@ class Repeat : public std::enable_shared_from_this<Repeat> {
 
  private:
   // Not owned: the executor's destructor ends every repeat and waits for its runs.
-  SerialExecutor& executor_;
+  SerialState& state_;
   std::shared_ptr<RepeatBody> body_;
   const Duration period_;
   // Under the executor's repeat lock.
@@ -93,14 +109,12 @@ class Repeat : public std::enable_shared_from_this<Repeat> {
   std::weak_ptr<Tasklet> pending_;  // the run posted last
   std::uint64_t epoch_ = 0;         // the executor's cancel_all() count when it was posted
   bool over_ = false;
-
-  friend class tasklet::SerialExecutor;
 };
 
 namespace {
 class RepeatRun final : public SerialTask {
  public:
-  RepeatRun(SerialExecutor::State& state, std::shared_ptr<Repeat> repeat) noexcept
+  RepeatRun(SerialState& state, std::shared_ptr<Repeat> repeat) noexcept
       : SerialTask(state), repeat_(std::move(repeat)) {}
 
  private:
@@ -109,29 +123,35 @@ class RepeatRun final : public SerialTask {
 };
 }  // namespace
 
-void Repeat::post_next_locked(SerialExecutor::State& state) {
-  auto run = std::allocate_shared<RepeatRun>(Allocator<RepeatRun>{}, state, shared_from_this());
+void Repeat::start(Clock::time_point first_due) {
+  std::lock_guard lock(state_.repeat_mutex);
+  epoch_ = state_.epoch;
+  next_due_ = first_due;
+  post_next_locked();
+}
+
+void Repeat::post_next_locked() {
+  auto run = std::allocate_shared<RepeatRun>(Allocator<RepeatRun>{}, state_, shared_from_this());
   pending_ = run;
   const Clock::duration delay = next_due_ - Clock::now();  // late: due at once
-  executor_.post_task(std::move(run), delay);
+  post_serial(state_, std::move(run), delay);
 }
 
 void Repeat::run_once() {
-  SerialExecutor::State& state = *executor_.state_;
   try {
     body_->run();
   } catch (...) {
     end();
     throw;  // kept for wait()
   }
-  std::lock_guard lock(state.repeat_mutex);
-  if (over_ || epoch_ != state.epoch) {
+  std::lock_guard lock(state_.repeat_mutex);
+  if (over_ || epoch_ != state_.epoch) {
     over_ = true;
     return;
   }
   next_due_ += period_;
   try {
-    post_next_locked(state);
+    post_next_locked();
   } catch (...) {
     over_ = true;  // out of memory: it stops, and wait() says why
     throw;
@@ -141,31 +161,43 @@ void Repeat::run_once() {
 bool Repeat::end() {
   std::shared_ptr<Tasklet> pending;
   {
-    std::lock_guard lock(executor_.state_->repeat_mutex);
+    std::lock_guard lock(state_.repeat_mutex);
     if (std::exchange(over_, true)) return false;
     pending = pending_.lock();
   }
-  if (pending) background_of(*executor_.manager_).withdraw(*pending);  // false when it runs already
+  if (pending) background_of(*state_.manager).withdraw(*pending);  // false when it runs already
   return true;
 }
 
-}  // namespace detail
+}  // namespace tasklet::detail
 
-SerialExecutor::SerialExecutor(std::shared_ptr<JobManager> manager, std::string name)
-    : manager_(manager ? std::move(manager) : std::shared_ptr<JobManager>(JobManager::global())),
-      rule_(rules::mutex(name.empty() ? "serial executor" : std::move(name))),
-      state_(std::make_shared<State>()) {}
+namespace tasklet {
 
-SerialExecutor::SerialExecutor(std::shared_ptr<JobManager> manager, Rule rule)
-    : manager_(manager ? std::move(manager) : std::shared_ptr<JobManager>(JobManager::global())),
-      rule_(std::move(rule)),
-      state_(std::make_shared<State>()) {
-  validate_rule(rule_);
-  if (!rule_ || !rule_->is_conflicting(*rule_)) {
-    throw InvalidRule("SerialExecutor(" + describe(rule_) +
+namespace {
+std::shared_ptr<JobManager> or_global(std::shared_ptr<JobManager> manager) {
+  return manager ? std::move(manager) : std::shared_ptr<JobManager>(JobManager::global());
+}
+
+// A strand's rule must be valid and conflict with itself, or its tasks would run together.
+Rule checked_strand_rule(Rule rule) {
+  validate_rule(rule);
+  if (!rule || !rule->is_conflicting(*rule)) {
+    throw InvalidRule("SerialExecutor(" + describe(rule) +
                       "): a strand's rule must conflict with itself, or its tasks would run together");
   }
+  return rule;
 }
+}  // namespace
+
+SerialExecutor::SerialExecutor(std::shared_ptr<JobManager> manager, std::string name)
+    : state_(std::make_shared<detail::SerialState>(
+          or_global(std::move(manager)), rules::mutex(name.empty() ? "serial executor" : std::move(name)))) {}
+
+SerialExecutor::SerialExecutor(std::shared_ptr<JobManager> manager, Rule rule)
+    : state_(std::make_shared<detail::SerialState>(or_global(std::move(manager)),
+                                                   checked_strand_rule(std::move(rule)))) {}
+
+const Rule& SerialExecutor::rule() const noexcept { return state_->rule; }
 
 SerialExecutor::~SerialExecutor() {
   cancel_all();
@@ -174,28 +206,23 @@ SerialExecutor::~SerialExecutor() {
 }
 
 SerialExecutor::Handle SerialExecutor::post_task(std::shared_ptr<detail::SerialTask> task, Duration delay) {
-  state_->outstanding.fetch_add(1, std::memory_order_relaxed);  // the task's destructor counts it out
-  detail::TaskletAccess::set_trusted_rule(*task, rule_);        // the executor made it: valid
   Handle handle{task};
-  detail::background_of(*manager_).schedule_after(delay, std::move(task), Directive::async);
+  detail::post_serial(*state_, std::move(task), delay);
   return handle;
 }
 
 SerialExecutor::Handle SerialExecutor::post_repeating(std::shared_ptr<detail::RepeatBody> body,
                                                       Duration initial_delay, Duration period) {
-  auto repeat = std::allocate_shared<detail::Repeat>(detail::Allocator<detail::Repeat>{}, *this,
+  auto repeat = std::allocate_shared<detail::Repeat>(detail::Allocator<detail::Repeat>{}, *state_,
                                                      std::move(body), period);
-  std::lock_guard lock(state_->repeat_mutex);
-  repeat->epoch_ = state_->epoch;
-  repeat->next_due_ = detail::Clock::now() + std::max(initial_delay, Duration::zero());
-  repeat->post_next_locked(*state_);
+  repeat->start(detail::Clock::now() + std::max(initial_delay, Duration::zero()));
   return Handle{std::weak_ptr<detail::Repeat>(repeat)};
 }
 
 bool SerialExecutor::cancel(const Handle& handle) {
   if (const std::shared_ptr<detail::Repeat> repeat = handle.repeat_.lock()) return repeat->end();
   const std::shared_ptr<Tasklet> task = handle.task_.lock();
-  return task && detail::background_of(*manager_).withdraw(*task);
+  return task && detail::background_of(*state_->manager).withdraw(*task);
 }
 
 std::size_t SerialExecutor::cancel_all() {
@@ -205,23 +232,24 @@ std::size_t SerialExecutor::cancel_all() {
     std::lock_guard lock(state_->repeat_mutex);
     ++state_->epoch;
   }
-  const State* mine = state_.get();
+  const detail::SerialState* mine = state_.get();
   const auto is_mine = [mine](const Tasklet& tasklet) {
     const auto* task = dynamic_cast<const detail::SerialTask*>(&tasklet);
     return task != nullptr && task->state() == mine;
   };
-  detail::SchedulerImpl& background = detail::background_of(*manager_);
+  detail::SchedulerImpl& background = detail::background_of(*state_->manager);
   const std::size_t delayed = background.withdraw_delayed(is_mine);
-  return delayed + background.withdraw_waiting(*rule_, is_mine);
+  return delayed + background.withdraw_waiting(*state_->rule, is_mine);
 }
 
 void SerialExecutor::wait() {
   // Its tasks wait for its rule: a caller that holds it would wait for itself.
-  const SchedulingRule* mine = rule_.get();
-  detail::domain(*manager_).check_wait("wait() on serial executor '" + describe(rule_) + "'",
-                                       [mine](const detail::RuleRequest& request) {
-                                         return request.rule() == mine && request.owner() != nullptr;
-                                       });
+  const SchedulingRule* mine = state_->rule.get();
+  detail::domain(*state_->manager)
+      .check_wait("wait() on serial executor '" + describe(state_->rule) + "'",
+                  [mine](const detail::RuleRequest& request) {
+                    return request.rule() == mine && request.owner() != nullptr;
+                  });
   std::exception_ptr error;
   {
     std::unique_lock lock(state_->mutex);
