@@ -264,6 +264,14 @@ bool Locks::may_have_expired() const noexcept {
   return Clock::now().time_since_epoch().count() >= alive_until_.load(std::memory_order_acquire);
 }
 
+// The session's key went with its lease (expired or revoked), or someone deleted it: either way the
+// fence it was is gone, and the session is lost (retrying would wait forever on a live lease).
+void Locks::key_gone(Told& told) {
+  told.expired = "the session's key " + session_key_ +
+                 " is gone from etcd (its lease expired or was revoked, or it was deleted)";
+  fail_all(std::make_exception_ptr(EtcdLeaseLost("etcd: " + told.expired)));
+}
+
 void Locks::expire(Told& told) {
   char lease[24];
   std::snprintf(lease, sizeof lease, "%llx", static_cast<unsigned long long>(lease_));
@@ -400,7 +408,10 @@ bool Locks::settle(Batch& batch, Sent& sent, Told& told) {
       guard_ = integer_of(kvs[0].value("mod_revision", Json()));
       moved = true;
     } else {
-      sent.unreachable = true;  // the key went with the lease: as for "lease not found"
+      if (!lease_lost_) key_gone(told);
+      fail_sent(batch, lease_lost_, told);
+      deleted_while_sending_.clear();
+      return true;
     }
   }
   if (sent.unreachable || moved) {

@@ -194,8 +194,10 @@ class Locks {
   void tell(Told& told) noexcept;
   // Under the lock: fails what waits, and everything asked for later, with `why`.
   void fail_all(const std::exception_ptr& why);
-  // Under the lock: the lease may have expired; it is lost from now on (told.expired says why).
+  // Under the lock: the lease may have expired, or the session's key is gone; it is lost from now
+  // on (told.expired says why).
   void expire(Told& told);
+  void key_gone(Told& told);
   // Under the lock: `ticket` is free of blockers.
   void ready(const std::shared_ptr<Ticket>& ticket, Told& told);
 

@@ -1,8 +1,9 @@
 // Claims in etcd between sessions (each its own lease, as separate processes would have): paths
 // exclude their ancestors and descendants unless both are shared, conflicting requests are granted
 // in revision order, a multi-claim request is one ticket, a withdrawn request lets the next one
-// through, and a session that goes frees what it held.
+// through, a session that goes frees what it held, and one whose key is deleted is lost.
 #include <chrono>
+#include <cstdio>
 #include <future>
 #include <memory>
 #include <stdexcept>
@@ -172,6 +173,26 @@ TEST_F(EtcdLocksTest, ASessionThatGoesFreesWhatItHeld) {
   a.reset();
   waiting.wait();
   release(*b, waiting);
+}
+
+TEST_F(EtcdLocksTest, ASessionWhoseKeyWasDeletedIsLostAndItsRequestFails) {
+  auto a = session();
+  auto lost = std::make_shared<std::promise<std::string>>();
+  a->on_lease_lost([lost](const std::string& why) { lost->set_value(why); });
+  char id[32];
+  std::snprintf(id, sizeof id, "%016llx", static_cast<unsigned long long>(a->lease_id()));
+  server_.etcdctl(std::string("del /locks/sessions/") + id);  // the lease itself lives on
+
+  auto failed = std::make_shared<std::promise<std::exception_ptr>>();
+  std::future<std::exception_ptr> failure = failed->get_future();
+  const std::shared_ptr<Ticket> ticket = SessionAccess::locks(*a).request(
+      {{"/fenced", true}}, {.failed = [failed](std::exception_ptr error) { failed->set_value(error); }});
+  ASSERT_EQ(failure.wait_for(30s), std::future_status::ready) << "the request was retried without end";
+  EXPECT_THROW(std::rethrow_exception(failure.get()), EtcdLeaseLost);
+  EXPECT_FALSE(a->lease_alive());
+  std::future<std::string> why = lost->get_future();
+  ASSERT_EQ(why.wait_for(30s), std::future_status::ready);
+  EXPECT_NE(why.get().find("/locks/sessions/"), std::string::npos);
 }
 
 TEST_F(EtcdLocksTest, NamesAreClaimsOfTheirOwnApartFromPathsAndFromLongerNames) {
