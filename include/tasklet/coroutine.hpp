@@ -27,107 +27,26 @@
 // worker); a wait goes on where the Rescheduler's resume(directive) puts it.
 #pragma once
 
-#include <atomic>
 #include <coroutine>
-#include <cstddef>
-#include <exception>
 #include <memory>
-#include <new>
 #include <optional>
 #include <stop_token>
-#include <tuple>
+#include <string>
 #include <type_traits>
 #include <utility>
-#include <variant>
 
-#include "tasklet/api.hpp"
 #include "tasklet/detail/allocator.hpp"
-#include "tasklet/detail/hold.hpp"
-#include "tasklet/detail/library_tasklet.hpp"
+#include "tasklet/detail/coroutine_steps.hpp"
 #include "tasklet/directive.hpp"
 #include "tasklet/error.hpp"
 #include "tasklet/job.hpp"
+#include "tasklet/rule_hold.hpp"
 #include "tasklet/scheduler.hpp"
 #include "tasklet/scheduling_rule.hpp"
 #include "tasklet/status.hpp"
 #include "tasklet/tasklet_base.hpp"
 
 namespace tasklet {
-
-template <class T = void>
-class Task;
-
-namespace detail {
-template <class T>
-class TaskSteps;
-}  // namespace detail
-
-namespace detail {
-
-/// What the coroutines of one tasklet share (the outermost one and those it awaits inline): the
-/// frame to resume at the next phase, and the directive its last co_await chose. It lives in the
-/// outermost coroutine's promise, so that a coroutine tasklet is no larger than a plain one.
-struct CoroutineStack {
-  std::coroutine_handle<> resume_next;
-  Tasklet* tasklet = nullptr;  // the tasklet that runs them
-  std::stop_token stop;        // given to make_tasklet
-  Directive next = Directive::done;
-};
-
-/// Whether the calling code runs a sync phase (on a scheduler's synchronous thread): where a
-/// coroutine that parks goes on once it is resumed for it.
-bool in_sync_phase() noexcept;
-/// Scheduler::suspend of `tasklet` by its own scheduler, in its phase (a job's run included).
-Rescheduler suspend_in_phase(Tasklet& tasklet);
-
-/// The promise's part that does not depend on the result type.
-class CoroutinePromise {
- public:
-  std::suspend_always initial_suspend() noexcept { return {}; }  // it starts when its tasklet runs
-
-  struct FinalAwaiter {
-    bool await_ready() noexcept { return false; }
-    template <class Promise>
-    std::coroutine_handle<> await_suspend(std::coroutine_handle<Promise> ended) noexcept {
-      CoroutinePromise& promise = ended.promise();
-      if (promise.continuation_) {
-        // Awaited inline: the awaiter goes on in this phase.
-        promise.stack_->resume_next = promise.continuation_;
-        return promise.continuation_;
-      }
-      promise.stack_->next = Directive::done;
-      return std::noop_coroutine();
-    }
-    void await_resume() noexcept {}
-  };
-  FinalAwaiter final_suspend() noexcept { return {}; }
-  void unhandled_exception() noexcept { error_ = std::current_exception(); }
-
-  // Frames come from the library's allocator, as tasklets do.
-  static void* operator new(std::size_t bytes) { return allocate_bytes(bytes); }
-  static void operator delete(void* frame) noexcept { deallocate_bytes(frame); }
-
-  CoroutineStack* stack_ = &own_stack_;   // the outermost coroutine's
-  std::coroutine_handle<> continuation_;  // the coroutine awaiting this one inline, if any
-  std::exception_ptr error_;
-  CoroutineStack own_stack_;  // used while this coroutine is the outermost
-};
-
-/// A hop: the coroutine goes on in the next phase, where `directive` puts it.
-template <Directive directive>
-struct Hop {
-  bool await_ready() const noexcept { return false; }
-  template <class Promise>
-  requires std::is_base_of_v<CoroutinePromise, Promise>
-  void await_suspend(std::coroutine_handle<Promise> here) const noexcept {
-    CoroutineStack& stack = *here.promise().stack_;
-    stack.resume_next = here;
-    stack.next = directive;
-  }
-  void await_resume() const noexcept {}
-};
-
-}  // namespace detail
 
 /// `co_await tasklet::async()`: the coroutine goes on in an async phase, on one of the workers
 /// (never on the synchronous thread). Needs the scheduler's run() to be active, as
@@ -136,51 +55,6 @@ struct Hop {
 /// `co_await tasklet::sync()`: the coroutine goes on in a sync phase, on the scheduler's
 /// synchronous thread (the thread inside run()).
 [[nodiscard]] inline detail::Hop<Directive::sync> sync() noexcept { return {}; }
-
-namespace detail {
-
-/// Parks the coroutine's tasklet and hands its Rescheduler to `give` (see wait()).
-template <class Give>
-struct Parking {
-  Give give;
-  std::exception_ptr failed;
-  bool await_ready() const noexcept { return false; }
-  template <class Promise>
-  requires std::is_base_of_v<CoroutinePromise, Promise>
-  bool await_suspend(std::coroutine_handle<Promise> here) {
-    CoroutineStack& stack = *here.promise().stack_;
-    Rescheduler resume = suspend_in_phase(*stack.tasklet);  // throws into the coroutine
-    stack.resume_next = here;
-    stack.next = Directive::wait;
-    try {
-      give(std::move(resume));
-    } catch (...) {
-      // It goes on at once, and the co_await throws (the Rescheduler given was dropped, which ends
-      // the suspension).
-      failed = std::current_exception();
-      return false;
-    }
-    return true;
-  }
-  void await_resume() const {
-    if (failed) std::rethrow_exception(failed);
-  }
-};
-
-/// The stop token of the coroutine's tasklet (see this_stop_token()).
-struct StopTokenOf {
-  std::stop_token token;
-  bool await_ready() const noexcept { return false; }
-  template <class Promise>
-  requires std::is_base_of_v<CoroutinePromise, Promise>
-  bool await_suspend(std::coroutine_handle<Promise> here) noexcept {
-    token = here.promise().stack_->stop;
-    return false;  // goes on at once
-  }
-  std::stop_token await_resume() const noexcept { return token; }
-};
-
-}  // namespace detail
 
 /// `co_await tasklet::wait(give)`: parks the coroutine's tasklet until a Rescheduler resumes it.
 /// `give(Rescheduler)` is called before the tasklet parks (in its phase); it hands the Rescheduler
@@ -198,73 +72,6 @@ requires std::is_invocable_v<Give&, Rescheduler>
 /// coroutines it awaits inline, and those its when_all runs, see the same one). Checking it is up
 /// to the coroutine.
 [[nodiscard]] inline detail::StopTokenOf this_stop_token() noexcept { return {}; }
-
-namespace detail {
-struct RuleWait;
-}  // namespace detail
-
-/// What `co_await tasklet::hold(rule)` gives: while it lives, the coroutine's tasklet holds the rule
-/// (its rule: current_rule() gives it, begin_rule nests in it, and it is held across every later
-/// co_await). It releases the rule when it goes, at the end of its scope, or at release(). Destroy
-/// or release it in the coroutine that took it (the steps of its tasklet), never after that
-/// coroutine ended. Move-only.
-class [[nodiscard]] RuleHold {
- public:
-  RuleHold(RuleHold&& other) noexcept : tasklet_(std::exchange(other.tasklet_, nullptr)) {}
-  RuleHold& operator=(RuleHold&&) = delete;
-  ~RuleHold() { release(); }
-  /// Releases the rule now (later calls do nothing): conflicting holders waiting for it may start.
-  void release() noexcept {
-    if (tasklet_ != nullptr) detail::end_hold(*std::exchange(tasklet_, nullptr));
-  }
-  /// Whether this guard has a rule to release: false for a hold nested in the tasklet's own rule
-  /// (that one covers it) and after release().
-  bool owns_rule() const noexcept { return tasklet_ != nullptr; }
-
- private:
-  friend struct detail::RuleWait;
-  explicit RuleHold(Tasklet* tasklet) noexcept : tasklet_(tasklet) {}
-  Tasklet* tasklet_;
-};
-
-namespace detail {
-
-/// Takes a rule for the coroutine's tasklet (see hold()).
-struct RuleWait {
-  Rule rule;
-  Tasklet* tasklet = nullptr;
-  HoldAnswer now = HoldAnswer::waiting;
-  HoldReply later{};  // set by the engine before it resumes a waiting tasklet
-  bool await_ready() const noexcept { return false; }
-  template <class Promise>
-  requires std::is_base_of_v<CoroutinePromise, Promise>
-  bool await_suspend(std::coroutine_handle<Promise> here) {
-    CoroutineStack& stack = *here.promise().stack_;
-    tasklet = stack.tasklet;
-    now = begin_hold(*tasklet, rule, later);  // throws into the coroutine
-    if (now != HoldAnswer::waiting) return false;
-    stack.resume_next = here;
-    stack.next = Directive::wait;
-    return true;
-  }
-  RuleHold await_resume() {
-    switch (now == HoldAnswer::waiting ? later.answer : now) {
-      case HoldAnswer::granted:
-        return RuleHold(tasklet);
-      case HoldAnswer::failed:
-        std::rethrow_exception(later.failure);
-      case HoldAnswer::cancelled:
-        throw IllegalState("hold(" + describe(rule) + "): the job manager shut down while " +
-                           tasklet->name() + " waited for the rule");
-      case HoldAnswer::refused:
-        throw std::bad_alloc();
-      default:
-        return RuleHold(nullptr);  // nested: the tasklet's own rule covers it
-    }
-  }
-};
-
-}  // namespace detail
 
 /// `auto held = co_await tasklet::hold(rule)`: the coroutine's tasklet takes `rule` and holds it
 /// until the RuleHold goes. It waits in the rule table in FIFO order with every other holder
@@ -353,54 +160,6 @@ struct Task<void>::promise_type : detail::CoroutinePromise {
   void return_void() noexcept {}
 };
 
-namespace detail {
-
-/// A Task<T> run step by step by a tasklet: a CoroutineTasklet, or the run of a coroutine job.
-/// Owns the coroutine; empty once moved from.
-template <class T>
-class TaskSteps {
- public:
-  TaskSteps() noexcept = default;
-  TaskSteps(Task<T> task, Tasklet& runner, std::stop_token stop) noexcept
-      : handle_(std::exchange(task.handle_, nullptr)) {
-    CoroutineStack& stack = *handle_.promise().stack_;
-    stack.resume_next = handle_;
-    stack.tasklet = &runner;
-    stack.stop = std::move(stop);
-  }
-  TaskSteps(TaskSteps&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
-  TaskSteps& operator=(TaskSteps&& other) noexcept {
-    if (this != &other) {
-      reset();
-      handle_ = std::exchange(other.handle_, nullptr);
-    }
-    return *this;
-  }
-  ~TaskSteps() { reset(); }
-
-  explicit operator bool() const noexcept { return handle_ != nullptr; }
-  /// Resumes the coroutine where its last co_await left it; the directive that co_await chose, or
-  /// done once it has ended (returned or thrown: see error()).
-  Directive step() {
-    CoroutineStack& stack = *handle_.promise().stack_;
-    stack.resume_next.resume();
-    return stack.next;
-  }
-  bool done() const noexcept { return handle_.done(); }
-  /// What it threw, once ended.
-  const std::exception_ptr& error() const noexcept { return handle_.promise().error_; }
-  /// What it returned, once ended without an exception.
-  auto& value() const noexcept requires(!std::is_void_v<T>) { return *handle_.promise().value_; }
-  void reset() noexcept {
-    if (handle_) std::exchange(handle_, nullptr).destroy();
-  }
-
- private:
-  std::coroutine_handle<typename Task<T>::promise_type> handle_;
-};
-
-}  // namespace detail
-
 /// The tasklet that runs a Task<T>: each phase resumes the coroutine where its last co_await left
 /// it. result() gives the value once it is done.
 template <class T>
@@ -445,165 +204,6 @@ std::shared_ptr<CoroutineTasklet<T>> make_tasklet(Task<T> task, Rule rule = null
   return tasklet;
 }
 
-// ---- Awaiting jobs and several tasks at once
-
-namespace detail {
-
-/// Waits for a job's end (see join(job)).
-class JobEnd {
- public:
-  explicit JobEnd(std::shared_ptr<Job> job) : job_(std::move(job)) {}
-  bool await_ready() const noexcept { return job_ == nullptr; }
-  template <class Promise>
-  requires std::is_base_of_v<CoroutinePromise, Promise>
-  bool await_suspend(std::coroutine_handle<Promise> here) {
-    struct Told final : JobListener {
-      explicit Told(Rescheduler resume, Directive directive)
-          : rescheduler(std::move(resume)), then(directive) {}
-      void done(const JobEvent&) override { go_on(); }
-      // Once: by the job's end, or by the check after the listener was added.
-      void go_on() {
-        if (!went_on.exchange(true)) rescheduler.resume(then);
-      }
-      Rescheduler rescheduler;
-      Directive then;
-      std::atomic<bool> went_on{false};
-    };
-    const Directive then = in_sync_phase() ? Directive::sync : Directive::async;
-    std::shared_ptr<Told> told;
-    const auto give = [&](Rescheduler resume) { told = std::make_shared<Told>(std::move(resume), then); };
-    Parking<decltype(give)> parking{give, nullptr};
-    parking.await_suspend(here);
-    parking.await_resume();
-    job_->add_listener(told);  // throws into the coroutine, dropping the Rescheduler: not parked
-    listener_ = told;
-    if (job_->state() == JobState::none) told->go_on();  // it ended before the listener was there
-    return true;
-  }
-  Status await_resume() {
-    if (listener_) job_->remove_listener(listener_);
-    return job_ ? job_->result() : Status::ok();
-  }
-
- private:
-  std::shared_ptr<Job> job_;
-  std::shared_ptr<JobListener> listener_;
-};
-
-template <class T>
-using Outcome = std::conditional_t<std::is_void_v<T>, std::monostate, T>;
-
-/// What when_all's tasks share: their outcomes, how many are left, and whom to resume.
-template <class... T>
-struct AllOf {
-  std::tuple<std::optional<Outcome<T>>...> values;
-  std::exception_ptr error;
-  std::atomic<std::size_t> left{sizeof...(T)};
-  Rescheduler resume;
-  Directive then = Directive::sync;
-  std::atomic<bool> error_taken{false};
-  void one_ended() {
-    if (left.fetch_sub(1, std::memory_order_acq_rel) == 1) resume.resume(then);
-  }
-  void failed(std::exception_ptr failure) {
-    if (!error_taken.exchange(true)) error = std::move(failure);
-    one_ended();
-  }
-};
-
-template <class U>
-class RunChild {
- public:
-  // One of when_all's tasks, as a tasklet of its own: its outcome goes to `all`, and the last to
-  // end resumes the awaiting coroutine.
-  template <std::size_t I, class All>
-  static Task<void> run(Task<U> task, std::shared_ptr<All> all) {
-    try {
-      if constexpr (std::is_void_v<U>) {
-        co_await std::move(task);
-        std::get<I>(all->values).emplace();
-      } else {
-        std::get<I>(all->values).emplace(co_await std::move(task));
-      }
-    } catch (...) {
-      all->failed(std::current_exception());
-      co_return;
-    }
-    all->one_ended();
-  }
-};
-
-/// One of when_all's tasks as a tasklet of its own (RunChild's coroutine): should the engine end it
-/// unrun (out of memory), that is its failure, so that the awaiter still goes on.
-template <class All>
-class WhenAllTask final : public LibraryTasklet {
- public:
-  WhenAllTask(Task<void> run, std::shared_ptr<All> all, std::stop_token stop) noexcept
-      : steps_(std::move(run), *this, std::move(stop)), all_(std::move(all)) {}
-  Directive task() override { return steps_.step(); }  // RunChild catches what its task throws
-  void abandoned(std::exception_ptr why) noexcept override { all_->failed(std::move(why)); }
-
- private:
-  TaskSteps<void> steps_;
-  std::shared_ptr<All> all_;
-};
-
-template <class... T>
-class AllEnded {
- public:
-  explicit AllEnded(Task<T>... tasks) : tasks_(std::move(tasks)...), all_(std::make_shared<AllOf<T...>>()) {}
-  bool await_ready() const noexcept { return sizeof...(T) == 0; }
-  template <class Promise>
-  requires std::is_base_of_v<CoroutinePromise, Promise>
-  bool await_suspend(std::coroutine_handle<Promise> here) {
-    CoroutineStack& stack = *here.promise().stack_;
-    all_->then = in_sync_phase() ? Directive::sync : Directive::async;
-    // Made before the awaiter parks: out of memory, nothing has started.
-    auto children = make_children(stack.stop, std::index_sequence_for<T...>{});
-    const auto give = [this](Rescheduler resume) { all_->resume = std::move(resume); };
-    Parking<decltype(give)> parking{give, nullptr};
-    parking.await_suspend(here);
-    parking.await_resume();
-    // Parked: a task that cannot be scheduled counts as ended with that error, so that the awaiter
-    // is resumed once those that were scheduled have ended, and the error comes out of the await.
-    Scheduler& scheduler = api::current();
-    std::exception_ptr refused;
-    const auto start = [&](auto& child) {
-      if (!refused) {
-        try {
-          scheduler.schedule(child, all_->then);
-          return;
-        } catch (...) {
-          refused = std::current_exception();
-        }
-      }
-      all_->failed(refused);
-    };
-    std::apply([&](auto&... child) { (start(child), ...); }, children);
-    return true;
-  }
-  /// The tasks' values in order (std::monostate for a Task<void>); the first exception instead,
-  /// once all have ended.
-  std::tuple<Outcome<T>...> await_resume() {
-    if (all_->error) std::rethrow_exception(all_->error);
-    return std::apply([](auto&... value) { return std::tuple<Outcome<T>...>(std::move(*value)...); },
-                      all_->values);
-  }
-
- private:
-  template <std::size_t... I>
-  auto make_children(const std::stop_token& stop, std::index_sequence<I...>) {
-    using Child = WhenAllTask<AllOf<T...>>;
-    return std::make_tuple(std::allocate_shared<Child>(
-        Allocator<Child>{}, RunChild<T>::template run<I>(std::move(std::get<I>(tasks_)), all_), all_,
-        stop)...);
-  }
-  std::tuple<Task<T>...> tasks_;
-  std::shared_ptr<AllOf<T...>> all_;
-};
-
-}  // namespace detail
-
 /// `Status status = co_await tasklet::join(job)` (or `co_await job`): parks the coroutine until
 /// the job is over (in state none: its run ended, or it was canceled or never scheduled), then
 /// goes on where it was and gives the job's last result. Holds no thread meanwhile.
@@ -611,67 +211,6 @@ class AllEnded {
 [[nodiscard]] inline detail::JobEnd operator co_await(std::shared_ptr<Job> job) {
   return join(std::move(job));
 }
-
-namespace detail {
-
-inline Task<Status> ended_ok(Task<void> run) {
-  co_await std::move(run);
-  co_return Status::ok();
-}
-
-/// What a coroutine job does with the callable make_job was given, erased: the callable lives in
-/// `room` bytes of the job itself when it fits (a lambda capturing two references, say), else on
-/// the heap with its address there. Smaller than a std::function, so that a coroutine job, with its
-/// running coroutine's handle, takes no more room than a plain make_job job.
-struct CoroutineMaker {
-  static constexpr std::size_t room = 16;
-  void (*construct)(void* room, void* callable);  // moves the callable in; throws what that throws
-  Task<Status> (*make)(void* room, ProgressMonitor& monitor);
-  void (*destroy)(void* room) noexcept;
-};
-
-template <class F>
-constexpr bool fits_in_room = sizeof(F) <= CoroutineMaker::room &&
-                              alignof(F) <= alignof(void*) && std::is_nothrow_move_constructible_v<F>;
-
-template <class F>
-F& callable_in(void* room) noexcept {
-  if constexpr (fits_in_room<F>) {
-    return *std::launder(static_cast<F*>(room));
-  } else {
-    return **static_cast<F**>(room);
-  }
-}
-
-template <class F>
-inline constexpr CoroutineMaker maker_of{
-    [](void* room, void* callable) {
-      if constexpr (fits_in_room<F>) {
-        ::new (room) F(std::move(*static_cast<F*>(callable)));
-      } else {
-        *static_cast<F**>(room) = new F(std::move(*static_cast<F*>(callable)));
-      }
-    },
-    [](void* room, ProgressMonitor& monitor) -> Task<Status> {
-      if constexpr (std::is_same_v<std::invoke_result_t<F&, ProgressMonitor&>, Task<Status>>) {
-        return callable_in<F>(room)(monitor);
-      } else {
-        return ended_ok(callable_in<F>(room)(monitor));
-      }
-    },
-    [](void* room) noexcept {
-      if constexpr (fits_in_room<F>) {
-        std::launder(static_cast<F*>(room))->~F();
-      } else {
-        delete *static_cast<F**>(room);
-      }
-    },
-};
-
-std::shared_ptr<Job> make_coroutine_job(std::string name, const CoroutineMaker& maker, void* callable,
-                                        std::shared_ptr<JobManager> manager);
-
-}  // namespace detail
 
 /// A job whose run is a coroutine: each run calls `run(monitor)` for a new Task<Status> (or a
 /// Task<void>, which ends ok unless it throws) and resumes it on the manager's workers, under the
@@ -690,7 +229,7 @@ requires std::is_same_v<std::invoke_result_t<F&, ProgressMonitor&>, Task<Status>
     std::is_same_v<std::invoke_result_t<F&, ProgressMonitor&>, Task<void>>
         std::shared_ptr<Job> make_job(std::string name, F run,
                                       std::shared_ptr<JobManager> manager = nullptr) {
-  return detail::make_coroutine_job(std::move(name), detail::maker_of<F>, &run, std::move(manager));
+  return detail::make_coroutine_job_of(std::move(name), run, std::move(manager));
 }
 
 /// `auto [a, b] = co_await tasklet::when_all(task_a(), task_b())`: runs the tasks at once, each as
@@ -706,3 +245,6 @@ template <class... T>
 }
 
 }  // namespace tasklet
+
+// The templates' machinery, once Task<T> is complete.
+#include "tasklet/detail/coroutine_tasks.hpp"
