@@ -1,6 +1,7 @@
 // An etcd of a test's own: Debian's etcd on loopback, on free ports, with a temporary data
 // directory; started by the constructor (which returns once etcd serves clients) and stopped and
-// removed by the destructor. etcdctl() runs Debian's etcdctl against it.
+// removed by the destructor. etcdctl() runs Debian's etcdctl against it. EtcdCluster starts several
+// as one cluster.
 #pragma once
 
 #include <netinet/in.h>
@@ -43,43 +44,31 @@ inline int free_port() {
   return ntohs(address.sin_port);
 }
 
+/// One member of a cluster: its name, ports and the whole cluster's peer list.
+struct EtcdMember {
+  std::string name;
+  int client_port = 0;
+  int peer_port = 0;
+  std::string initial_cluster;  // name=peer-url,... of every member
+  std::string peer_url() const { return "http://127.0.0.1:" + std::to_string(peer_port); }
+};
+
 class EtcdServer {
  public:
+  /// A cluster of one, serving once this returns.
   EtcdServer() {
-    char pattern[] = "/tmp/tasklet-etcd-XXXXXX";
-    if (::mkdtemp(pattern) == nullptr) throw std::runtime_error("EtcdServer: mkdtemp failed");
-    dir_ = pattern;
-    const int client = free_port();
-    const int peer = free_port();
-    endpoint_ = "http://127.0.0.1:" + std::to_string(client);
-    const std::string peer_url = "http://127.0.0.1:" + std::to_string(peer);
-    std::vector<std::string> args = {"etcd",
-                                     "--name=test",
-                                     "--data-dir=" + dir_ + "/data",
-                                     "--listen-client-urls=" + endpoint_,
-                                     "--advertise-client-urls=" + endpoint_,
-                                     "--listen-peer-urls=" + peer_url,
-                                     "--initial-advertise-peer-urls=" + peer_url,
-                                     "--initial-cluster=test=" + peer_url};
-    int log[2];
-    if (::pipe(log) != 0) throw std::runtime_error("EtcdServer: pipe failed");
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, log[1], 2);
-    posix_spawn_file_actions_adddup2(&actions, log[1], 1);
-    posix_spawn_file_actions_addclose(&actions, log[0]);
-    std::vector<char*> argv;
-    for (std::string& arg : args) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-    const int spawned = ::posix_spawnp(&pid_, "etcd", &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    ::close(log[1]);
-    if (spawned != 0) {
-      ::close(log[0]);
-      throw std::runtime_error("EtcdServer: cannot start etcd (is Debian's etcd-server installed?)");
-    }
-    // etcd says when it serves clients; its log is read (and kept) until it closes.
-    log_ = ::fdopen(log[0], "r");
+    EtcdMember alone{"test", free_port(), free_port(), {}};
+    alone.initial_cluster = alone.name + "=" + alone.peer_url();
+    start(alone);
+    wait_ready();
+  }
+  /// A member of a larger cluster, started but not waited for: it serves once a quorum of the
+  /// cluster has started (wait_ready()).
+  explicit EtcdServer(const EtcdMember& member) { start(member); }
+
+  /// Returns once etcd says it serves clients; its log is read (and kept) from then on until it
+  /// closes. Throws when etcd ended first.
+  void wait_ready() {
     std::array<char, 4096> line{};
     bool ready = false;
     while (!ready && std::fgets(line.data(), line.size(), log_) != nullptr) {
@@ -98,6 +87,7 @@ class EtcdServer {
       }
     });
   }
+
   ~EtcdServer() {
     stop();
     std::error_code ignored;
@@ -107,6 +97,8 @@ class EtcdServer {
   EtcdServer& operator=(const EtcdServer&) = delete;
 
   const std::string& endpoint() const { return endpoint_; }
+  /// Whether stop() has not been called.
+  bool running() const { return pid_ > 0; }
 
   /// Stops etcd (SIGKILL: as a crash would) and waits for it; idempotent.
   void stop() {
@@ -159,6 +151,40 @@ class EtcdServer {
   }
 
  private:
+  void start(const EtcdMember& member) {
+    char pattern[] = "/tmp/tasklet-etcd-XXXXXX";
+    if (::mkdtemp(pattern) == nullptr) throw std::runtime_error("EtcdServer: mkdtemp failed");
+    dir_ = pattern;
+    endpoint_ = "http://127.0.0.1:" + std::to_string(member.client_port);
+    std::vector<std::string> args = {"etcd",
+                                     "--name=" + member.name,
+                                     "--data-dir=" + dir_ + "/data",
+                                     "--listen-client-urls=" + endpoint_,
+                                     "--advertise-client-urls=" + endpoint_,
+                                     "--listen-peer-urls=" + member.peer_url(),
+                                     "--initial-advertise-peer-urls=" + member.peer_url(),
+                                     "--initial-cluster=" + member.initial_cluster,
+                                     "--initial-cluster-state=new"};
+    int log[2];
+    if (::pipe(log) != 0) throw std::runtime_error("EtcdServer: pipe failed");
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, log[1], 2);
+    posix_spawn_file_actions_adddup2(&actions, log[1], 1);
+    posix_spawn_file_actions_addclose(&actions, log[0]);
+    std::vector<char*> argv;
+    for (std::string& arg : args) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    const int spawned = ::posix_spawnp(&pid_, "etcd", &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    ::close(log[1]);
+    if (spawned != 0) {
+      ::close(log[0]);
+      throw std::runtime_error("EtcdServer: cannot start etcd (is Debian's etcd-server installed?)");
+    }
+    log_ = ::fdopen(log[0], "r");
+  }
+
   std::string dir_;
   std::string endpoint_;
   pid_t pid_ = -1;
