@@ -42,15 +42,6 @@ std::shared_ptr<Job> job_on(const std::shared_ptr<JobManager>& manager, const st
   return job;
 }
 
-// A job's run that throws after its begin_rule waited on a worker trips ASan's known false positive
-// with oneTBB's resumable tasks (see under_address_sanitizer in tests/stress/rule_oracle_test.cpp):
-// under ASan, the lease test leaves that job out.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool under_address_sanitizer = true;
-#else
-constexpr bool under_address_sanitizer = false;
-#endif
-
 // A job that holds `rule` from when the constructor returns (its run has begun) until let_go().
 class HeldJob {
  public:
@@ -298,10 +289,8 @@ TEST_F(EtcdManagerTest, ALostLeaseCancelsRunningAndWaitingWorkAndHoldersHearOfIt
     begun_saw_cancel.set_value(monitor.is_canceled());
     EXPECT_THROW(lost->end_rule(held), EtcdLeaseLost);
   });
-  if (!under_address_sanitizer) {
-    begun->schedule();
-    begun_in.get_future().wait();
-  }
+  begun->schedule();
+  begun_in.get_future().wait();
   // A thread holding a shared rule, and a job waiting in etcd behind another manager's holder.
   HeldJob blocker(other, "blocker", rules::path("/q"));
   auto waiting = job_on(lost, "waiting", rules::path("/q"), [](ProgressMonitor&) {});
@@ -346,11 +335,9 @@ TEST_F(EtcdManagerTest, ALostLeaseCancelsRunningAndWaitingWorkAndHoldersHearOfIt
   auto saw = saw_cancel.get_future();
   EXPECT_TRUE(await(saw)) << "the running holder's monitor was cancelled";
   holder->join();
-  if (!under_address_sanitizer) {
-    auto begun_saw = begun_saw_cancel.get_future();
-    EXPECT_TRUE(await(begun_saw)) << "so was the monitor of a job that took its rule with begin_rule";
-    begun->join();
-  }
+  auto begun_saw = begun_saw_cancel.get_future();
+  EXPECT_TRUE(await(begun_saw)) << "so was the monitor of a job that took its rule with begin_rule";
+  begun->join();
   waiting->join();
   EXPECT_TRUE(ended_for_lost_lease(*waiting)) << waiting->result().message;
   auto hold_future = hold_ended.get_future();
