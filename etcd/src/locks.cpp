@@ -298,15 +298,16 @@ void Locks::ready(const std::shared_ptr<Ticket>& ticket, Told& told) {
 }
 
 void Locks::tell(Told& told) noexcept {
+  // The session is lost before any request hears of it, as when its renewer finds the loss.
+  if (!told.expired.empty()) {
+    work_.notify_one();  // the failures for the courier to tell
+    if (expired_) expired_(told.expired);
+  }
   for (const std::shared_ptr<Ticket>& ticket : told.granted) {
     if (ticket->calls.granted) ticket->calls.granted(ticket->revision);
   }
   for (auto& [ticket, error] : told.failed) {
     if (ticket->calls.failed) ticket->calls.failed(error);
-  }
-  if (!told.expired.empty()) {
-    work_.notify_one();  // the failures for the courier to tell
-    if (expired_) expired_(told.expired);
   }
   told = {};
 }
