@@ -216,7 +216,8 @@ class Jobs final {
                           std::shared_ptr<JobRun>& run);
   RunEnd enter_scheduled(JobCore& job, std::chrono::milliseconds delay, bool is_rerun,
                          std::unique_lock<std::mutex>& manager_lock, ToStart& to_start);
-  bool enter_group(JobCore& job, GroupCore& group, bool is_rerun);
+  bool enter_group(JobCore& job, GroupCore& group, bool is_rerun, GroupCore*& entered,
+                   JobGroup::State& before);
   // The parts of a run before the job's own run(): taking the turn (nullopt: not this run's; else
   // whether it is canceled), holding it back while the manager is suspended, the monitor, the
   // events told before it, and the end of a run that does not start.

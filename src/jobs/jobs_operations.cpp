@@ -129,11 +129,8 @@ RunEnd Jobs::enter_scheduled(JobCore& job, std::chrono::milliseconds delay, bool
   JobGroup::State group_before = JobGroup::State::none;
   try {
     bool canceled_at_once = false;
-    if (GroupCore* g = job.group_core()) {
-      entered_group = g;
-      group_before = g->state;
-      canceled_at_once = enter_group(job, *g, is_rerun);
-    }
+    if (GroupCore* g = job.group_core())
+      canceled_at_once = enter_group(job, *g, is_rerun, entered_group, group_before);
     if (has_listeners(job)) {
       post(job, PendingEvent::Kind::scheduled, JobEvent{job.owned(), {}, delay, nullptr});
     }
@@ -161,8 +158,11 @@ RunEnd Jobs::enter_scheduled(JobCore& job, std::chrono::milliseconds delay, bool
 
 // Under `mutex`: the job joins `group`'s active jobs; true when the group is canceling, which ends
 // the job at once. Room is made first for the result of every job in it: a run's end on a worker
-// pushes its result without allocating (only the copy of the message can fail there).
-bool Jobs::enter_group(JobCore& job, GroupCore& group, bool is_rerun) {
+// pushes its result without allocating (only the copy of the message can fail there). Once that
+// room is there, `entered` and `before` (the group's state until then, read under its lock) tell
+// undo_schedule() what to take back.
+bool Jobs::enter_group(JobCore& job, GroupCore& group, bool is_rerun, GroupCore*& entered,
+                       JobGroup::State& before) {
   std::lock_guard group_lock(group.mutex);
   room_for(group.active);
   room_for(group.results, group.active.size() + 1);
@@ -170,6 +170,8 @@ bool Jobs::enter_group(JobCore& job, GroupCore& group, bool is_rerun) {
   const JobCore* parent = running_job();
   job.seed = !is_rerun && !(parent != nullptr && parent->group_core() == &group);
   job.grouped = true;
+  entered = &group;
+  before = group.state;
   if (group.state == JobGroup::State::canceling) return true;
   group.state = JobGroup::State::active;
   group.active.push_back(&job);
