@@ -100,7 +100,8 @@ void detail::SchedulerImpl::resume(const TaskletPtr& tasklet, std::uint32_t gene
 
 // A parked tasklet leaves parked_ as it becomes active; null when its state word changed meanwhile
 // (`word` has the new one).
-detail::SchedulerImpl::TaskletPtr detail::SchedulerImpl::unpark(Tasklet& tasklet, std::uint64_t& word, std::uint32_t generation) {
+detail::SchedulerImpl::TaskletPtr detail::SchedulerImpl::unpark(Tasklet& tasklet, std::uint64_t& word,
+                                                                std::uint32_t generation) {
   std::lock_guard lock(parked_mutex_);
   if (!TaskletAccess::state(tasklet).compare_exchange_strong(
           word, st::with_generation(st::active, generation), std::memory_order_acq_rel)) {
