@@ -223,10 +223,13 @@ std::vector<std::shared_ptr<Job>> EtcdBackend::lose(const std::string& why) {
 
 std::optional<std::int64_t> EtcdBackend::token(const RuleRequest& request) const {
   // Past the lease's TTL without an answered renewal the token may be another holder's already:
-  // the loss is declared now (its listeners run here, and set failure_).
-  locks_.lose_if_expired();
+  // the loss is declared now (its listeners run here, and set failure_). When another thread
+  // declared it, the caller hears of it only once the monitors it cancels are cancelled.
+  const bool lost = locks_.lose_if_expired();
+  if (lost) SessionAccess::wait_until_loss_told(*session_);
   std::lock_guard lock(mutex_);
   if (failure_) std::rethrow_exception(failure_);
+  if (lost) std::rethrow_exception(locks_.loss());  // a listener told before this backend's asks
   const auto found = holds_.find(&request);
   if (found == holds_.end() || !found->second->granted) return std::nullopt;
   return found->second->token;

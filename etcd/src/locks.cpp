@@ -291,6 +291,11 @@ bool Locks::lose_if_expired() {
   return true;
 }
 
+std::exception_ptr Locks::loss() {
+  std::lock_guard lock(mutex_);
+  return lease_lost_;
+}
+
 void Locks::ready(const std::shared_ptr<Ticket>& ticket, Told& told) {
   if (ticket->granted || ticket->released || lease_lost_) return;
   ticket->granted = true;

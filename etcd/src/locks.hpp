@@ -139,6 +139,8 @@ class Locks {
   /// When the lease may have expired: as lease_lost(), then `expired` is told. Returns whether the
   /// lease is lost (now or before).
   bool lose_if_expired();
+  /// Why the lease is lost (EtcdLeaseLost); null while it lives.
+  std::exception_ptr loss();
 
  private:
   std::string node_prefix(const Claim& claim) const;  // a path's subtree, or a name's keys

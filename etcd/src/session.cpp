@@ -118,6 +118,7 @@ class EtcdSession::Impl {
     }
     // Nothing waiting in etcd can be granted now; the claims' owners hear why first.
     if (tell_locks) locks->lease_lost(std::make_exception_ptr(EtcdLeaseLost("etcd: " + why)));
+    telling = true;
     for (auto& listener : told) {
       try {
         listener(why);
@@ -125,6 +126,13 @@ class EtcdSession::Impl {
         // A listener's failure does not keep the others from being told.
       }
     }
+    telling = false;
+    loss_told.store(true, std::memory_order_release);
+    loss_told.notify_all();
+  }
+
+  void wait_until_loss_told() const noexcept {
+    if (!telling) loss_told.wait(false, std::memory_order_acquire);
   }
 
   detail::Gateway gateway;
@@ -132,6 +140,9 @@ class EtcdSession::Impl {
   std::string session_key;
   std::atomic<bool> alive{true};
   std::atomic<std::uint64_t> renewal_count{0};
+  // Set once every listener has heard of the loss; `telling` on the thread telling them.
+  std::atomic<bool> loss_told{false};
+  static inline thread_local bool telling = false;
   std::mutex mutex;  // guards what follows
   std::condition_variable wake;
   bool stopping = false;
@@ -142,6 +153,9 @@ class EtcdSession::Impl {
 };
 
 detail::Locks& detail::SessionAccess::locks(EtcdSession& session) noexcept { return *session.impl_->locks; }
+void detail::SessionAccess::wait_until_loss_told(const EtcdSession& session) noexcept {
+  session.impl_->wait_until_loss_told();
+}
 
 std::shared_ptr<EtcdSession> EtcdSession::connect(EtcdOptions options) {
   if (options.endpoints.empty()) throw std::invalid_argument("etcd: connect needs at least one endpoint");
