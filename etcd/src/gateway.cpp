@@ -252,6 +252,17 @@ bool StreamStop::stopped() const noexcept {
   return stopped_;
 }
 
+void StreamStop::restart() noexcept {
+  std::lock_guard lock(mutex_);
+  restarting_ = true;
+  if (multi_ != nullptr) curl_multi_wakeup(static_cast<CURLM*>(multi_));
+}
+
+bool StreamStop::ending() noexcept {
+  std::lock_guard lock(mutex_);
+  return stopped_ || std::exchange(restarting_, false);
+}
+
 void Gateway::stream(const std::string& path, const Json& body,
                      const std::function<bool(const Json&)>& on_message, StreamStop& stop) {
   std::string token;
@@ -282,6 +293,7 @@ void Gateway::stream(const std::string& path, const Json& body,
       return;
     }
     stop.multi_ = multi.get();
+    stop.restarting_ = false;  // a restart asked for before this stream began is this one
   }
   struct Unregister {
     StreamStop& stop;
@@ -294,11 +306,12 @@ void Gateway::stream(const std::string& path, const Json& body,
     }
   } const unregister{stop, multi.get(), handle.get()};
   int running = 1;
-  while (running != 0 && !stop.stopped() && !received.ended) {
+  bool ending = false;
+  while (running != 0 && !(ending = stop.ending()) && !received.ended) {
     if (curl_multi_perform(multi.get(), &running) != CURLM_OK) break;
     if (running != 0) curl_multi_poll(multi.get(), nullptr, 0, 1000, nullptr);
   }
-  if (stop.stopped() || received.ended) return;
+  if (ending || stop.stopped() || received.ended) return;
   if (!received.bad.empty())
     throw EtcdError("etcd at " + url + " streamed something other than JSON: " + received.bad);
   throw EtcdUnavailable("etcd: the stream from " + url + " ended: " + stream_end(multi.get()));

@@ -31,11 +31,15 @@ class StreamStop {
   /// Ends the stream (soon, from its own thread) and any later one given this StreamStop.
   void stop() noexcept;
   bool stopped() const noexcept;
+  /// Ends the running stream only (Gateway::stream returns as if it had ended).
+  void restart() noexcept;
 
  private:
   friend class Gateway;
+  bool ending() noexcept;  // stopped, or restarted since the stream began (which it clears)
   mutable std::mutex mutex_;
   bool stopped_ = false;
+  bool restarting_ = false;
   void* multi_ = nullptr;  // the running stream's curl multi handle
 };
 

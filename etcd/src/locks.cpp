@@ -323,13 +323,18 @@ void Locks::tell(Told& told) noexcept {
 // operations. etcd out of reach: the same batch again shortly (a retried put keeps its key's first
 // revision, which the answer's previous value gives back), until the lease is lost.
 void Locks::courier() {
+  const auto recheck_every = gateway_.options().lease_ttl / 3;
   std::unique_lock lock(mutex_);
   for (;;) {
-    work_.wait(lock, [this] {
+    const bool work = work_.wait_for(lock, recheck_every, [this] {
       return stopping_ || !failing_.empty() ||
              (!lease_lost_ && (!queued_.empty() || !deletions_.empty() || !fenced_deletions_.empty()));
     });
     if (stopping_) return;
+    if (!work) {
+      recheck(lock);
+      continue;
+    }
     Told told;
     if (!failing_.empty()) {
       for (const std::shared_ptr<Ticket>& ticket : failing_) {
@@ -554,6 +559,36 @@ void Locks::deleted(const std::string& key) {
     }
   }
   tell(told);
+}
+
+// A deletion the watch never reported must not keep a request waiting forever: a watch stream can
+// stay open and silent (as one on an etcd member that restarted was seen to). While requests
+// wait, the courier asks every third of the TTL whether the keys they wait for still exist; those
+// gone count as deleted, and the watch starts again from where it was.
+void Locks::recheck(std::unique_lock<std::mutex>& lock) {
+  constexpr std::size_t most_keys = 120;  // under etcd's limit of operations per transaction
+  if (lease_lost_ || waiting_on_.empty()) return;
+  std::vector<std::string> keys;
+  for (auto it = waiting_on_.begin(); it != waiting_on_.end() && keys.size() < most_keys; ++it)
+    keys.push_back(it->first);
+  lock.unlock();
+  Json ops = Json::array();
+  for (const std::string& key : keys)
+    ops.push_back(Json{{"request_range", {{"key", base64(key)}, {"count_only", true}}}});
+  std::vector<std::string> gone;
+  try {
+    const Json answer = gateway_.call("/v3/kv/txn", Json{{"success", ops}});
+    const Json& responses = answer.value("responses", Json::array());
+    for (std::size_t i = 0; i < keys.size() && i < responses.size(); ++i) {
+      const Json& range = responses[i].value("response_range", Json());
+      if (range.is_object() && integer_of(range.value("count", Json())) == 0) gone.push_back(keys[i]);
+    }
+  } catch (const std::exception&) {
+    // etcd out of reach: next time.
+  }
+  for (const std::string& key : gone) deleted(key);
+  if (!gone.empty()) stop_.restart();
+  lock.lock();
 }
 
 // One message of the watch: each deletion it reports, and `next`, the revision to resume from.
