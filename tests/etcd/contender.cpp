@@ -13,8 +13,6 @@
 //       or "lost WHY" when the lease is lost first, and exits.
 //
 // Exits 0 when every job ran and every rule was granted.
-#include <time.h>
-
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -25,19 +23,15 @@
 #include <thread>
 #include <vector>
 
+#include "child_process.hpp"
 #include "tasklet/etcd/etcd.hpp"
 #include "tasklet/tasklet.hpp"
 
 using namespace tasklet;
 using namespace tasklet::etcd;
+using tasklet::test::monotonic_ns;
 
 namespace {
-
-long long monotonic_ns() {
-  timespec now{};
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return static_cast<long long>(now.tv_sec) * 1'000'000'000LL + now.tv_nsec;
-}
 
 struct Part {
   std::string path;

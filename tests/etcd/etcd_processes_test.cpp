@@ -4,7 +4,6 @@
 // (their fencing tokens); a process killed with SIGKILL while it holds a rule frees it once its
 // lease's TTL has passed; a process paused past its lease while it waits is not granted on resuming.
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,36 +22,17 @@
 
 #include <gtest/gtest.h>
 
+#include "child_process.hpp"
 #include "etcd_server.hpp"
 #include "session_access.hpp"
 #include "tasklet/etcd/etcd.hpp"
-
-extern char** environ;
 
 namespace tasklet::etcd {
 namespace {
 
 using detail::Claim;
-
-pid_t spawn(std::vector<std::string> args, int stdout_to = -1) {
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  if (stdout_to >= 0) posix_spawn_file_actions_adddup2(&actions, stdout_to, 1);
-  std::vector<char*> argv;
-  for (std::string& arg : args) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  const int failed = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (failed != 0) throw std::runtime_error("cannot start " + args[0]);
-  return pid;
-}
-
-int exit_status(pid_t pid) {
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+using test::exit_status;
+using test::spawn;
 
 struct Hold {
   std::int64_t token = 0;

@@ -1,7 +1,8 @@
 // An etcd of a test's own: Debian's etcd on loopback, on free ports, with a temporary data
 // directory; started by the constructor (which returns once etcd serves clients) and stopped and
 // removed by the destructor. etcdctl() runs Debian's etcdctl against it. EtcdCluster starts several
-// as one cluster.
+// as one cluster. The fault tests stop (SIGKILL), restart (on the same data), pause (SIGSTOP) and
+// resume (SIGCONT) it.
 #pragma once
 
 #include <netinet/in.h>
@@ -19,6 +20,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -73,7 +75,7 @@ class EtcdServer {
     bool ready = false;
     while (!ready && std::fgets(line.data(), line.size(), log_) != nullptr) {
       output_ += line.data();
-      ready = output_.find("ready to serve client requests") != std::string::npos;
+      ready = std::string_view(line.data()).find("ready to serve client requests") != std::string::npos;
     }
     if (!ready) {
       stop();
@@ -97,8 +99,19 @@ class EtcdServer {
   EtcdServer& operator=(const EtcdServer&) = delete;
 
   const std::string& endpoint() const { return endpoint_; }
-  /// Whether stop() has not been called.
+  /// Whether it was started and not stopped since.
   bool running() const { return pid_ > 0; }
+
+  /// Starts it again after stop(), on the data it had, as etcd would come back after a crash;
+  /// returns once it serves clients (for a member: once it has rejoined a quorum).
+  void restart() {
+    if (running()) throw std::runtime_error("EtcdServer: restart() while it runs");
+    spawn_etcd();
+    wait_ready();
+  }
+  /// Freezes it (SIGSTOP), as a stalled disk or a stop-the-world pause would; resume() thaws it.
+  void pause() const { signal(SIGSTOP); }
+  void resume() const { signal(SIGCONT); }
 
   /// Stops etcd (SIGKILL: as a crash would) and waits for it; idempotent.
   void stop() {
@@ -155,15 +168,22 @@ class EtcdServer {
     char pattern[] = "/tmp/tasklet-etcd-XXXXXX";
     if (::mkdtemp(pattern) == nullptr) throw std::runtime_error("EtcdServer: mkdtemp failed");
     dir_ = pattern;
+    member_ = member;
     endpoint_ = "http://127.0.0.1:" + std::to_string(member.client_port);
+    spawn_etcd();
+  }
+
+  // On a data directory that exists, etcd takes the cluster from it and ignores --initial-*.
+  void spawn_etcd() {
+    output_.clear();
     std::vector<std::string> args = {"etcd",
-                                     "--name=" + member.name,
+                                     "--name=" + member_.name,
                                      "--data-dir=" + dir_ + "/data",
                                      "--listen-client-urls=" + endpoint_,
                                      "--advertise-client-urls=" + endpoint_,
-                                     "--listen-peer-urls=" + member.peer_url(),
-                                     "--initial-advertise-peer-urls=" + member.peer_url(),
-                                     "--initial-cluster=" + member.initial_cluster,
+                                     "--listen-peer-urls=" + member_.peer_url(),
+                                     "--initial-advertise-peer-urls=" + member_.peer_url(),
+                                     "--initial-cluster=" + member_.initial_cluster,
                                      "--initial-cluster-state=new"};
     int log[2];
     if (::pipe(log) != 0) throw std::runtime_error("EtcdServer: pipe failed");
@@ -185,6 +205,11 @@ class EtcdServer {
     log_ = ::fdopen(log[0], "r");
   }
 
+  void signal(int number) const {
+    if (pid_ <= 0 || ::kill(pid_, number) != 0) throw std::runtime_error("EtcdServer: etcd does not run");
+  }
+
+  EtcdMember member_;
   std::string dir_;
   std::string endpoint_;
   pid_t pid_ = -1;

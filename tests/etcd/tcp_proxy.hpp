@@ -2,7 +2,8 @@
 // ways until told to hold what clients send (a stalled network, or a server that received the
 // bytes and does not get to them); released, it forwards what it kept. A client that gives up
 // and closes its connection does not close the proxy's connection to the server, so a request
-// kept from it still reaches the server, which applies it late, as a slow etcd would.
+// kept from it still reaches the server, which applies it late, as a slow etcd would. Cut, it
+// drops every connection and refuses new ones until restored: a partition.
 #pragma once
 
 #include <arpa/inet.h>
@@ -72,6 +73,22 @@ class TcpProxy {
     }
     poke();
   }
+  /// Drops every connection (what was kept is lost) and refuses new ones until restore().
+  void cut() {
+    {
+      std::lock_guard lock(mutex_);
+      cut_ = true;
+    }
+    poke();
+  }
+  /// Ends a cut or a hold: connections are taken and pass again.
+  void restore() {
+    {
+      std::lock_guard lock(mutex_);
+      cut_ = false;
+    }
+    release();
+  }
   /// Waits (up to a minute) until what is kept contains `text`, and its client has given up on it
   /// (closed the connection) when `given_up`; whether it did.
   bool wait_until_kept(const std::string& text, bool given_up = false) {
@@ -121,6 +138,7 @@ class TcpProxy {
       {
         std::lock_guard lock(mutex_);
         if (stopping_) return;
+        if (cut_) drop_links();
         for (const auto& link : links_) {
           if (!holding_ && !link->kept.empty()) {
             write_all(link->server, link->kept.data(), link->kept.size());
@@ -167,9 +185,22 @@ class TcpProxy {
     }
   }
 
+  // Under the lock.
+  void drop_links() {
+    for (const auto& link : links_) {
+      if (link->client >= 0) ::close(link->client);
+      ::close(link->server);
+    }
+    links_.clear();
+  }
+
   void accept_one() {
     const int client = ::accept(listener_, nullptr, nullptr);
     if (client < 0) return;
+    if (std::lock_guard lock(mutex_); cut_) {
+      ::close(client);
+      return;
+    }
     const int server = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in address = loopback(target_port_);
     if (server < 0 || ::connect(server, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
@@ -188,6 +219,7 @@ class TcpProxy {
   std::mutex mutex_;  // guards what follows
   std::condition_variable kept_changed_;
   bool holding_ = false;
+  bool cut_ = false;
   bool stopping_ = false;
   std::vector<std::unique_ptr<Link>> links_;
   std::thread thread_;
