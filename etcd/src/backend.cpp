@@ -5,11 +5,7 @@
 #include <cstdio>
 #include <utility>
 
-#include "jobs/job_core.hpp"
-#include "scheduler/domain.hpp"
-#include "scheduler/tasklet_state.hpp"
 #include "session_access.hpp"
-#include "table/rule_table.hpp"
 #include "tasklet/error.hpp"
 #include "tasklet/job.hpp"
 #include "tasklet/rules/rules.hpp"
@@ -76,7 +72,7 @@ void EtcdBackend::acquire(RuleTable& table, RuleRequest& request) noexcept {
     holds_[&request] = hold;
   } catch (...) {
     // Out of memory: the request cannot be claimed, and is not granted.
-    table.abandon(request);
+    tasklet::detail::abandon(table, request);
     request.failed(std::current_exception());
     return;
   }
@@ -128,7 +124,7 @@ void EtcdBackend::refused(const std::shared_ptr<Hold>& hold, std::exception_ptr 
     if (found != holds_.end() && found->second == hold) holds_.erase(found);
   }
   // On the claims' courier: no table lock is held here.
-  hold->table->abandon(*hold->request);
+  tasklet::detail::abandon(*hold->table, *hold->request);
   hold->request->failed(std::move(why));
 }
 
@@ -212,11 +208,7 @@ std::vector<std::shared_ptr<Job>> EtcdBackend::lose(const std::string& why) {
   // Under the lock a held request cannot leave (leave() takes it), so its owner is alive.
   for (const auto& [request, hold] : holds_) {
     if (!hold->granted) continue;
-    const void* owner = request->owner();  // a tasklet's or job's rule, or a hold
-    if (const auto* thread = dynamic_cast<const tasklet::detail::ThreadHold*>(request))
-      owner = thread->owner_tasklet();
-    if (auto job = tasklet::detail::JobRun::job_of(static_cast<const Tasklet*>(owner)))
-      holding.push_back(std::move(job));
+    if (auto job = tasklet::detail::job_holding(*request)) holding.push_back(std::move(job));
   }
   return holding;
 }
@@ -242,7 +234,7 @@ std::shared_ptr<JobManager> make_job_manager(const std::shared_ptr<EtcdSession>&
   if (!session) throw std::invalid_argument("etcd: make_job_manager needs a session");
   auto backend = std::make_shared<detail::EtcdBackend>(session);
   std::shared_ptr<JobManager> manager = JobManager::create(std::move(options));
-  tasklet::detail::domain(*manager).table_.set_backend(backend);
+  tasklet::detail::install_rule_backend(*manager, backend);
   // A lost lease voids the tokens, and cancels the monitors of the jobs whose runs held rules
   // through it (they should stop writing). The manager owns the backend: a weak reference to it.
   std::weak_ptr<JobManager> weak_manager = manager;
@@ -256,22 +248,12 @@ std::shared_ptr<JobManager> make_job_manager(const std::shared_ptr<EtcdSession>&
 }
 
 std::int64_t fencing_token(const JobManager& manager, const Rule& rule) {
-  auto* backend = dynamic_cast<detail::EtcdBackend*>(tasklet::detail::domain(manager).table_.backend());
+  auto* backend = dynamic_cast<detail::EtcdBackend*>(tasklet::detail::rule_backend_of(manager));
   if (backend == nullptr) throw IllegalState("fencing_token: the manager was not made with an etcd session");
   if (!rule || !backend->shares(*rule))
     throw IllegalState("fencing_token(" + describe(rule) + "): the rule is not shared through etcd");
-  tasklet::detail::Domain& domain = tasklet::detail::domain(manager);
-  const tasklet::detail::TaskState& ctx = tasklet::detail::state();
-  // The calling code's own requests in this manager: its begin_rule scopes (outermost first), then
-  // the running tasklet's or job's rule or hold.
-  std::vector<const tasklet::detail::RuleRequest*> mine;
-  for (const tasklet::detail::RuleFrame& frame : ctx.rule_stack) {
-    if (frame.hold != nullptr && frame.domain == &domain) mine.push_back(frame.hold);
-  }
-  if (ctx.tasklet != nullptr && ctx.phase_domain == &domain) {
-    if (const tasklet::detail::RuleRequest* hold = tasklet::detail::TaskletAccess::hold(*ctx.tasklet))
-      mine.push_back(hold);
-  }
+  // The calling code's own requests in this manager, outermost first.
+  const std::vector<const tasklet::detail::RuleRequest*> mine = tasklet::detail::requests_held_here(manager);
   for (const tasklet::detail::RuleRequest* request : mine) {
     const SchedulingRule* held = request->rule();
     if (held == nullptr || (held != rule.get() && !held->contains(*rule))) continue;

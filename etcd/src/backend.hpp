@@ -13,9 +13,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "api/rule_backend_door.hpp"
 #include "locks.hpp"
-#include "table/rule_backend.hpp"
-#include "table/rule_request.hpp"
 #include "tasklet/etcd/etcd.hpp"
 
 namespace tasklet::etcd::detail {

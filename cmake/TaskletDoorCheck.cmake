@@ -1,0 +1,22 @@
+# cmake -DDIR=<folder> -DDOOR=<layer/header.hpp> -P TaskletDoorCheck.cmake
+# Fails when a file in DIR includes an engine header ("<layer>/...") other than DOOR: a part
+# outside the engine (tasklet::etcd) reaches it through its one door.
+cmake_minimum_required(VERSION 3.20)
+set(layers base table scheduler jobs api)
+file(GLOB files ${DIR}/*.cpp ${DIR}/*.hpp)
+set(found 0)
+foreach(file IN LISTS files)
+  file(STRINGS ${file} includes REGEX "^#include \"[a-z_]+/")
+  foreach(line IN LISTS includes)
+    string(REGEX MATCH "^#include \"([a-z_]+)/" ignored "${line}")
+    if(CMAKE_MATCH_1 IN_LIST layers AND NOT line STREQUAL "#include \"${DOOR}\"")
+      message(SEND_ERROR "${file}: ${line}: reach the engine through ${DOOR} only")
+      math(EXPR found "${found} + 1")
+    endif()
+  endforeach()
+endforeach()
+list(LENGTH files checked)
+if(checked EQUAL 0)
+  message(FATAL_ERROR "no file to check in ${DIR}")
+endif()
+message(STATUS "${checked} files checked, ${found} other engine headers included")

@@ -1,0 +1,40 @@
+// The door of rule backends outside the engine (rule_backend_door.hpp).
+#include "api/rule_backend_door.hpp"
+
+#include <utility>
+
+#include "jobs/job_core.hpp"
+#include "scheduler/domain.hpp"
+#include "scheduler/tasklet_state.hpp"
+#include "table/rule_table.hpp"
+
+namespace tasklet::detail {
+
+void install_rule_backend(JobManager& manager, std::shared_ptr<RuleBackend> backend) noexcept {
+  domain(manager).table_.set_backend(std::move(backend));
+}
+
+RuleBackend* rule_backend_of(const JobManager& manager) noexcept { return domain(manager).table_.backend(); }
+
+void abandon(RuleTable& table, RuleRequest& request) noexcept { table.abandon(request); }
+
+std::shared_ptr<Job> job_holding(const RuleRequest& request) {
+  const void* owner = request.owner();  // a tasklet's or job's rule, or a hold
+  if (const auto* thread = dynamic_cast<const ThreadHold*>(&request)) owner = thread->owner_tasklet();
+  return JobRun::job_of(static_cast<const Tasklet*>(owner));
+}
+
+std::vector<const RuleRequest*> requests_held_here(const JobManager& manager) {
+  const Domain& here = domain(manager);
+  const TaskState& ctx = state();
+  std::vector<const RuleRequest*> held;
+  for (const RuleFrame& frame : ctx.rule_stack) {
+    if (frame.hold != nullptr && frame.domain == &here) held.push_back(frame.hold);
+  }
+  if (ctx.tasklet != nullptr && ctx.phase_domain == &here) {
+    if (const RuleRequest* hold = TaskletAccess::hold(*ctx.tasklet)) held.push_back(hold);
+  }
+  return held;
+}
+
+}  // namespace tasklet::detail
