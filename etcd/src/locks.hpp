@@ -193,7 +193,8 @@ class Locks {
   void watch();
   void watched(const Json& result, std::int64_t& next);
   void deleted(const std::string& key);
-  // Outside the lock, on the courier's thread: asks etcd whether keys still waited for exist.
+  // On the courier's thread, with `lock` held: asks etcd whether keys still waited for exist,
+  // letting go of the lock while it asks.
   void recheck(std::unique_lock<std::mutex>& lock);
   void tell(Told& told) noexcept;
   // Under the lock: fails what waits, and everything asked for later, with `why`.
