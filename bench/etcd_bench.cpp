@@ -33,8 +33,8 @@
 #include "gateway.hpp"
 #include "harness.hpp"
 #include "session_access.hpp"
+#include "tasklet.hpp"
 #include "tasklet/etcd/etcd.hpp"
-#include "tasklet/tasklet.hpp"
 
 extern char** environ;
 

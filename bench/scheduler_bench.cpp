@@ -31,8 +31,8 @@
 #include <oneapi/tbb/version.h>
 
 #include "harness.hpp"
+#include "tasklet.hpp"
 #include "tasklet/coroutine.hpp"
-#include "tasklet/tasklet.hpp"
 
 namespace {
 

@@ -27,8 +27,8 @@
 #include <string>
 #include <vector>
 
+#include <tasklet.hpp>
 #include <tasklet/etcd/etcd.hpp>
-#include <tasklet/tasklet.hpp>
 
 namespace fs = std::filesystem;
 using namespace tasklet;

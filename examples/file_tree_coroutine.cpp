@@ -27,8 +27,8 @@
 #include <tuple>
 #include <vector>
 
+#include "tasklet.hpp"
 #include "tasklet/coroutine.hpp"
-#include "tasklet/tasklet.hpp"
 
 using namespace tasklet;
 

@@ -4,7 +4,7 @@
 #include <atomic>
 #include <cstdio>
 
-#include "tasklet/tasklet.hpp"
+#include "tasklet.hpp"
 
 using namespace tasklet;
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <thread>
 
-#include "tasklet/tasklet.hpp"
+#include "tasklet.hpp"
 
 namespace {
 

@@ -11,8 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "tasklet.hpp"
 #include "tasklet/coroutine.hpp"
-#include "tasklet/tasklet.hpp"
 
 namespace {
 

@@ -5,7 +5,7 @@
 #include <thread>
 #include <vector>
 
-#include "tasklet/tasklet.hpp"
+#include "tasklet.hpp"
 
 int main() {
   tasklet::SerialExecutor writer(nullptr, "log writer");

@@ -41,7 +41,7 @@
 #include <thread>
 #include <vector>
 
-#include "tasklet/tasklet.hpp"
+#include "tasklet.hpp"
 
 using namespace tasklet;
 using namespace std::chrono_literals;

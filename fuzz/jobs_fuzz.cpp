@@ -34,7 +34,7 @@
 #include <string>
 #include <vector>
 
-#include "tasklet/tasklet.hpp"
+#include "tasklet.hpp"
 
 namespace {
 

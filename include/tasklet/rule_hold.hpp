@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "tasklet/detail/hold.hpp"
-#include "tasklet/tasklet_base.hpp"
+#include "tasklet/tasklet.hpp"
 
 namespace tasklet {
 

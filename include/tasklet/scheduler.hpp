@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "tasklet/directive.hpp"
-#include "tasklet/tasklet_base.hpp"
+#include "tasklet/tasklet.hpp"
 
 namespace tasklet {
 

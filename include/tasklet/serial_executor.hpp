@@ -19,7 +19,7 @@
 #include "tasklet/detail/allocator.hpp"
 #include "tasklet/detail/serial_task.hpp"
 #include "tasklet/scheduling_rule.hpp"
-#include "tasklet/tasklet_base.hpp"
+#include "tasklet/tasklet.hpp"
 
 namespace tasklet {
 

@@ -13,7 +13,7 @@
 #include "tasklet/directive.hpp"
 #include "tasklet/error.hpp"
 #include "tasklet/rules/rules.hpp"
-#include "tasklet/tasklet_base.hpp"
+#include "tasklet/tasklet.hpp"
 
 namespace tasklet::detail {
 

@@ -28,7 +28,7 @@
 #include "tasklet/detail/allocator.hpp"
 #include "tasklet/job.hpp"
 #include "tasklet/job_group.hpp"
-#include "tasklet/tasklet_base.hpp"
+#include "tasklet/tasklet.hpp"
 
 namespace tasklet::detail {
 

@@ -3,7 +3,7 @@
 #include "scheduler/tasklet_state.hpp"
 #include "tasklet/detail/library_tasklet.hpp"
 #include "tasklet/error.hpp"
-#include "tasklet/tasklet_base.hpp"
+#include "tasklet/tasklet.hpp"
 
 namespace tasklet {
 

@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <utility>
 
-#include "tasklet/tasklet_base.hpp"
+#include "tasklet/tasklet.hpp"
 
 namespace tasklet::detail {
 

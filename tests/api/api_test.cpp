@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tasklet/tasklet.hpp"
+#include "tasklet.hpp"
 
 namespace tasklet {
 namespace {

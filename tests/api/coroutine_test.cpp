@@ -17,9 +17,9 @@
 
 #include "support/job_support.hpp"
 #include "support/test_support.hpp"
+#include "tasklet.hpp"
 #include "tasklet/coroutine.hpp"
 #include "tasklet/job_manager.hpp"
-#include "tasklet/tasklet.hpp"
 
 namespace tasklet {
 namespace {

@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "support/test_support.hpp"
-#include "tasklet/tasklet.hpp"
+#include "tasklet.hpp"
 
 namespace tasklet {
 namespace {

@@ -15,7 +15,7 @@
 
 #include "support/job_support.hpp"
 #include "support/test_support.hpp"
-#include "tasklet/tasklet.hpp"
+#include "tasklet.hpp"
 
 namespace tasklet {
 namespace {

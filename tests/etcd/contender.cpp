@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "child_process.hpp"
+#include "tasklet.hpp"
 #include "tasklet/etcd/etcd.hpp"
-#include "tasklet/tasklet.hpp"
 
 using namespace tasklet;
 using namespace tasklet::etcd;

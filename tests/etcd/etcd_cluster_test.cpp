@@ -15,8 +15,8 @@
 
 #include "etcd_cluster.hpp"
 #include "support/job_support.hpp"
+#include "tasklet.hpp"
 #include "tasklet/etcd/etcd.hpp"
-#include "tasklet/tasklet.hpp"
 
 namespace tasklet::etcd {
 namespace {

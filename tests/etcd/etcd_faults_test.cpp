@@ -48,8 +48,8 @@
 #include "etcd_cluster.hpp"
 #include "fenced_store.hpp"
 #include "support/job_support.hpp"
+#include "tasklet.hpp"
 #include "tasklet/etcd/etcd.hpp"
-#include "tasklet/tasklet.hpp"
 #include "tcp_proxy.hpp"
 
 namespace tasklet::etcd {

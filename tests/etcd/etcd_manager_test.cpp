@@ -16,9 +16,9 @@
 
 #include "etcd_server.hpp"
 #include "support/job_support.hpp"
+#include "tasklet.hpp"
 #include "tasklet/coroutine.hpp"
 #include "tasklet/etcd/etcd.hpp"
-#include "tasklet/tasklet.hpp"
 #include "tcp_proxy.hpp"
 
 namespace tasklet::etcd {

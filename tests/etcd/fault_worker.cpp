@@ -34,8 +34,8 @@
 #include <vector>
 
 #include "fenced_store.hpp"
+#include "tasklet.hpp"
 #include "tasklet/etcd/etcd.hpp"
-#include "tasklet/tasklet.hpp"
 
 using namespace tasklet;
 using namespace tasklet::etcd;

@@ -26,8 +26,8 @@
 #include "support/exclusion_check.hpp"
 #include "support/failing_allocation.hpp"
 #include "support/job_support.hpp"
+#include "tasklet.hpp"
 #include "tasklet/coroutine.hpp"
-#include "tasklet/tasklet.hpp"
 
 namespace tasklet {
 namespace {

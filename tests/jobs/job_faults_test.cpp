@@ -13,7 +13,7 @@
 
 #include "support/exclusion_check.hpp"
 #include "support/job_support.hpp"
-#include "tasklet/tasklet.hpp"
+#include "tasklet.hpp"
 
 namespace tasklet {
 namespace {

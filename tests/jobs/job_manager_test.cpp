@@ -16,7 +16,7 @@
 
 #include "jobs/jobs.hpp"
 #include "support/job_support.hpp"
-#include "tasklet/tasklet.hpp"
+#include "tasklet.hpp"
 
 namespace tasklet {
 namespace {

@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "support/failing_allocation.hpp"
-#include "tasklet/tasklet.hpp"
+#include "tasklet.hpp"
 
 namespace tasklet {
 namespace {

@@ -17,7 +17,7 @@
 
 #include "scheduler/scheduler_impl.hpp"
 #include "support/test_support.hpp"
-#include "tasklet/tasklet.hpp"
+#include "tasklet.hpp"
 
 namespace tasklet {
 namespace {

@@ -10,8 +10,8 @@
 #include <gtest/gtest.h>
 
 #include "support/test_support.hpp"
+#include "tasklet.hpp"
 #include "tasklet/rules/rules.hpp"
-#include "tasklet/tasklet.hpp"
 
 namespace tasklet {
 namespace {

@@ -33,7 +33,7 @@
 #include <gtest/gtest.h>
 
 #include "support/test_support.hpp"
-#include "tasklet/tasklet.hpp"
+#include "tasklet.hpp"
 
 namespace tasklet {
 namespace {

@@ -15,7 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "support/job_support.hpp"
-#include "tasklet/tasklet.hpp"
+#include "tasklet.hpp"
 
 namespace tasklet::test {
 

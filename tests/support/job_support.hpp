@@ -16,7 +16,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tasklet/tasklet.hpp"
+#include "tasklet.hpp"
 
 namespace tasklet::test {
 

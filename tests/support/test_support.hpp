@@ -13,7 +13,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tasklet/tasklet.hpp"
+#include "tasklet.hpp"
 
 namespace tasklet::test {
 

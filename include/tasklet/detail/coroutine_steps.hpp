@@ -22,7 +22,7 @@
 #include "tasklet/scheduler.hpp"
 #include "tasklet/scheduling_rule.hpp"
 #include "tasklet/status.hpp"
-#include "tasklet/tasklet_base.hpp"
+#include "tasklet/tasklet.hpp"
 
 namespace tasklet {
 

@@ -4,7 +4,7 @@
 #include <exception>
 #include <string>
 
-#include "tasklet/tasklet_base.hpp"
+#include "tasklet/tasklet.hpp"
 
 namespace tasklet::detail {
 

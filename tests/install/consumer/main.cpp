@@ -7,8 +7,8 @@
 #include <thread>
 #include <vector>
 
+#include <tasklet.hpp>
 #include <tasklet/etcd/etcd.hpp>
-#include <tasklet/tasklet.hpp>
 
 namespace {
 
