@@ -30,12 +30,16 @@ struct RuleFrame {
   ThreadHold* hold = nullptr;
 };
 
-/// A call in progress on this task, innermost first, so that code it calls does not wait for it:
-/// a listener's call (a listener that removes itself), or the end of a job's run (a manager
-/// destroyed from a done listener).
-struct CallFrame {
-  const void* owner;
-  const CallFrame* outer;
+/// A frame that a room above pushes on the running task for as long as some code of it runs (a
+/// job's run, a listener's call, a wait that serves phases meanwhile). `kind` says whose frame it
+/// is: each room defines its kinds and finds its frames by them; this room only carries them.
+struct FrameKind {
+  const char* name;  // for a debugger
+};
+struct TaskFrame {
+  const FrameKind* kind;
+  void* owner;
+  const TaskFrame* outer;
 };
 
 /// What the engine knows about the code running now. One per thread, plus one per oneTBB task of
@@ -70,14 +74,8 @@ struct TaskState {
   SchedulerImpl* handoff_of = nullptr;
   std::shared_ptr<Tasklet> handoff;
 
-  /// The job whose run() this is (the jobs layer's; JobManager::current_job).
-  void* job = nullptr;
-  /// The listener calls, and the ends of job runs, that this code is inside of.
-  const CallFrame* listener_call = nullptr;
-  const CallFrame* completing_run = nullptr;
-  /// The begin_rule requests (ThreadHolds) this thread waits for while it runs sync phases meanwhile
-  /// (a lock listener's `serve`): a phase run then must not wait for a rule that conflicts.
-  const CallFrame* serving_wait = nullptr;
+  /// The rooms above's frames, innermost first (see TaskFrame).
+  const TaskFrame* frames = nullptr;
   /// The phase running here while a trace is recorded (its slice is cut where the task suspends).
   TracedPhase* traced_phase = nullptr;
 
@@ -98,5 +96,28 @@ inline ThreadContext& context() noexcept {
 
 /// The state of the code running now on this thread.
 inline TaskState& state() noexcept { return *context().state; }
+
+/// The innermost frame of `kind` on `task`, or null.
+inline const TaskFrame* find_frame(const TaskState& task, const FrameKind& kind) noexcept {
+  for (const TaskFrame* frame = task.frames; frame != nullptr; frame = frame->outer) {
+    if (frame->kind == &kind) return frame;
+  }
+  return nullptr;
+}
+
+/// Pushes a frame on the running task for the scope's lifetime. The task may move to another
+/// thread meanwhile (a wait suspends it): the frame is popped from the task, wherever it is then.
+class FrameScope {
+ public:
+  FrameScope(const FrameKind& kind, void* owner) noexcept : frame_{&kind, owner, state().frames} {
+    state().frames = &frame_;
+  }
+  ~FrameScope() { state().frames = frame_.outer; }
+  FrameScope(const FrameScope&) = delete;
+  FrameScope& operator=(const FrameScope&) = delete;
+
+ private:
+  TaskFrame frame_;
+};
 
 }  // namespace tasklet::detail

@@ -36,7 +36,7 @@ class JobsExtension final : public DomainExtension {
     jobs_->destroy_after_this_run(std::move(domain));
   }
   void blocked(const TaskState& ctx, const std::string* reason) noexcept override {
-    auto& job = *static_cast<JobCore*>(ctx.job);
+    auto& job = *running_job(ctx);
     std::shared_ptr<ProgressMonitor> monitor;
     {
       std::lock_guard lock(job.lock);

@@ -165,10 +165,7 @@ void Jobs::shutdown() noexcept {
     if (std::exchange(shut_down_, true)) return;
   }
   // Not for what this code is inside of: its own run, or the end of a run (a done listener).
-  std::size_t mine = runs_a_job_here() ? 1 : 0;
-  for (const CallFrame* call = state().completing_run; call != nullptr; call = call->outer) {
-    if (call->owner == this) ++mine;
-  }
+  const std::size_t mine = (runs_a_job_here() ? 1U : 0U) + frames_of(completing_run, this);
   const auto listed = [this] {
     std::size_t count = 0;
     for (const Shard& shard : shards_) {

@@ -43,7 +43,24 @@ namespace tasklet::detail {
 class Jobs;
 
 /// The job whose run() this code is (null elsewhere).
-inline JobCore* running_job() noexcept { return static_cast<JobCore*>(state().job); }
+inline JobCore* running_job(const TaskState& task = state()) noexcept {
+  const TaskFrame* frame = find_frame(task, extension_run);
+  return frame != nullptr ? static_cast<JobCore*>(frame->owner) : nullptr;
+}
+
+/// Frames of the jobs room: a listener's call (owner: its ListenerSlot), and the end of a run
+/// (owner: the Jobs), so that code they call does not wait for them.
+inline constexpr FrameKind listener_call{"listener call"};
+inline constexpr FrameKind completing_run{"completing run"};
+
+/// How many frames of `kind` owned by `owner` the running code is inside of.
+inline std::size_t frames_of(const FrameKind& kind, const void* owner) noexcept {
+  std::size_t count = 0;
+  for (const TaskFrame* frame = state().frames; frame != nullptr; frame = frame->outer) {
+    if (frame->kind == &kind && frame->owner == owner) ++count;
+  }
+  return count;
+}
 
 /// The job side of `manager`, made on first use (its extension in the manager's domain).
 Jobs& jobs_of(const JobManager& manager);

@@ -156,10 +156,10 @@ RunEnd Jobs::finish_run(JobCore& job, Status result, ToStart& to_start) {
 // The part of a run's end that runs user code: the group's hooks, then the done event; then the
 // re-run, or the job leaves the registry.
 void Jobs::complete(RunEnd end) {
-  CallFrame frame{this, state().completing_run};
-  state().completing_run = &frame;
-  complete_run(end);
-  state().completing_run = frame.outer;       // the listeners may have moved it to another thread
+  {
+    const FrameScope frame(completing_run, this);
+    complete_run(end);
+  }
   if ((end.job->load() & jw::ending) != 0) {  // only end_word() sets it, for this end
     // The end is told: a schedule() made while it was being told runs the job again now.
     std::lock_guard job_lock(end.job->lock);

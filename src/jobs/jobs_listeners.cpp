@@ -32,8 +32,7 @@ void call_listener(ListenerSlot& slot, const PendingEvent& pending) noexcept {
   // count (both sequentially consistent): either it waits for this call, or this call sees it.
   slot.calls.fetch_add(1);
   if (!slot.removed.load()) {
-    CallFrame frame{&slot, state().listener_call};
-    state().listener_call = &frame;
+    const FrameScope frame(listener_call, &slot);
     JobListener& listener = *slot.listener;
     try {
       switch (pending.kind) {
@@ -59,7 +58,6 @@ void call_listener(ListenerSlot& slot, const PendingEvent& pending) noexcept {
     } catch (...) {
       // A listener's failure is its own; the job and the other listeners go on.
     }
-    state().listener_call = frame.outer;  // the call may have moved to another thread
   }
   slot.calls.fetch_sub(1);
   if (slot.removed.load()) slot.calls.notify_all();
@@ -152,10 +150,7 @@ void Jobs::remove_from(Listeners& listeners, const std::shared_ptr<JobListener>&
   for (const auto& slot : removed) {
     slot->removed.store(true);
     // Calls in progress elsewhere end first; the ones this code is inside of cannot.
-    int mine = 0;
-    for (const CallFrame* call = state().listener_call; call != nullptr; call = call->outer) {
-      if (call->owner == slot.get()) ++mine;
-    }
+    const int mine = static_cast<int>(frames_of(listener_call, slot.get()));
     for (int now = slot->calls.load(); now > mine; now = slot->calls.load()) slot->calls.wait(now);
   }
 }

@@ -345,7 +345,7 @@ void Jobs::wake_up(JobCore& job, std::chrono::milliseconds delay) {
 
 bool Jobs::yield_rule(JobCore& job) {
   const TaskState& here = state();
-  if (here.job != &job || here.tasklet == nullptr || here.phase_of == nullptr) {
+  if (running_job(here) != &job || here.tasklet == nullptr || here.phase_of == nullptr) {
     throw IllegalState("yield_rule: call it from the run() of job '" + job.job().name() + "'");
   }
   return here.phase_of->yield_rule(*here.tasklet);

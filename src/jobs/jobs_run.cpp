@@ -213,11 +213,9 @@ Directive Jobs::go_on(JobCore& job, JobRun& run) noexcept {
 }
 
 Directive Jobs::run_step(JobCore& job, JobRun& run, ProgressMonitor& monitor) noexcept {
-  TaskState& here = state();
-  void* outer = here.job;
-  here.job = &job;
   Status result;
   try {
+    const FrameScope frame(extension_run, &job);
     result = job.hooks().run(job.job(), monitor);
   } catch (const std::exception& error) {
     result = Status::error(error.what(), std::current_exception());
@@ -225,7 +223,6 @@ Directive Jobs::run_step(JobCore& job, JobRun& run, ProgressMonitor& monitor) no
     result = Status::error("unknown exception", std::current_exception());
   }
   TaskState& after = state();  // the run may have moved to another thread (begin_rule, yield_rule)
-  after.job = outer;
   // Rules begun in run() and left open are released now, before join() can return, and fail the run.
   if (const std::string open = end_frames_above(after, after.phase_base); !open.empty()) {
     run.continuing = false;  // a run that goes on ends here instead
@@ -246,9 +243,8 @@ Directive Jobs::run_step(JobCore& job, JobRun& run, ProgressMonitor& monitor) no
   }
   // The run ends here: what run() kept for a next phase goes now, so that the next run starts anew.
   if (std::exchange(run.kept_steps, false)) {
-    after.job = &job;
+    const FrameScope frame(extension_run, &job);
     job.hooks().drop_steps(job.job());
-    after.job = outer;
   }
   if (result.finishes_later()) {
     std::optional<Status> now = finish_later(job, run);

@@ -257,7 +257,7 @@ void Domain::begin_rule(const Rule& rule) {
   if (hold == nullptr) return;  // nested in the rule this thread holds
   ctx.rule_stack.back().hold = hold;
   // The lock listener, a job's monitor and the trace recorder hear of waits; without them, straight in.
-  const bool told = listening_.load(std::memory_order_relaxed) || ctx.job != nullptr ||
+  const bool told = listening_.load(std::memory_order_relaxed) || runs_extension(ctx) ||
                     trace_.load(std::memory_order_relaxed) != nullptr;
   switch (told ? enter_and_wait(*hold, ctx, rule) : hold->enter(table_, this)) {
     case detail::ThreadHold::Answer::granted:
@@ -320,7 +320,8 @@ detail::ThreadHold* Domain::hold_for(detail::TaskState& ctx, const Rule& rule) {
     check_shared(*outer);
     return nullptr;
   }
-  for (const CallFrame* serving = ctx.serving_wait; serving != nullptr; serving = serving->outer) {
+  for (const TaskFrame* serving = ctx.frames; serving != nullptr; serving = serving->outer) {
+    if (serving->kind != &serving_wait) continue;
     const auto& waiting = *static_cast<const detail::ThreadHold*>(serving->owner);
     if (rule->is_conflicting(*waiting.rule())) {
       throw IllegalState("begin_rule(" + describe(rule) +

@@ -139,6 +139,18 @@ class ManagerShutDown : public IllegalState {
   using IllegalState::IllegalState;
 };
 
+/// The frame of a run of the extension's (a job's run; owner: the job's core): begin_rule tells
+/// the extension when that code has to wait.
+inline constexpr FrameKind extension_run{"extension run"};
+/// The frame of a begin_rule wait that runs sync phases meanwhile (owner: its ThreadHold): a phase
+/// run then must not wait for a rule that conflicts.
+inline constexpr FrameKind serving_wait{"serving wait"};
+
+/// Whether code of the extension runs on `task` (see extension_run).
+inline bool runs_extension(const TaskState& task) noexcept {
+  return find_frame(task, extension_run) != nullptr;
+}
+
 /// What a layer above keeps per manager (the jobs): told, in this order, when the manager goes.
 class DomainExtension {
  public:
@@ -155,7 +167,7 @@ class DomainExtension {
   /// finish_after_this_run() takes the domain, to shut it down once that work is over.
   virtual bool runs_here() const noexcept = 0;
   virtual void finish_after_this_run(std::shared_ptr<Domain> domain) noexcept = 0;
-  /// The code running on `ctx` (a job's run, when ctx.job is set) has to wait in begin_rule;
+  /// The code running on `ctx` (in an extension_run frame) has to wait in begin_rule;
   /// `reason` says for what and whom, null once the wait is over. On that code's thread.
   virtual void blocked(const TaskState& ctx, const std::string* reason) noexcept = 0;
 };

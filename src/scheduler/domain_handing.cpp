@@ -50,10 +50,10 @@ void ThreadHold::await(bool serve) {
     TaskState& ctx = state();
     RuleFrame waiting = std::move(ctx.rule_stack.back());
     ctx.rule_stack.pop_back();
-    const CallFrame serving{this, ctx.serving_wait};
-    ctx.serving_wait = &serving;
-    serving_->serve_until(served_answer_, true);
-    ctx.serving_wait = serving.outer;
+    {
+      const FrameScope serving(serving_wait, this);
+      serving_->serve_until(served_answer_, true);
+    }
     ctx.rule_stack.push_back(std::move(waiting));  // into the room it left: no allocation
   }
 }
@@ -81,7 +81,7 @@ detail::ThreadHold::Answer Domain::enter_and_wait_told(detail::ThreadHold& hold,
     std::lock_guard lock(listener_mutex_);
     listener = lock_listener_;
   }
-  DomainExtension* job_layer = ctx.job != nullptr ? made_extension() : nullptr;  // a job's run
+  DomainExtension* job_layer = runs_extension(ctx) ? made_extension() : nullptr;  // a job's run
   if (!listener && job_layer == nullptr) return hold.enter(table_, this);
   // A synchronous thread may be told to serve its phases while it waits: its answer must wake it
   // there, so that it can wait for both.

@@ -77,6 +77,41 @@ TEST(WakeupTest, AWaitInOneOfOurTasksSuspendsItAndFreesTheOnlyWorker) {
   EXPECT_TRUE(state_came_back) << "the task's state did not travel with it";
 }
 
+constexpr FrameKind test_frame{"test frame"};
+
+TEST(WakeupTest, ARoomsFrameTravelsWithTheSuspendedTaskAndNoOtherTaskSeesIt) {
+  WorkersImpl workers(1);
+  Wakeup wakeup;
+  std::latch done(2);
+  int owner = 0;
+  const TaskFrame unset{&test_frame, nullptr, nullptr};
+  const TaskFrame* seen_meanwhile = &unset;
+  const TaskFrame* seen_after = nullptr;
+  bool popped = false;
+  workers.arena().enqueue([&] {
+    OurTask task(workers);
+    {
+      const FrameScope frame(test_frame, &owner);
+      wakeup.wait();  // the task below runs on the only worker meanwhile
+      seen_after = find_frame(state(), test_frame);
+    }
+    popped = find_frame(state(), test_frame) == nullptr;
+    done.count_down();
+  });
+  workers.arena().enqueue([&] {
+    OurTask task(workers);
+    seen_meanwhile = find_frame(state(), test_frame);
+    wakeup.wake();
+    done.count_down();
+  });
+  done.wait();
+  EXPECT_EQ(seen_meanwhile, nullptr) << "another task saw the suspended task's frame";
+  ASSERT_NE(seen_after, nullptr) << "the frame did not travel with the task";
+  EXPECT_EQ(seen_after->owner, &owner);
+  EXPECT_TRUE(popped);
+  EXPECT_EQ(find_frame(state(), test_frame), nullptr);
+}
+
 TEST(TaskConditionTest, OnAThreadItWaitsForThePredicateAndATimedWaitRunsOut) {
   std::mutex mutex;
   TaskCondition condition;
