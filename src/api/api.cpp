@@ -1,7 +1,7 @@
 #include "tasklet/api.hpp"
 
 #include "base/context.hpp"
-#include "scheduler/scheduler_impl.hpp"
+#include "scheduler/door.hpp"
 #include "tasklet/job_manager.hpp"
 #include "tasklet/workers.hpp"
 
@@ -14,23 +14,16 @@ std::shared_ptr<Scheduler> new_scheduler(SchedulerOptions options) {
 }
 
 Scheduler& current() {
-  if (detail::SchedulerImpl* current = detail::state().current) {
-    // A job's run: the jobs' own scheduler orders job runs only; the user's tasklets go to the
-    // manager's background scheduler.
-    if (current->order_ != nullptr) return current->domain_.background();
-    return current->self_;
-  }
+  if (Scheduler* current = detail::running_scheduler()) return *current;
   auto& mine = detail::thread_options();
   if (!mine.implicit) {
     mine.implicit = Scheduler::create(mine.configured);
-    detail::impl(*mine.implicit).make_implicit_for_this_thread();
+    detail::make_implicit_for_this_thread(*mine.implicit);
   }
   return *mine.implicit;
 }
 
-void with(Scheduler& scheduler, const std::shared_ptr<Tasklet>& tasklet) {
-  detail::impl(scheduler).with(tasklet);
-}
+void with(Scheduler& scheduler, const std::shared_ptr<Tasklet>& tasklet) { detail::with(scheduler, tasklet); }
 
 void configure(SchedulerOptions options) {
   // A configured concurrency becomes one pool shared by the thread's new schedulers.

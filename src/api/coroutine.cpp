@@ -2,7 +2,7 @@
 #include "tasklet/coroutine.hpp"
 
 #include "base/context.hpp"
-#include "scheduler/scheduler_impl.hpp"
+#include "scheduler/door.hpp"
 
 namespace tasklet::detail {
 
@@ -10,15 +10,16 @@ namespace tasklet::detail {
 // thread), never on one of the workers; an async phase always on one of them.
 bool in_sync_phase() noexcept {
   const TaskState& ctx = state();
-  return ctx.phase_of != nullptr && ctx.worker_of == nullptr;
+  return phase_scheduler(ctx) != nullptr && ctx.worker_of == nullptr;
 }
 
 Rescheduler suspend_in_phase(Tasklet& tasklet) {
   const TaskState& here = state();
-  if (here.tasklet != &tasklet || here.phase_of == nullptr) {
+  Scheduler* scheduler = phase_scheduler(here);
+  if (here.tasklet != &tasklet || scheduler == nullptr) {
     throw IllegalState("a coroutine of " + tasklet.name() + " parks outside its tasklet's phase");
   }
-  return here.phase_of->self_.suspend(tasklet);
+  return scheduler->suspend(tasklet);
 }
 
 }  // namespace tasklet::detail

@@ -4,17 +4,15 @@
 #include <utility>
 
 #include "jobs/job_core.hpp"
-#include "scheduler/domain.hpp"
-#include "scheduler/tasklet_state.hpp"
-#include "table/rule_table.hpp"
+#include "scheduler/door.hpp"
 
 namespace tasklet::detail {
 
 void install_rule_backend(JobManager& manager, std::shared_ptr<RuleBackend> backend) noexcept {
-  domain(manager).table_.set_backend(std::move(backend));
+  domain(manager).set_backend(std::move(backend));
 }
 
-RuleBackend* rule_backend_of(const JobManager& manager) noexcept { return domain(manager).table_.backend(); }
+RuleBackend* rule_backend_of(const JobManager& manager) noexcept { return domain(manager).backend(); }
 
 void abandon(RuleTable& table, RuleRequest& request) noexcept { table.abandon(request); }
 

@@ -7,9 +7,7 @@
 #include <mutex>
 
 #include "base/task_condition.hpp"
-#include "scheduler/domain.hpp"
-#include "scheduler/scheduler_impl.hpp"
-#include "scheduler/tasklet_state.hpp"
+#include "scheduler/door.hpp"
 #include "tasklet/directive.hpp"
 #include "tasklet/error.hpp"
 #include "tasklet/rules/rules.hpp"
@@ -54,7 +52,7 @@ class SerialState {
 
 namespace {
 
-SchedulerImpl& background_of(JobManager& manager) { return impl(domain(manager).background()); }
+Scheduler& background_of(JobManager& manager) { return domain(manager).background(); }
 
 // Hands a task to the manager's background scheduler, due after `delay`; its destructor counts it
 // out of the executor again.
@@ -165,7 +163,7 @@ bool Repeat::end() {
     if (std::exchange(over_, true)) return false;
     pending = pending_.lock();
   }
-  if (pending) background_of(*state_.manager).withdraw(*pending);  // false when it runs already
+  if (pending) withdraw(background_of(*state_.manager), *pending);  // false when it runs already
   return true;
 }
 
@@ -222,7 +220,7 @@ SerialExecutor::Handle SerialExecutor::post_repeating(std::shared_ptr<detail::Re
 bool SerialExecutor::cancel(const Handle& handle) {
   if (const std::shared_ptr<detail::Repeat> repeat = handle.repeat_.lock()) return repeat->end();
   const std::shared_ptr<Tasklet> task = handle.task_.lock();
-  return task && detail::background_of(*state_->manager).withdraw(*task);
+  return task && detail::withdraw(detail::background_of(*state_->manager), *task);
 }
 
 std::size_t SerialExecutor::cancel_all() {
@@ -237,9 +235,7 @@ std::size_t SerialExecutor::cancel_all() {
     const auto* task = dynamic_cast<const detail::SerialTask*>(&tasklet);
     return task != nullptr && task->state() == mine;
   };
-  detail::SchedulerImpl& background = detail::background_of(*state_->manager);
-  const std::size_t delayed = background.withdraw_delayed(is_mine);
-  return delayed + background.withdraw_waiting(*state_->rule, is_mine);
+  return detail::withdraw_all(detail::background_of(*state_->manager), *state_->rule, is_mine);
 }
 
 void SerialExecutor::wait() {

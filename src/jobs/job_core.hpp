@@ -24,8 +24,9 @@
 #include <oneapi/tbb/mutex.h>
 
 #include "base/task_condition.hpp"
-#include "scheduler/scheduler_impl.hpp"
+#include "scheduler/door.hpp"
 #include "tasklet/detail/allocator.hpp"
+#include "tasklet/detail/library_tasklet.hpp"
 #include "tasklet/job.hpp"
 #include "tasklet/job_group.hpp"
 #include "tasklet/tasklet.hpp"
@@ -125,7 +126,7 @@ class JobTasklet : public LibraryTasklet {
     priority_ = priority;
     deadline_ = deadline;
   }
-  static SchedulerImpl::Order order_of(const Tasklet& tasklet) noexcept {
+  static PhaseOrder order_of(const Tasklet& tasklet) noexcept {
     const auto& self = static_cast<const JobTasklet&>(tasklet);
     return {static_cast<std::size_t>(self.priority_), self.deadline_};
   }
@@ -248,7 +249,7 @@ class JobCore {
   std::unique_ptr<JobExtras> extras_;
 };
 
-static_assert(static_cast<std::size_t>(Priority::decorate) < SchedulerImpl::lane_count);
+static_assert(static_cast<std::size_t>(Priority::decorate) < phase_lane_count);
 
 /// Jobs let in under a lock, to be handed to the job scheduler (or entered) once it is let go, in
 /// the order they were let in. Linked through the jobs (JobCore::next_to_start), so that letting a

@@ -4,8 +4,7 @@
 #include <utility>
 
 #include "jobs/jobs.hpp"
-#include "scheduler/domain.hpp"
-#include "scheduler/scheduler_impl.hpp"
+#include "scheduler/door.hpp"
 #include "tasklet/job_manager.hpp"
 
 namespace tasklet::detail {
@@ -18,8 +17,8 @@ namespace {
 class JobsExtension final : public DomainExtension {
  public:
   explicit JobsExtension(Domain& domain) : scheduler_(domain.make_background()) {
-    impl(*scheduler_).order_async_phases_by(&JobTasklet::order_of);
-    impl(*scheduler_).describe_tasklets_by(&JobTasklet::describe);
+    order_async_phases_by(*scheduler_, &JobTasklet::order_of);
+    describe_tasklets_by(*scheduler_, &JobTasklet::describe);
     jobs_ = std::make_shared<Jobs>(*scheduler_);
   }
 

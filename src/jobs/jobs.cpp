@@ -10,8 +10,7 @@
 #include <string>
 #include <utility>
 
-#include "scheduler/scheduler_impl.hpp"
-#include "scheduler/tasklet_state.hpp"
+#include "scheduler/door.hpp"
 #include "tasklet/error.hpp"
 
 namespace tasklet::detail {
@@ -72,7 +71,7 @@ std::uint32_t JobCore::change(JobState phase, std::uint32_t set, std::uint32_t c
   return old;
 }
 
-Trace* Jobs::trace() const noexcept { return impl(*scheduler_).domain_.trace(); }
+Trace* Jobs::trace() const noexcept { return domain_of(*scheduler_).trace(); }
 
 void Jobs::trace_state(Trace& trace, JobCore& job, const char* state, const Status* result) noexcept {
   try {
@@ -132,7 +131,7 @@ Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
              : now + timeout;
 }
 
-Jobs::Jobs(Scheduler& scheduler) : scheduler_(&scheduler), timer_(impl(scheduler).domain_.timer_) {}
+Jobs::Jobs(Scheduler& scheduler) : scheduler_(&scheduler), timer_(domain_of(scheduler).timer()) {}
 
 Jobs::~Jobs() {
   // The manager shut us down before it let go; this is only the alarm's last chance.
@@ -379,8 +378,7 @@ void Jobs::submit_run(JobCore& job, std::shared_ptr<JobRun> run) {
     std::lock_guard lock(mutex);
     {
       std::lock_guard job_lock(job.lock);
-      if (job.run != handed || (job.load() & jw::canceled) == 0 || !impl(*scheduler_).withdraw(*handed))
-        return;
+      if (job.run != handed || (job.load() & jw::canceled) == 0 || !withdraw(*scheduler_, *handed)) return;
       job.run = nullptr;
     }
     end = finish_run(job, Status::cancel(), let_in);
@@ -448,7 +446,7 @@ bool Jobs::withdraw_waiting(JobCore& job) {
   std::lock_guard job_lock(job.lock);
   if (job.state() != JobState::waiting) return false;  // its run began, or ended, meanwhile
   if ((job.load() & jw::taken) == 0) return true;
-  if (job.run == nullptr || scheduler_ == nullptr || !impl(*scheduler_).withdraw(*job.run)) return false;
+  if (job.run == nullptr || scheduler_ == nullptr || !withdraw(*scheduler_, *job.run)) return false;
   job.run = nullptr;
   job.change(JobState::waiting, 0, jw::taken);
   return true;

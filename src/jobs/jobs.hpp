@@ -32,7 +32,7 @@
 #include "base/room_for.hpp"
 #include "base/task_condition.hpp"
 #include "jobs/job_core.hpp"
-#include "scheduler/domain.hpp"
+#include "scheduler/door.hpp"
 #include "tasklet/job.hpp"
 #include "tasklet/job_group.hpp"
 #include "tasklet/job_manager.hpp"

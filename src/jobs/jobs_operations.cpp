@@ -8,8 +8,7 @@
 #include <string>
 #include <utility>
 
-#include "scheduler/scheduler_impl.hpp"
-#include "scheduler/tasklet_state.hpp"
+#include "scheduler/door.hpp"
 #include "tasklet/error.hpp"
 
 namespace tasklet::detail {
@@ -20,7 +19,7 @@ namespace jw = job_word;
 std::optional<Status> Jobs::lost_before_run(const JobCore& job) const noexcept {
   if (scheduler_ == nullptr) return std::nullopt;
   try {
-    impl(*scheduler_).domain_.check_shared(job.rule);
+    domain_of(*scheduler_).check_shared(job.rule);
     return std::nullopt;
   } catch (const std::exception& failure) {
     return Status::error("its rule can no longer be held: " + std::string(failure.what()),
@@ -285,9 +284,9 @@ bool Jobs::join(JobCore& job, std::chrono::milliseconds timeout) {
     if (timeout == std::chrono::milliseconds::max() && job.state() == JobState::waiting &&
         job.run != nullptr && scheduler_ != nullptr) {
       const Tasklet* run = job.run;
-      impl(*scheduler_)
-          .domain_.check_wait("join(job '" + job.job().name() + "')",
-                              [run](const RuleRequest& request) { return request.owner() == run; });
+      domain_of(*scheduler_)
+          .check_wait("join(job '" + job.job().name() + "')",
+                      [run](const RuleRequest& request) { return request.owner() == run; });
     }
   }
   std::unique_lock lock(join_mutex_);
@@ -345,10 +344,10 @@ void Jobs::wake_up(JobCore& job, std::chrono::milliseconds delay) {
 
 bool Jobs::yield_rule(JobCore& job) {
   const TaskState& here = state();
-  if (running_job(here) != &job || here.tasklet == nullptr || here.phase_of == nullptr) {
+  if (running_job(here) != &job || here.tasklet == nullptr || phase_scheduler(here) == nullptr) {
     throw IllegalState("yield_rule: call it from the run() of job '" + job.job().name() + "'");
   }
-  return here.phase_of->yield_rule(*here.tasklet);
+  return yield_phase_rule(here);
 }
 
 std::vector<RuleBlocker> Jobs::blockers(JobCore& job) {
@@ -356,7 +355,7 @@ std::vector<RuleBlocker> Jobs::blockers(JobCore& job) {
   // without the table's lock, under which its request is looked up by its run.
   std::lock_guard job_lock(job.lock);
   if (job.state() != JobState::waiting || job.run == nullptr || scheduler_ == nullptr) return {};
-  return impl(*scheduler_).domain_.table_.blockers_of(static_cast<const Tasklet*>(job.run));
+  return domain_of(*scheduler_).blockers_of(static_cast<const Tasklet*>(job.run));
 }
 
 bool Jobs::is_blocking(JobCore& job) {
@@ -371,8 +370,8 @@ bool Jobs::is_blocking(JobCore& job) {
     return static_cast<const JobTasklet*>(tasklet);
   };
   std::size_t mine = 0;
-  return impl(*scheduler_)
-      .domain_.table_.has_conflicting_waiter_if(
+  return domain_of(*scheduler_)
+      .has_conflicting_waiter_if(
           [&](const RuleRequest& held) {
             const JobTasklet* run = job_tasklet(held);
             if (run == nullptr || !run->runs(job)) return false;

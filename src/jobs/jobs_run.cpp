@@ -8,8 +8,7 @@
 #include <string>
 #include <utility>
 
-#include "scheduler/scheduler_impl.hpp"
-#include "scheduler/tasklet_state.hpp"
+#include "scheduler/door.hpp"
 #include "tasklet/error.hpp"
 
 namespace tasklet::detail {
@@ -22,7 +21,7 @@ namespace {
 // returns.
 void release_run_rule() noexcept {
   const TaskState& here = state();
-  if (here.phase_of != nullptr && here.tasklet != nullptr) here.phase_of->release_rule(*here.tasklet);
+  release_phase_rule(here);
 }
 
 }  // namespace
@@ -270,7 +269,7 @@ std::optional<Status> Jobs::finish_later(JobCore& job, JobRun& run) noexcept {
         return std::move(extras.finished_with);  // done() came first: end with its result now
       }
     }
-    extras.finishing_suspension = impl(*scheduler_).suspend(run);
+    extras.finishing_suspension = detail::suspend(*scheduler_, run);
     extras.finishing = std::move(owned);
     run.finishing = true;
     return std::nullopt;
@@ -310,7 +309,7 @@ void Jobs::done(JobCore& job, Status result) {
     suspension = extras.finishing_suspension;
   }
   // Perhaps before the run's phase has returned: the resume then waits for it (the sticky resume).
-  impl(*scheduler_).resume(run, suspension, Directive::async);
+  detail::resume(*scheduler_, run, suspension, Directive::async);
 }
 
 void Jobs::finish_run_later(JobCore& job, JobRun& run) noexcept {

@@ -240,14 +240,32 @@ class Domain : public std::enable_shared_from_this<Domain> {
   /// The extension if it was made, else null.
   DomainExtension* made_extension() const noexcept { return made_extension_.load(std::memory_order_acquire); }
 
-  JobManager& self_;
-  std::shared_ptr<Workers> workers_;
-  RuleTable table_;
-  // The manager's one timer (delayed jobs, tasklets and resumes, timed waits); stopped when the
-  // manager goes. Shared: the jobs' state may outlive the domain.
-  std::shared_ptr<Timer> timer_;
+  /// The manager's one timer (delayed jobs, tasklets and resumes, timed waits); stopped when the
+  /// manager goes. Shared: the jobs' state may outlive the domain.
+  const std::shared_ptr<Timer>& timer() const noexcept { return timer_; }
+
+  /// The rule table's answers for the rooms above (see RuleTable): whom the waiting request of
+  /// `owner` waits for, and whether a waiter that `matches` accepts conflicts with the held
+  /// request that `mine` accepts (both run under the table's lock).
+  std::vector<RuleBlocker> blockers_of(const void* owner) { return table_.blockers_of(owner); }
+  template <class Mine, class Predicate>
+  bool has_conflicting_waiter_if(Mine&& mine, Predicate&& matches) {
+    return table_.has_conflicting_waiter_if(std::forward<Mine>(mine), std::forward<Predicate>(matches));
+  }
+  /// The backend that shares this manager's rules beyond the process (see RuleTable::set_backend).
+  void set_backend(std::shared_ptr<RuleBackend> backend) noexcept { table_.set_backend(std::move(backend)); }
+  RuleBackend* backend() const noexcept { return table_.backend(); }
+
 
  private:
+  JobManager& self_;
+  std::shared_ptr<Workers> workers_;
+  // The scheduler room's engine and JobManager's methods reach the table; the rooms above do not.
+  friend class SchedulerImpl;
+  friend class tasklet::JobManager;
+  friend std::string end_frames_above(TaskState& ctx, std::size_t base) noexcept;
+  RuleTable table_;
+  std::shared_ptr<Timer> timer_;
   // Made on first use under `making_` rather than std::call_once: making them may throw (out of
   // memory), and an exception through call_once leaves it stuck with some C++ runtimes.
   std::mutex making_;

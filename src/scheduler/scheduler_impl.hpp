@@ -35,6 +35,7 @@
 #include "base/context.hpp"
 #include "base/workers_impl.hpp"
 #include "scheduler/domain.hpp"
+#include "scheduler/door.hpp"
 #include "table/rule_table.hpp"
 #include "tasklet/detail/hold.hpp"
 #include "tasklet/detail/library_tasklet.hpp"
@@ -146,12 +147,9 @@ class SchedulerImpl final {
   /// it runs the phase: a phase that waits (suspended) leaves the queue moving, the arena's
   /// concurrency bounds how many run, and a stream of phases from one thread costs one arena
   /// submission per `concurrency` picks waiting, not one per phase. Set before use.
-  struct Order {
-    std::size_t lane;
-    std::int64_t deadline;
-  };
-  static constexpr std::size_t lane_count = 5;
-  using OrderOf = Order (*)(const Tasklet&);
+  using Order = PhaseOrder;
+  static constexpr std::size_t lane_count = phase_lane_count;
+  using OrderOf = PhaseOrderOf;
   void order_async_phases_by(OrderOf order);
   /// How diagnostics name this scheduler's tasklets ("job 'name'" for the jobs'); by default
   /// "tasklet 'name'", or "tasklet@<address>" for an unnamed one. Set before use; must not throw
@@ -162,7 +160,6 @@ class SchedulerImpl final {
   void hand_out_async() noexcept;
   bool wait_to_serve(const bool& answered, bool run_phases);
   void answer_server(bool& answered) noexcept;
-  using DescribeTasklet = std::string (*)(const Tasklet&);
   void describe_tasklets_by(DescribeTasklet describe) noexcept { describe_ = describe; }
   std::string describe_tasklet(const Tasklet& tasklet) const;
   /// The job `tasklet` works for (a library tasklet's job_name()), empty for others.
@@ -395,13 +392,6 @@ inline void SchedulerImpl::spawn(Task&& task) {
     workers_.arena().enqueue(group_.defer(std::forward<Task>(task)));
   }
 }
-
-/// What api::configure and the implicit scheduler keep per thread.
-struct ThreadOptions {
-  std::shared_ptr<Scheduler> implicit;
-  SchedulerOptions configured;
-};
-ThreadOptions& thread_options() noexcept;
 
 /// The concrete Scheduler: a handle on its engine, which outlives it when the last reference goes
 /// inside one of the scheduler's own tasks.
