@@ -3,7 +3,7 @@
 
 #include <utility>
 
-#include "jobs/job_core.hpp"
+#include "jobs/door.hpp"
 #include "scheduler/door.hpp"
 
 namespace tasklet::detail {
@@ -19,7 +19,7 @@ void abandon(RuleTable& table, RuleRequest& request) noexcept { table.abandon(re
 std::shared_ptr<Job> job_holding(const RuleRequest& request) {
   const void* owner = request.owner();  // a tasklet's or job's rule, or a hold
   if (const auto* thread = dynamic_cast<const ThreadHold*>(&request)) owner = thread->owner_tasklet();
-  return JobRun::job_of(static_cast<const Tasklet*>(owner));
+  return job_of_run(static_cast<const Tasklet*>(owner));
 }
 
 std::vector<const RuleRequest*> requests_held_here(const JobManager& manager) {

@@ -173,7 +173,7 @@ class JobRun final : public JobTasklet {
   std::string describe() const override;
   std::string job_name() const override;
   bool runs(const JobCore& job) const noexcept override { return &core_ == &job; }
-  /// The job whose run `tasklet` is, if it is one (for layers above: whom a holder is).
+  /// The job whose run `tasklet` is, if it is one (jobs/door.hpp's job_of_run).
   static std::shared_ptr<Job> job_of(const Tasklet* tasklet);
 
  private:

@@ -2,6 +2,7 @@
 // state on the way into the job scheduler (jobs.hpp says what guards what; jobs_ends.cpp is the way
 // out of a run).
 #include "jobs/jobs.hpp"
+#include "jobs/door.hpp"
 
 #include <time.h>
 
@@ -40,6 +41,8 @@ std::shared_ptr<Job> JobRun::job_of(const Tasklet* tasklet) {
   const auto* run = dynamic_cast<const JobRun*>(tasklet);
   return run != nullptr ? run->core_.owned() : nullptr;
 }
+
+std::shared_ptr<Job> job_of_run(const Tasklet* tasklet) { return JobRun::job_of(tasklet); }
 
 void JobRun::abandoned(std::exception_ptr error) noexcept {
   std::string why = "out of memory before the job could start";
