@@ -1,6 +1,6 @@
 // Waits in begin_rule that somebody hears of (the lock listener, a job's monitor), handing rules
-// to other threads, and the manager's questions about its table (snapshot, wait cycles). Kept
-// apart from begin_rule/end_rule, whose fast paths the compiler inlines within their own file.
+// to other threads, and the manager's wait cycles (check_wait). Kept apart from begin_rule and
+// end_rule, whose fast paths the compiler inlines within their own file.
 #include <algorithm>
 #include <functional>
 #include <new>
@@ -333,69 +333,6 @@ void detail::Domain::set_lock_listener(std::shared_ptr<LockListener> listener) {
   std::lock_guard lock(listener_mutex_);
   listening_.store(listener != nullptr, std::memory_order_release);
   lock_listener_ = std::move(listener);
-}
-
-void JobManager::set_lock_listener(std::shared_ptr<LockListener> listener) {
-  detail::domain(*this).set_lock_listener(std::move(listener));
-}
-
-void JobManager::transfer_rule(const Rule& rule, std::thread::id destination) {
-  detail::domain(*this).transfer_rule(rule, destination);
-}
-Rule JobManager::current_rule() const { return detail::domain(*this).current_rule(); }
-
-RuleSnapshot JobManager::rule_snapshot(std::size_t max_waiters) const {
-  RuleSnapshot snapshot;
-  snapshot.taken = std::chrono::steady_clock::now();
-  const auto seen = detail::domain(*this).table_.snapshot(max_waiters, snapshot.waiters_left_out);
-  snapshot.requests.reserve(seen.size());
-  for (std::size_t i = 0; i < seen.size(); ++i) {
-    RuleSnapshot::Request request{
-        seen[i].who.owner, seen[i].who.rule, seen[i].who.holds, seen[i].shared, {}, {}, std::nullopt};
-    if (seen[i].since) {
-      request.since = std::chrono::steady_clock::time_point(
-          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-              std::chrono::nanoseconds(*seen[i].since)));
-    }
-    if (!request.held) {
-      for (std::size_t other = 0; other < i; ++other) {
-        if (!detail::RuleTable::conflict(seen[i], seen[other])) continue;
-        (seen[other].who.holds ? request.blocked_by : request.behind).push_back(other);
-      }
-    }
-    snapshot.requests.push_back(std::move(request));
-  }
-  return snapshot;
-}
-
-std::string RuleSnapshot::to_string() const {
-  std::size_t held = 0;
-  for (const Request& request : requests) held += request.held ? 1 : 0;
-  std::string text = "rule table: " + std::to_string(held) + " held, " +
-                     std::to_string(requests.size() - held + waiters_left_out) + " waiting\n";
-  const auto name = [this](std::size_t at) { return "[" + std::to_string(at) + "] " + requests[at].owner; };
-  for (std::size_t at = 0; at < requests.size(); ++at) {
-    const Request& request = requests[at];
-    text += "  " + name(at) + (request.held ? " holds " : " waits for ") + describe(request.rule) +
-            (request.shared ? " (shared" : " (exclusive");
-    if (request.since) {
-      const auto micros =
-          std::chrono::duration_cast<std::chrono::microseconds>(taken - *request.since).count();
-      text += ", for " +
-              (micros < 10'000 ? std::to_string(micros) + " us" : std::to_string(micros / 1000) + " ms");
-    }
-    text += ")";
-    const auto list = [&](const char* what, const std::vector<std::size_t>& which) {
-      if (which.empty()) return;
-      text += std::string(text.back() == ')' ? ": " : "; ") + what + " ";
-      for (std::size_t i = 0; i < which.size(); ++i) text += (i == 0 ? "" : ", ") + name(which[i]);
-    };
-    list("blocked by", request.blocked_by);
-    list("behind", request.behind);
-    text += "\n";
-  }
-  if (waiters_left_out != 0) text += "  ... and " + std::to_string(waiters_left_out) + " more waiting\n";
-  return text;
 }
 
 }  // namespace tasklet

@@ -85,15 +85,3 @@ void Domain::save_trace_file() noexcept {
 }
 
 }  // namespace tasklet::detail
-
-namespace tasklet {
-
-void JobManager::start_trace(std::size_t max_events) { detail::domain(*this).start_trace(max_events); }
-void JobManager::stop_trace() { detail::domain(*this).stop_trace(); }
-void JobManager::write_trace(std::ostream& out, TraceFormat format) const {
-  detail::domain(*this).write_trace(out, format);
-}
-
-void JobManager::save_trace(const std::string& path) const { detail::domain(*this).save_trace(path); }
-
-}  // namespace tasklet
