@@ -4,7 +4,8 @@
 #
 #   cmake -DBUILD_DIR=<tasklet build dir> -DSOURCE_DIR=<tasklet source dir> -DWORK_DIR=<scratch>
 #         [-DCONFIG=<config>] [-DGENERATOR=<gen>] [-DMAKE_PROGRAM=<path>] [-DCXX_COMPILER=<path>]
-#         [-DSANITIZER=|address|thread] [-DTBB_DIR=<dir>] [-DBoost_DIR=<dir>] -P run_install_test.cmake
+#         [-DSANITIZER=|address|thread] [-DTBB_DIR=<dir>] [-DBoost_DIR=<dir>] [-DETCD=ON]
+#         -P run_install_test.cmake
 #
 # The consumer is built with the library's build type, generator and compiler, and finds the
 # same oneTBB and Boost packages (a sanitizer lane may use its own oneTBB build); with a sanitizer
@@ -19,7 +20,6 @@ foreach(required BUILD_DIR SOURCE_DIR WORK_DIR)
 endforeach()
 
 set(prefix "${WORK_DIR}/prefix")
-set(consumer_build "${WORK_DIR}/consumer-build")
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 
@@ -46,7 +46,11 @@ file(GLOB_RECURSE config_files "${prefix}/*/taskletConfig.cmake")
 if(NOT config_files)
   message(FATAL_ERROR "install test: no taskletConfig.cmake under ${prefix}")
 endif()
-foreach(header tasklet.hpp tasklet/tasklet.hpp tasklet/scheduler.hpp tasklet/rules/rules.hpp tasklet/etcd/etcd.hpp)
+set(headers tasklet.hpp tasklet/tasklet.hpp tasklet/scheduler.hpp tasklet/rules/rules.hpp)
+if(ETCD)
+  list(APPEND headers tasklet/etcd/etcd.hpp)
+endif()
+foreach(header IN LISTS headers)
   if(NOT EXISTS "${prefix}/include/${header}")
     message(FATAL_ERROR "install test: public header ${header} was not installed")
   endif()
@@ -59,56 +63,66 @@ foreach(header IN LISTS installed_headers)
   endif()
 endforeach()
 
-# 3. Configure the consumer against the prefix only.
-set(configure_args
-  -S "${SOURCE_DIR}/tests/install/consumer" -B "${consumer_build}"
-  "-DCMAKE_PREFIX_PATH=${prefix}"
-  -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF)
-if(GENERATOR)
-  list(APPEND configure_args -G "${GENERATOR}")
-endif()
-if(MAKE_PROGRAM)
-  list(APPEND configure_args "-DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM}")
-endif()
-if(CXX_COMPILER)
-  list(APPEND configure_args "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}")
-endif()
-if(CONFIG)
-  list(APPEND configure_args "-DCMAKE_BUILD_TYPE=${CONFIG}")
-endif()
-foreach(dependency_dir TBB_DIR Boost_DIR)
-  if(${dependency_dir})
-    list(APPEND configure_args "-D${dependency_dir}=${${dependency_dir}}")
+# 3. Configure, build and run the consumer against the prefix only: without the etcd component
+#    where libcurl and nlohmann-json cannot be found, and with it when the tree built it.
+function(run_consumer name)
+  set(consumer_build "${WORK_DIR}/consumer-${name}")
+  set(configure_args
+    -S "${SOURCE_DIR}/tests/install/consumer" -B "${consumer_build}"
+    "-DCMAKE_PREFIX_PATH=${prefix}"
+    -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF)
+  if(GENERATOR)
+    list(APPEND configure_args -G "${GENERATOR}")
   endif()
-endforeach()
-if(SANITIZER STREQUAL "address")
-  set(sanitizer_flags "-fsanitize=address,undefined -fno-omit-frame-pointer")
-elseif(SANITIZER STREQUAL "thread")
-  set(sanitizer_flags "-fsanitize=thread -fno-omit-frame-pointer")
-elseif(NOT "${SANITIZER}" STREQUAL "")
-  message(FATAL_ERROR "install test: SANITIZER must be '', address or thread (got '${SANITIZER}')")
-endif()
-if(sanitizer_flags)
-  list(APPEND configure_args "-DCMAKE_CXX_FLAGS=${sanitizer_flags}"
-    "-DCMAKE_EXE_LINKER_FLAGS=${sanitizer_flags}")
-endif()
-step("configuring the consumer" COMMAND "${CMAKE_COMMAND}" ${configure_args})
+  if(MAKE_PROGRAM)
+    list(APPEND configure_args "-DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM}")
+  endif()
+  if(CXX_COMPILER)
+    list(APPEND configure_args "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}")
+  endif()
+  if(CONFIG)
+    list(APPEND configure_args "-DCMAKE_BUILD_TYPE=${CONFIG}")
+  endif()
+  foreach(dependency_dir TBB_DIR Boost_DIR)
+    if(${dependency_dir})
+      list(APPEND configure_args "-D${dependency_dir}=${${dependency_dir}}")
+    endif()
+  endforeach()
+  if(SANITIZER STREQUAL "address")
+    set(sanitizer_flags "-fsanitize=address,undefined -fno-omit-frame-pointer")
+  elseif(SANITIZER STREQUAL "thread")
+    set(sanitizer_flags "-fsanitize=thread -fno-omit-frame-pointer")
+  elseif(NOT "${SANITIZER}" STREQUAL "")
+    message(FATAL_ERROR "install test: SANITIZER must be '', address or thread (got '${SANITIZER}')")
+  endif()
+  if(sanitizer_flags)
+    list(APPEND configure_args "-DCMAKE_CXX_FLAGS=${sanitizer_flags}"
+      "-DCMAKE_EXE_LINKER_FLAGS=${sanitizer_flags}")
+  endif()
+  list(APPEND configure_args ${ARGN})
+  step("configuring the consumer (${name})" COMMAND "${CMAKE_COMMAND}" ${configure_args})
 
-# The package must have come from the prefix, not from the build tree or the system.
-file(STRINGS "${consumer_build}/CMakeCache.txt" found_dir REGEX "^tasklet_DIR:")
-string(REGEX REPLACE "^tasklet_DIR:[A-Z]+=" "" found_dir "${found_dir}")
-file(REAL_PATH "${prefix}" real_prefix)
-file(REAL_PATH "${found_dir}" real_found_dir)
-string(FIND "${real_found_dir}/" "${real_prefix}/" at)
-if(NOT at EQUAL 0)
-  message(FATAL_ERROR "install test: the consumer found tasklet in '${found_dir}', not under ${prefix}")
-endif()
+  # The package must have come from the prefix, not from the build tree or the system.
+  file(STRINGS "${consumer_build}/CMakeCache.txt" found_dir REGEX "^tasklet_DIR:")
+  string(REGEX REPLACE "^tasklet_DIR:[A-Z]+=" "" found_dir "${found_dir}")
+  file(REAL_PATH "${prefix}" real_prefix)
+  file(REAL_PATH "${found_dir}" real_found_dir)
+  string(FIND "${real_found_dir}/" "${real_prefix}/" at)
+  if(NOT at EQUAL 0)
+    message(FATAL_ERROR "install test: the consumer found tasklet in '${found_dir}', not under ${prefix}")
+  endif()
 
-# 4. Build and run it.
-step("building the consumer" COMMAND "${CMAKE_COMMAND}" --build "${consumer_build}" ${config_args})
-set(consumer "${consumer_build}/tasklet_install_consumer")
-if(CONFIG AND NOT EXISTS "${consumer}" AND EXISTS "${consumer_build}/${CONFIG}/tasklet_install_consumer")
-  set(consumer "${consumer_build}/${CONFIG}/tasklet_install_consumer")  # multi-config generators
+  step("building the consumer (${name})" COMMAND "${CMAKE_COMMAND}" --build "${consumer_build}" ${config_args})
+  set(consumer "${consumer_build}/tasklet_install_consumer")
+  if(CONFIG AND NOT EXISTS "${consumer}" AND EXISTS "${consumer_build}/${CONFIG}/tasklet_install_consumer")
+    set(consumer "${consumer_build}/${CONFIG}/tasklet_install_consumer")  # multi-config generators
+  endif()
+  step("running the consumer (${name})" COMMAND "${consumer}")
+endfunction()
+
+run_consumer(core -DWITH_ETCD=OFF -DCMAKE_DISABLE_FIND_PACKAGE_CURL=ON
+  -DCMAKE_DISABLE_FIND_PACKAGE_nlohmann_json=ON)
+if(ETCD)
+  run_consumer(etcd -DWITH_ETCD=ON)
 endif()
-step("running the consumer" COMMAND "${consumer}")
 message(STATUS "install test: passed")

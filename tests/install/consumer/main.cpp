@@ -1,6 +1,7 @@
 // Uses an installed tasklet: one tasklet goes sync -> async -> sync on a scheduler, and the
 // program checks that each phase ran on the thread its directive promised. Exit status 0 only
-// when every check holds. It also links tasklet::rules and tasklet::etcd.
+// when every check holds. It also links tasklet::rules, and tasklet::etcd when built with
+// WITH_ETCD (find_package(tasklet COMPONENTS etcd)).
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -8,7 +9,9 @@
 #include <vector>
 
 #include <tasklet.hpp>
+#ifdef TASKLET_CONSUMER_ETCD
 #include <tasklet/etcd/etcd.hpp>
+#endif
 
 namespace {
 
@@ -62,7 +65,8 @@ int main() {
   check(project->contains(*source) && project->is_conflicting(*source),
         "path rule /project does not cover /project/src");
 
-  // tasklet::etcd too: an endpoint where nothing listens is a typed error at once.
+#ifdef TASKLET_CONSUMER_ETCD
+  // tasklet::etcd, asked for: an endpoint where nothing listens is a typed error at once.
   tasklet::etcd::EtcdOptions options;
   options.endpoints = {"http://127.0.0.1:1"};
   try {
@@ -70,6 +74,7 @@ int main() {
     check(false, "connecting to a closed port succeeded");
   } catch (const tasklet::etcd::EtcdUnavailable&) {
   }
+#endif
 
   if (!problems.empty()) {
     for (const std::string& problem : problems) std::cerr << "FAIL: " << problem << "\n";
