@@ -23,13 +23,12 @@ int main() {
   }
   for (auto& thread : threads) thread.join();
 
-  // A pending task can be cancelled before it starts.
+  // A pending task can be canceled before it starts.
   auto late = writer.post([&written] { written.push_back("never written"); });
-  const bool cancelled = writer.cancel(late);
+  const bool canceled = writer.cancel(late);
   writer.wait();
 
   for (const std::string& line : written) std::printf("%s\n", line.c_str());
-  std::printf("%zu lines written; the late line was %s\n", written.size(),
-              cancelled ? "cancelled" : "written");
+  std::printf("%zu lines written; the late line was %s\n", written.size(), canceled ? "canceled" : "written");
   return written.size() == 20 || written.size() == 21 ? 0 : 1;
 }

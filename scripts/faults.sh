@@ -6,7 +6,7 @@
 # (tests/etcd/etcd_faults_test.cpp). It builds in the ci tree (incrementally after the quick start)
 # and runs the tests labelled "faults" (the seed is printed, and TASKLET_FAULTS_SEED replays it),
 # then the regression tests of the faults the lane was built against, which every lane runs too:
-# a waiter paused past its lease is not granted on resuming, and a cancelled request whose
+# a waiter paused past its lease is not granted on resuming, and a canceled request whose
 # transaction etcd applies late leaves no keys.
 #
 #   TASKLET_JOBS           build parallelism (default: number of cores)

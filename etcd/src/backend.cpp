@@ -216,7 +216,7 @@ std::vector<std::shared_ptr<Job>> EtcdBackend::lose(const std::string& why) {
 std::optional<std::int64_t> EtcdBackend::token(const RuleRequest& request) const {
   // Past the lease's TTL without an answered renewal the token may be another holder's already:
   // the loss is declared now (its listeners run here, and set failure_). When another thread
-  // declared it, the caller hears of it only once the monitors it cancels are cancelled.
+  // declared it, the caller hears of it only once the monitors it cancels are canceled.
   const bool lost = locks_.lose_if_expired();
   if (lost) SessionAccess::wait_until_loss_told(*session_);
   std::lock_guard lock(mutex_);

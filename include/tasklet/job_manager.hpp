@@ -46,7 +46,7 @@ class LockListener {
   /// exception withdraws the request and comes out of begin_rule, whose frame still needs end_rule.
   virtual Waiting about_to_wait(const Rule& rule, const std::vector<RuleBlocker>& blockers) = 0;
   /// The thread got the rule it waited for; begin_rule returns next. An exception comes out of
-  /// begin_rule, with the rule held (end_rule releases it). Not called when the wait was cancelled.
+  /// begin_rule, with the rule held (end_rule releases it). Not called when the wait was canceled.
   virtual void got_it(const Rule& rule) { static_cast<void>(rule); }
 };
 

@@ -1,7 +1,7 @@
 // tasklet/progress_monitor.hpp: progress reporting and cancellation for a job's run.
 //
 // A job gets a monitor from its manager's progress provider (a plain ProgressMonitor by default).
-// Cancelling the job sets the monitor's cancel flag; a long-running job polls is_canceled() and
+// Canceling the job sets the monitor's cancel flag; a long-running job polls is_canceled() and
 // returns Status::cancel(). split() hands part of the work to a sub-monitor, the way Eclipse's
 // SubMonitor does.
 #pragma once

@@ -79,7 +79,7 @@ class SerialExecutor {
   /// `initial_delay + n * period` after this call, whatever the runs before it took (a late run
   /// does not move the later ones; runs never overlap, and one due while another runs waits for
   /// it). Repeats until cancel() of the handle, cancel_all(), the executor's destruction, or a run
-  /// that throws (its exception is kept for wait()). wait() waits for it to be cancelled.
+  /// that throws (its exception is kept for wait()). wait() waits for it to be canceled.
   /// Throws std::invalid_argument for a period that is not positive. Thread-safe; as post() when
   /// the first run is due at once.
   template <class F>
@@ -87,7 +87,7 @@ class SerialExecutor {
   & > Handle post_at_fixed_rate(Duration initial_delay, Duration period, F&& task);
 
   /// As post(), handing back the task's outcome: the future holds what `task()` returned, or the
-  /// exception it threw (which wait() then does not rethrow). A task cancelled before it ran (by
+  /// exception it threw (which wait() then does not rethrow). A task canceled before it ran (by
   /// cancel_all() or the executor's destruction) leaves the future broken: get() throws
   /// std::future_error with std::future_errc::broken_promise. Thread-safe; waits as post() does.
   template <class F>
@@ -95,7 +95,7 @@ class SerialExecutor {
   & > std::future<std::invoke_result_t<std::decay_t<F>&>> submit(F&& task);
 
   /// Removes a task that has not started (waiting for its delay or its turn); it will never run.
-  /// False when it has started, finished or was cancelled already. For a repeating task: no run
+  /// False when it has started, finished or was canceled already. For a repeating task: no run
   /// starts from now on (the pending one is removed, a running one finishes); false when it was
   /// over already. Thread-safe.
   bool cancel(const Handle& handle);
@@ -103,14 +103,14 @@ class SerialExecutor {
   /// (as cancel() does); returns how many tasks were removed. Thread-safe.
   std::size_t cancel_all();
 
-  /// Blocks until every task posted so far has finished or been cancelled, then rethrows the first
+  /// Blocks until every task posted so far has finished or been canceled, then rethrows the first
   /// exception a task threw since the last wait(). Must not be called from one of its own tasks.
   /// Called in a job or an async phase, it suspends that oneTBB task instead of blocking the
   /// worker, so the executor's tasks can run even on a single worker. Throws WaitCycle when the
   /// caller holds the executor's rule (begin_rule(rule())) while tasks wait for it.
   void wait();
 
-  /// Tasks posted and not yet finished or cancelled (the running one included).
+  /// Tasks posted and not yet finished or canceled (the running one included).
   std::size_t outstanding() const noexcept;
 
   /// The mutex rule every task holds.

@@ -72,7 +72,7 @@ class Trace {
   /// (empty: none). After a wait, a flow starts here (on the releasing thread) and ends where its
   /// owner starts: flow_end().
   void granted(const void* request, bool thread, std::string by);
-  /// A request left the table: released when `held`, else withdrawn or cancelled.
+  /// A request left the table: released when `held`, else withdrawn or canceled.
   void left(const void* request, bool held);
   /// Since when `request` is in the table, when it entered while recording.
   std::optional<Nanos> since(const void* request);

@@ -77,7 +77,7 @@ void ThreadHold::reset() noexcept {
   handed = false;
   wakeup_.reset();
   serving_ = nullptr;  // one store, to a line the wake-up shares
-  answer_ = Answer::cancelled;
+  answer_ = Answer::canceled;
   failure_ = nullptr;
   answered_here_ = false;
 }
@@ -193,7 +193,7 @@ void Domain::shut_down() noexcept {
   } const saved{*this};
   // What the extension (the jobs) has not started is canceled and every waiting request too (see
   // close()), before what runs is waited for: a run's hold or begin_rule that waited behind another
-  // run would otherwise be granted once that run ended. Then what entered meanwhile is cancelled;
+  // run would otherwise be granted once that run ended. Then what entered meanwhile is canceled;
   // running background work is waited for by the background schedulers' destructors, or, when one
   // of their own tasks lets them go, by the task that finishes their destruction, which keeps us
   // (and so the rule table) alive until then. The extension's remains (the jobs' listeners) go
@@ -262,7 +262,7 @@ void Domain::begin_rule(const Rule& rule) {
   switch (told ? enter_and_wait(*hold, ctx, rule) : hold->enter(table_, this)) {
     case detail::ThreadHold::Answer::granted:
       return;
-    case detail::ThreadHold::Answer::cancelled: {
+    case detail::ThreadHold::Answer::canceled: {
       ctx.rule_stack.back().hold = nullptr;
       const bool handed = hold->handed;
       const std::exception_ptr failure = hold->failure();  // the backend's, when it gave up on it

@@ -40,9 +40,9 @@ class ThreadHold final : public InlineRuleRequest<4> {
   /// the same rule when nobody wants it; either way the caller is done with it.
   static void finish(ThreadHold* hold, RuleTable& table);
   static void recycle(ThreadHold* hold) noexcept;
-  /// How enter() ended: granted, cancelled (the manager shut down while it waited) or refused (the
+  /// How enter() ended: granted, canceled (the manager shut down while it waited) or refused (the
   /// table ran out of memory entering it; it never was in the table).
-  enum class Answer { granted, cancelled, refused };
+  enum class Answer { granted, canceled, refused };
   /// Enters the request in `table` and returns once it is answered. While it waits, `waits_in`
   /// knows (a transfer_rule may hand this thread a rule meanwhile).
   Answer enter(RuleTable& table, Domain* waits_in = nullptr) {
@@ -88,16 +88,16 @@ class ThreadHold final : public InlineRuleRequest<4> {
   /// The tasklet whose phase (or rule) it is for, if any.
   const Tasklet* owner_tasklet() const noexcept { return owner_tasklet_.load(std::memory_order_relaxed); }
   /// Set (under the domain's handing lock) when this waiting request was withdrawn because a rule
-  /// containing it was handed to its thread: `cancelled` then means that.
+  /// containing it was handed to its thread: `canceled` then means that.
   bool handed = false;
   void granted() noexcept override { wake(Answer::granted); }
-  void cancelled() noexcept override { wake(Answer::cancelled); }
+  void canceled() noexcept override { wake(Answer::canceled); }
   void refused() noexcept override { wake(Answer::refused); }
   void failed(std::exception_ptr why) noexcept override {
     failure_ = std::move(why);
-    wake(Answer::cancelled);
+    wake(Answer::canceled);
   }
-  /// Why a backend could not grant it (answer() is then cancelled), else null.
+  /// Why a backend could not grant it (answer() is then canceled), else null.
   const std::exception_ptr& failure() const noexcept { return failure_; }
   bool parkable() const noexcept override { return parkable_; }
   bool blocks_thread() const noexcept override { return blocks_thread_; }
@@ -109,9 +109,9 @@ class ThreadHold final : public InlineRuleRequest<4> {
   void wake(Answer answer) noexcept;
   void reset() noexcept;
   Wakeup wakeup_;
-  Answer answer_ = Answer::cancelled;
+  Answer answer_ = Answer::canceled;
   std::exception_ptr failure_;
-  bool answered_here_ = false;  // granted or cancelled by the owner's own enter(): nothing to wait for
+  bool answered_here_ = false;  // granted or canceled by the owner's own enter(): nothing to wait for
   bool parkable_ = false;
   bool blocks_thread_ = false;  // its owner's wait blocks its thread: not a task on a worker
   // The table where this request is parked (read by its owner only), or null.
@@ -155,12 +155,12 @@ inline bool runs_extension(const TaskState& task) noexcept {
 class DomainExtension {
  public:
   virtual ~DomainExtension() = default;
-  /// Nothing starts from now on, and what has not started is cancelled (before the table's
+  /// Nothing starts from now on, and what has not started is canceled (before the table's
   /// waiters are).
   virtual void stop() noexcept = 0;
-  /// Waits for what runs (after the table's waiters were cancelled).
+  /// Waits for what runs (after the table's waiters were canceled).
   virtual void shut_down() noexcept = 0;
-  /// After the table's waiters are cancelled: lets its schedulers go and forgets them. What it
+  /// After the table's waiters are canceled: lets its schedulers go and forgets them. What it
   /// still owns is dropped with the domain, after the last task of the domain's schedulers.
   virtual void let_go() noexcept = 0;
   /// Whether the calling code is work of the extension that shut_down() would wait for; then
@@ -184,7 +184,7 @@ class Domain : public std::enable_shared_from_this<Domain> {
   void shut_down() noexcept;
   /// shut_down's first part, for one called from inside a run, which finishes it once that run is
   /// over: nothing new starts, and every waiting request (tasklets, holds, begin_rule) is
-  /// cancelled, now and whenever one would wait from now on. Once; shut_down() calls it.
+  /// canceled, now and whenever one would wait from now on. Once; shut_down() calls it.
   void close() noexcept;
   /// Whether close() was called: a hold or begin_rule that would wait is refused instead.
   bool closing() const noexcept { return closing_.load(std::memory_order_seq_cst); }
@@ -255,7 +255,6 @@ class Domain : public std::enable_shared_from_this<Domain> {
   /// The backend that shares this manager's rules beyond the process (see RuleTable::set_backend).
   void set_backend(std::shared_ptr<RuleBackend> backend) noexcept { table_.set_backend(std::move(backend)); }
   RuleBackend* backend() const noexcept { return table_.backend(); }
-
 
  private:
   JobManager& self_;

@@ -90,8 +90,7 @@ detail::ThreadHold::Answer Domain::enter_and_wait_told(detail::ThreadHold& hold,
   if (hold.try_enter(table_)) return hold.answer();
   // A job's run in a manager that shuts down does not wait: the shutdown withdrew those waiting
   // when it began (see close()), and this one is answered as they were.
-  if (job_layer != nullptr && closing() && table_.withdraw(hold))
-    return detail::ThreadHold::Answer::cancelled;
+  if (job_layer != nullptr && closing() && table_.withdraw(hold)) return detail::ThreadHold::Answer::canceled;
   detail::ThreadHold::Noted noted(hold, this);  // before the listener hears of it
   std::vector<RuleBlocker> blockers;
   try {

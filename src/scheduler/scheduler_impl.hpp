@@ -206,7 +206,7 @@ class SchedulerImpl final {
   std::atomic<std::size_t> holds_{0};
   alignas(64) std::atomic<bool> running_{false};
   bool background_ = false;
-  std::atomic<bool> going_{false};  // the destructor has begun: a cancelled hold resumes nothing
+  std::atomic<bool> going_{false};  // the destructor has begun: a canceled hold resumes nothing
 
   mutable std::mutex mutex_;  // guards the members below up to `parked_mutex_`
   std::condition_variable wake_;

@@ -123,7 +123,7 @@ struct detail::SchedulerImpl::TaskletHold final : detail::InlineRuleRequest<N>, 
     // name the holder without racing with the grant.
     impl.dispatch(TaskletPtr(tasklet), pending());
   }
-  void cancelled() noexcept override {
+  void canceled() noexcept override {
     SchedulerImpl& impl = scheduler();
     const Delivery delivery(impl, count_in(impl));
     TaskletPtr ended = std::move(tasklet);
@@ -135,7 +135,7 @@ struct detail::SchedulerImpl::TaskletHold final : detail::InlineRuleRequest<N>, 
   // canceled); any other ends unrun, as when withdrawn.
   void closed() noexcept override {
     if (dynamic_cast<const LibraryTasklet*>(tasklet.get()) == nullptr) {
-      cancelled();
+      canceled();
       return;
     }
     std::exception_ptr why;
@@ -178,7 +178,7 @@ struct detail::SchedulerImpl::PhaseHold final : detail::InlineRuleRequest<4>, de
   std::string job_name() const override { return SchedulerImpl::job_of_tasklet(*tasklet); }
   SchedulerImpl& scheduler() const noexcept { return detail::impl(*TaskletAccess::scheduler(*tasklet)); }
   void granted() noexcept override { answer_with(HoldAnswer::granted); }
-  void cancelled() noexcept override { answer_with(HoldAnswer::cancelled); }
+  void canceled() noexcept override { answer_with(HoldAnswer::canceled); }
   void refused() noexcept override { answer_with(HoldAnswer::refused); }
   void failed(std::exception_ptr why) noexcept override {
     answer->failure = std::move(why);
@@ -252,7 +252,7 @@ detail::HoldAnswer detail::SchedulerImpl::begin_hold(Tasklet& tasklet, const Rul
   domain_.table_.enter(*hold);
   // A manager that shuts down lets no hold wait: it withdrew those waiting when it began (see
   // Domain::close), and this one is answered as they were.
-  if (domain_.closing() && domain_.table_.withdraw(*hold)) hold->cancelled();
+  if (domain_.closing() && domain_.table_.withdraw(*hold)) hold->canceled();
   if (!hold->told.exchange(true, std::memory_order_acq_rel)) return HoldAnswer::waiting;
   // Answered while it entered: the phase goes on, unsuspended.
   end_suspension(owned, generation);

@@ -128,7 +128,7 @@ class WaitQueue {
 };
 
 /// A holder or would-be holder of a rule. Subclasses learn of a grant that had to wait through
-/// granted(), and of a cancellation by the table's owner through cancelled(); both are called once,
+/// granted(), and of a cancellation by the table's owner through canceled(); both are called once,
 /// outside the table's lock, and the table does not touch the request afterwards.
 class RuleRequest {
  public:
@@ -147,19 +147,19 @@ class RuleRequest {
     if (entry_heap_log_ != 0) deallocate_bytes(entry_data());
   }
   virtual void granted() noexcept = 0;
-  virtual void cancelled() noexcept = 0;
+  virtual void canceled() noexcept = 0;
   /// The table ran out of memory entering the request: it never was in the table (nothing of the
-  /// table changed), and its owner is told instead of granted or cancelled. By default, as cancelled.
-  virtual void refused() noexcept { cancelled(); }
+  /// table changed), and its owner is told instead of granted or canceled. By default, as canceled.
+  virtual void refused() noexcept { canceled(); }
   /// A backend behind the table (rule_backend.hpp) could not grant it, for `why`: it is out of the
-  /// table, never granted. By default, as cancelled.
+  /// table, never granted. By default, as canceled.
   virtual void failed(std::exception_ptr why) noexcept {
     static_cast<void>(why);
-    cancelled();
+    canceled();
   }
   /// The table's owner shuts down while the request waits (RuleTable::cancel_all_waiting): it is
-  /// out of the table, never granted. By default, as cancelled.
-  virtual void closed() noexcept { cancelled(); }
+  /// out of the table, never granted. By default, as canceled.
+  virtual void closed() noexcept { canceled(); }
   /// Who asked (a tasklet, for instance), so that its request can be found and withdrawn.
   virtual const void* owner() const noexcept { return nullptr; }
   /// Whether a thread blocks while it waits (begin_rule on an ordinary thread), rather than a
@@ -177,7 +177,7 @@ class RuleRequest {
 
  protected:
   /// Three bits of the subclass's own, kept in a byte the request has spare: set them before the
-  /// request enters the table and read them once it was granted or cancelled (they share the byte
+  /// request enters the table and read them once it was granted or canceled (they share the byte
   /// with flags the table writes under its lock meanwhile).
   std::uint8_t own_bits() const noexcept { return own_bits_; }
   void set_own_bits(std::uint8_t bits) noexcept { own_bits_ = bits & 7u; }

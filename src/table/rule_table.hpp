@@ -118,11 +118,11 @@ class RuleTable {
   bool withdraw(RuleRequest& request);
 
   /// Withdraws the waiting requests for exactly `rule` (the same object) that `matches` accepts,
-  /// calls their cancelled() outside the lock, and returns how many. `matches` runs under the lock.
+  /// calls their canceled() outside the lock, and returns how many. `matches` runs under the lock.
   template <class Predicate>
   std::size_t withdraw_waiting(const SchedulingRule& rule, Predicate&& matches);
 
-  /// Withdraws every waiting request that `matches` accepts, calls their cancelled() outside the
+  /// Withdraws every waiting request that `matches` accepts, calls their canceled() outside the
   /// lock, and returns how many. `matches` runs under the lock. O(live requests).
   template <class Predicate>
   std::size_t withdraw_waiting_if(Predicate&& matches);
@@ -193,7 +193,7 @@ class RuleTable {
   }
   RuleBackend* backend() const noexcept { return backend_; }
   /// For the backend: takes a request it could not grant out of the table (its owner is then told
-  /// with cancelled(), by the backend). Nothing when it is not held here.
+  /// with canceled(), by the backend). Nothing when it is not held here.
   void abandon(RuleRequest& request);
 
   /// The recorder told of every entry, grant and exit from now on (null: none). The caller keeps
@@ -275,7 +275,7 @@ class RuleTable {
   // blockers() under the lock.
   void add_blockers(const RuleRequest& mine, std::vector<RuleBlocker>& found) const;
   // The recorder's side (trace_ set), under the lock: a request entered (granted at once or not),
-  // was granted after waiting, or left (released, withdrawn or cancelled).
+  // was granted after waiting, or left (released, withdrawn or canceled).
   [[gnu::cold, gnu::noinline]] void trace_entered(Trace& trace, const RuleRequest& request,
                                                   bool granted) noexcept;
   [[gnu::cold, gnu::noinline]] static void trace_left(Trace& trace, const RuleRequest& request,
@@ -404,7 +404,7 @@ std::size_t RuleTable::withdraw_collected(Collect&& collect) {
     withdrawn.erase(kept, withdrawn.end());
   }
   notify(grants);
-  for (RuleRequest* request : withdrawn) request->cancelled();
+  for (RuleRequest* request : withdrawn) request->canceled();
   return withdrawn.size();
 }
 

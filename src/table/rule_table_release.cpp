@@ -155,24 +155,24 @@ void RuleTable::abandon(RuleRequest& request) {
 }
 
 void RuleTable::cancel_all_waiting() {
-  std::vector<RuleRequest*> cancelled;
+  std::vector<RuleRequest*> canceled;
   Grants grants;  // submitted requests granted at once
   {
     Locked lock(*this, grants);
     for (RuleRequest* request : live_) {
-      if (!request->held_) cancelled.push_back(request);
+      if (!request->held_) canceled.push_back(request);
     }
-    const std::size_t waiting_here = cancelled.size();
+    const std::size_t waiting_here = canceled.size();
     for (RuleRequest* request : live_) {
-      if (waits_outside(*request)) cancelled.push_back(request);
+      if (waits_outside(*request)) canceled.push_back(request);
     }
     // In the order they came, so that their owners hear of it in that order.
     const auto by_ticket = [](const RuleRequest* a, const RuleRequest* b) { return a->ticket_ < b->ticket_; };
-    std::sort(cancelled.begin(), cancelled.begin() + static_cast<std::ptrdiff_t>(waiting_here), by_ticket);
+    std::sort(canceled.begin(), canceled.begin() + static_cast<std::ptrdiff_t>(waiting_here), by_ticket);
     // Every waiter goes, so nobody is left to be let through: unlink without walking.
     Trace* trace = trace_.load(std::memory_order_relaxed);
     for (std::size_t at = 0; at < waiting_here; ++at) {
-      RuleRequest* request = cancelled[at];
+      RuleRequest* request = canceled[at];
       if (trace != nullptr) trace_left(*trace, *request, false);
       unlink_waiting(*request);
       erase_live(*request);
@@ -191,16 +191,16 @@ void RuleTable::cancel_all_waiting() {
     }
     // Then those held here and still waiting in the backend, withdrawn there: nobody waits here to
     // be let through any more.
-    auto kept = cancelled.begin() + static_cast<std::ptrdiff_t>(waiting_here);
-    for (auto outside = kept; outside != cancelled.end(); ++outside) {
+    auto kept = canceled.begin() + static_cast<std::ptrdiff_t>(waiting_here);
+    for (auto outside = kept; outside != canceled.end(); ++outside) {
       if (!backend_->leave(**outside, true)) continue;
       take_out(**outside, grants);
       *kept++ = *outside;
     }
-    cancelled.erase(kept, cancelled.end());
+    canceled.erase(kept, canceled.end());
   }
   notify(grants);
-  for (RuleRequest* request : cancelled) request->closed();
+  for (RuleRequest* request : canceled) request->closed();
 }
 
 }  // namespace tasklet::detail

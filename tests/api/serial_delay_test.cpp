@@ -50,14 +50,14 @@ TEST_P(SerialDelayTest, DelayedTasksRunWhenDueAndInTheSerialOrder) {
   EXPECT_GE(a_ran - posted, 40ms);
 }
 
-TEST_P(SerialDelayTest, CancellingADelayedTaskDropsItAtOnce) {
-  SerialExecutor strand(manager_, "cancelled");
+TEST_P(SerialDelayTest, CancelingADelayedTaskDropsItAtOnce) {
+  SerialExecutor strand(manager_, "canceled");
   auto payload = std::make_shared<int>(7);
   std::weak_ptr<int> kept = payload;
   bool ran = false;
   auto handle = strand.post_after(1h, [&ran, payload = std::move(payload)] { ran = *payload == 7; });
   EXPECT_TRUE(strand.cancel(handle));
-  EXPECT_TRUE(kept.expired()) << "a cancelled task is not kept until its time";
+  EXPECT_TRUE(kept.expired()) << "a canceled task is not kept until its time";
   EXPECT_EQ(strand.outstanding(), 0u);
   EXPECT_FALSE(strand.cancel(handle));
   strand.wait();
@@ -92,7 +92,7 @@ TEST_P(SerialDelayTest, FixedRateRunsAreDueAtMultiplesOfThePeriod) {
   fifth.get_future().wait();
   EXPECT_TRUE(strand.cancel(handle));
   EXPECT_FALSE(strand.cancel(handle));
-  strand.wait();  // returns once it is cancelled: nothing is left
+  strand.wait();  // returns once it is canceled: nothing is left
   EXPECT_EQ(strand.outstanding(), 0u);
   ASSERT_GE(runs.size(), 5u);
   for (std::size_t n = 0; n < runs.size(); ++n) {

@@ -127,8 +127,8 @@ TEST_P(SerialExecutorTest, CancelRemovesOnePendingTask) {
   started.wait();
   EXPECT_EQ(strand.outstanding(), 3u) << "the running task and two pending ones";
   EXPECT_TRUE(strand.cancel(second));
-  EXPECT_FALSE(strand.cancel(second)) << "cancelled already";
-  EXPECT_EQ(strand.outstanding(), 2u) << "a cancelled task is no longer counted";
+  EXPECT_FALSE(strand.cancel(second)) << "canceled already";
+  EXPECT_EQ(strand.outstanding(), 2u) << "a canceled task is no longer counted";
   release.count_down();
   strand.wait();
   EXPECT_EQ(ran, (std::vector<int>{0, 2}));
@@ -157,7 +157,7 @@ TEST_P(SerialExecutorTest, CancelAllRemovesEveryPendingTask) {
 }
 
 // submit() hands back each task's outcome: a value, nothing (void), or the exception it threw
-// (which wait() then does not rethrow); a task cancelled before it ran leaves its future broken.
+// (which wait() then does not rethrow); a task canceled before it ran leaves its future broken.
 TEST_P(SerialExecutorTest, SubmitHandsBackTheTasksResult) {
   SerialExecutor strand(manager_);
   std::vector<int> order;
@@ -191,14 +191,14 @@ TEST_P(SerialExecutorTest, SubmitHandsBackTheTasksResult) {
     started.count_down();
     release.wait();
   });
-  std::future<int> cancelled = strand.submit([] { return 1; });
+  std::future<int> canceled = strand.submit([] { return 1; });
   started.wait();
   EXPECT_EQ(strand.cancel_all(), 1u);
   release.count_down();
   strand.wait();
   try {
-    cancelled.get();
-    FAIL() << "a cancelled task's future holds no value";
+    canceled.get();
+    FAIL() << "a canceled task's future holds no value";
   } catch (const std::future_error& error) {
     EXPECT_EQ(error.code(), std::future_errc::broken_promise);
   }
@@ -238,9 +238,9 @@ TEST_P(SerialExecutorTest, WaitRethrowsTheFirstExceptionAndTheStrandGoesOn) {
 }
 
 TEST_P(SerialExecutorTest, DestructionCancelsPendingAndWaitsForTheRunningTask) {
-  // Each pending task owns a Gone, destroyed with the task whether it runs or is cancelled. The
+  // Each pending task owns a Gone, destroyed with the task whether it runs or is canceled. The
   // running task is let go only once all of them are gone, so that none can be granted before the
-  // destructor has cancelled it (a bounded wait: if they never go, the test fails instead of hanging).
+  // destructor has canceled it (a bounded wait: if they never go, the test fails instead of hanging).
   struct Gone {
     Gone(std::mutex& m, std::condition_variable& c, int& n) : mutex(m), changed(c), count(n) {}
     Gone(const Gone&) = delete;
@@ -282,9 +282,9 @@ TEST_P(SerialExecutorTest, DestructionCancelsPendingAndWaitsForTheRunningTask) {
     });
   }
   releaser.join();
-  EXPECT_TRUE(all_gone) << "the destructor cancelled the pending tasks";
+  EXPECT_TRUE(all_gone) << "the destructor canceled the pending tasks";
   EXPECT_TRUE(finished.load()) << "the destructor waited for the running task";
-  EXPECT_EQ(ran.load(), 0) << "pending tasks were cancelled";
+  EXPECT_EQ(ran.load(), 0) << "pending tasks were canceled";
 }
 
 TEST(SerialExecutorOnOneWorker, AJobWaitingForTheExecutorDoesNotHoldTheOnlyWorker) {

@@ -1,4 +1,4 @@
-// The manager's one timer: alarms ring once they are due, in time order; moving, cancelling and
+// The manager's one timer: alarms ring once they are due, in time order; moving, canceling and
 // stopping.
 #include "base/timer.hpp"
 
@@ -83,24 +83,24 @@ TEST(TimerTest, SettingASetAlarmAgainMovesItAndItRingsOnce) {
   EXPECT_EQ(moved.rings, 1);
 }
 
-TEST(TimerTest, ACancelledAlarmNeverRingsAndAStoppedTimerRingsWhatIsStillSet) {
+TEST(TimerTest, ACanceledAlarmNeverRingsAndAStoppedTimerRingsWhatIsStillSet) {
   auto timer = std::make_shared<Timer>();
   std::vector<int> order;
   std::mutex mutex;
-  Recorded cancelled(*timer, 1, order, mutex, nullptr), pending(*timer, 2, order, mutex, nullptr);
-  ASSERT_TRUE(timer->set(cancelled, Clock::now() + 1h));
+  Recorded canceled(*timer, 1, order, mutex, nullptr), pending(*timer, 2, order, mutex, nullptr);
+  ASSERT_TRUE(timer->set(canceled, Clock::now() + 1h));
   ASSERT_TRUE(timer->set(pending, Clock::now() + 1h));
-  EXPECT_TRUE(timer->cancel(cancelled));
-  EXPECT_FALSE(timer->cancel(cancelled));  // not set any more
-  timer->stop();                           // rings `pending` one last time, on the way out
-  timer->stop();                           // idempotent
+  EXPECT_TRUE(timer->cancel(canceled));
+  EXPECT_FALSE(timer->cancel(canceled));  // not set any more
+  timer->stop();                          // rings `pending` one last time, on the way out
+  timer->stop();                          // idempotent
   {
     std::lock_guard lock(mutex);
     EXPECT_EQ(order, (std::vector<int>{2}));
   }
-  EXPECT_FALSE(timer->set(cancelled, Clock::now()));  // the timer has stopped
+  EXPECT_FALSE(timer->set(canceled, Clock::now()));  // the timer has stopped
   std::lock_guard lock(mutex);
-  EXPECT_EQ(cancelled.rings, 0);
+  EXPECT_EQ(canceled.rings, 0);
 }
 
 // An alarm that waits in ring() until let go: cancel() from another thread returns only after
@@ -124,12 +124,12 @@ TEST(TimerTest, CancelWaitsForARingInProgress) {
   alarm.entered.wait();
   bool was_set = true;
   bool ring_over = false;
-  std::thread canceller([&] {
+  std::thread canceler([&] {
     was_set = timer->cancel(alarm);
     ring_over = alarm.returned.load();  // whichever of the two threads gets here first
   });
   alarm.go.count_down();
-  canceller.join();
+  canceler.join();
   EXPECT_TRUE(ring_over) << "cancel() returned while ring() was still running";
   EXPECT_FALSE(was_set) << "a ringing alarm is no longer set";
   timer->stop();

@@ -13,7 +13,7 @@
 //     from just before its first fencing_token call to just before its last one that answered);
 //   - conflicting holds began in the order of their tokens (FIFO by revision);
 //   - a hold whose operation the store refused learned of the loss before it ended: its last
-//     fencing_token threw EtcdLeaseLost and its monitor was cancelled;
+//     fencing_token threw EtcdLeaseLost and its monitor was canceled;
 //   - every job ran at most once, a job that ended well ran exactly once, and every other job ended
 //     with a message naming the cause; every process ended once told to (nothing hangs);
 //   - afterwards no key of the processes' sessions is left in etcd, and a new session is granted
@@ -478,7 +478,7 @@ TEST(EtcdFaultsTest, FencedHoldsSurviveLeaderLossPausesPartitionsAndRestarts) {
     if (ended_early.count(hold.lease) != 0) continue;  // the fence alone (check_ended_early)
     EXPECT_FALSE(hold.last_ok) << "the store refused a hold the library still vouched for: "
                                << describe(hold);
-    EXPECT_TRUE(hold.canceled) << "a lost hold's monitor was not cancelled: " << describe(hold);
+    EXPECT_TRUE(hold.canceled) << "a lost hold's monitor was not canceled: " << describe(hold);
   }
   std::map<std::string, int> refused_by_cause, injected_by_kind;
   long long accepted = 0, refused = 0;

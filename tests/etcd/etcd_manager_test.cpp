@@ -1,7 +1,7 @@
 // Managers made with make_job_manager against a real etcd: two managers with sessions of their own
 // stand for two processes (tests/etcd/etcd_processes_test.cpp runs real ones). Shared rules exclude
 // across them for jobs, begin_rule and strands; identity mutexes stay local; fencing tokens grow;
-// a job cancelled while it waits in etcd is withdrawn there, even when etcd applies its request
+// a job canceled while it waits in etcd is withdrawn there, even when etcd applies its request
 // late; a lost lease and a dead etcd tell every holder and leave nothing hanging.
 #include <atomic>
 #include <chrono>
@@ -227,18 +227,17 @@ TEST_F(EtcdManagerTest, FencingTokensGrowAndNeedASharedRuleTheCallerHolds) {
   job->join();
 }
 
-TEST_F(EtcdManagerTest, AJobCancelledWhileItWaitsInEtcdIsWithdrawnThere) {
+TEST_F(EtcdManagerTest, AJobCanceledWhileItWaitsInEtcdIsWithdrawnThere) {
   auto one = manager(), two = manager();
   HeldJob holder(one, "holder", rules::path("/w"));
-  std::atomic<bool> cancelled_ran{false};
-  auto cancelled =
-      job_on(two, "cancelled", rules::path("/w"), [&](ProgressMonitor&) { cancelled_ran = true; });
-  cancelled->schedule();
+  std::atomic<bool> canceled_ran{false};
+  auto canceled = job_on(two, "canceled", rules::path("/w"), [&](ProgressMonitor&) { canceled_ran = true; });
+  canceled->schedule();
   ASSERT_TRUE(test::eventually([&] { return claim_keys("p/w/") == 2; }))
       << "its key is in etcd, behind the holder's";
-  EXPECT_TRUE(cancelled->cancel());
-  cancelled->join();
-  EXPECT_EQ(cancelled->result().severity, Status::Severity::cancel);
+  EXPECT_TRUE(canceled->cancel());
+  canceled->join();
+  EXPECT_EQ(canceled->result().severity, Status::Severity::cancel);
   ASSERT_TRUE(test::eventually([&] { return claim_keys("p/w/") == 1; })) << "its key is deleted";
   std::promise<void> next_ran;
   auto next = job_on(two, "next", rules::path("/w"), [&](ProgressMonitor&) { next_ran.set_value(); });
@@ -247,7 +246,7 @@ TEST_F(EtcdManagerTest, AJobCancelledWhileItWaitsInEtcdIsWithdrawnThere) {
   auto next_future = next_ran.get_future();
   await(next_future);
   next->join();
-  EXPECT_FALSE(cancelled_ran.load());
+  EXPECT_FALSE(canceled_ran.load());
 }
 
 TEST_F(EtcdManagerTest, DestroyingAManagerWithdrawsWhatWaitsInEtcd) {
@@ -333,7 +332,7 @@ TEST_F(EtcdManagerTest, ALostLeaseCancelsRunningAndWaitingWorkAndHoldersHearOfIt
   }());
   EXPECT_NE(told_future.get().find("lease"), std::string::npos);
   auto saw = saw_cancel.get_future();
-  EXPECT_TRUE(await(saw)) << "the running holder's monitor was cancelled";
+  EXPECT_TRUE(await(saw)) << "the running holder's monitor was canceled";
   holder->join();
   auto begun_saw = begun_saw_cancel.get_future();
   EXPECT_TRUE(await(begun_saw)) << "so was the monitor of a job that took its rule with begin_rule";
@@ -416,11 +415,11 @@ TEST_F(EtcdManagerTest, EtcdDyingWhileRulesAreHeldAndWaitedForEndsInCancellation
   auto first_session = session(2s), second_session = session(2s);
   auto one = manager(first_session), two = manager(second_session);
   std::promise<void> held, go_on;
-  std::promise<bool> cancelled_seen;
+  std::promise<bool> canceled_seen;
   auto holder = job_on(one, "holder", rules::path("/s"), [&](ProgressMonitor& monitor) {
     held.set_value();
     go_on.get_future().wait();
-    cancelled_seen.set_value(monitor.is_canceled());
+    canceled_seen.set_value(monitor.is_canceled());
   });
   holder->schedule();
   held.get_future().wait();
@@ -438,8 +437,8 @@ TEST_F(EtcdManagerTest, EtcdDyingWhileRulesAreHeldAndWaitedForEndsInCancellation
   await(first_future);  // within about a TTL of the last renewal
   await(second_future);
   go_on.set_value();
-  auto seen = cancelled_seen.get_future();
-  EXPECT_TRUE(await(seen)) << "the holder's monitor was cancelled";
+  auto seen = canceled_seen.get_future();
+  EXPECT_TRUE(await(seen)) << "the holder's monitor was canceled";
   holder->join();
   behind_here->join();  // granted here after the holder, then refused: the lease is gone
   behind_there->join();

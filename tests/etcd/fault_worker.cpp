@@ -15,7 +15,7 @@
 //       BEFORE_FIRST / BEFORE_LAST: CLOCK_MONOTONIC just before the first and the last
 //       fencing_token call; FIRST_OK / LAST_OK whether they answered (0: EtcdLeaseLost); REFUSED:
 //       how many store operations were refused; CANCELED: whether the job's monitor was
-//       cancelled at the end; PART: "X path", "S path" or "N name"
+//       canceled at the end; PART: "X path", "S path" or "N name"
 //   job JOB ok | job JOB cancel|error MESSAGE   how the job ended
 //   session LEASE began T | lost LEASE at T WHY | ended LEASE | connect failed WHY
 //   waiting JOB; BLOCKER...         a job still waits once told to stop (every 5 s)

@@ -1,6 +1,6 @@
 // The rule table with a backend that shares path and named rules (as tasklet::etcd does): a
 // request hears of its grant only after the backend's, waits here first and there second, never
-// parks, and is withdrawn, cancelled, handed over or abandoned in either place.
+// parks, and is withdrawn, canceled, handed over or abandoned in either place.
 #include "table/rule_backend.hpp"
 
 #include <algorithm>
@@ -27,7 +27,7 @@ struct Probe final : InlineRuleRequest<2> {
   int grants = 0;
   int cancels = 0;
   void granted() noexcept override { ++grants; }
-  void cancelled() noexcept override { ++cancels; }
+  void canceled() noexcept override { ++cancels; }
   bool parkable() const noexcept override { return may_park; }
 };
 
@@ -188,7 +188,7 @@ TEST_F(RuleBackendTest, WithdrawingByRuleAndPredicateReachesRequestsInTheBackend
   EXPECT_EQ(backend_->withdrawn.size(), 2U);
 }
 
-TEST_F(RuleBackendTest, CancellingEveryWaiterIncludesThoseWaitingInTheBackend) {
+TEST_F(RuleBackendTest, CancelingEveryWaiterIncludesThoseWaitingInTheBackend) {
   Probe outside(rules::path("/a")), here(rules::path("/a")), held(rules::path("/b"));
   table_.enter(held);
   backend_->grant(held);

@@ -27,7 +27,7 @@ struct Probe final : InlineRuleRequest<2> {
   const Rule& rule() const noexcept { return kept; }
   Rule kept;
   void granted() noexcept override { ++grants; }
-  void cancelled() noexcept override { ++cancels; }
+  void canceled() noexcept override { ++cancels; }
   bool parkable() const noexcept override { return may_park; }
   int grants = 0;
   int cancels = 0;

@@ -166,7 +166,7 @@ struct RuleWait {
         return RuleHold(tasklet);
       case HoldAnswer::failed:
         std::rethrow_exception(later.failure);
-      case HoldAnswer::cancelled:
+      case HoldAnswer::canceled:
         throw IllegalState("hold(" + describe(rule) + "): the job manager shut down while " +
                            tasklet->name() + " waited for the rule");
       case HoldAnswer::refused:

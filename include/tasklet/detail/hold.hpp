@@ -14,12 +14,12 @@ namespace tasklet::detail {
 
 /// How a hold was answered.
 enum class HoldAnswer : unsigned char {
-  waiting,    // not yet: the tasklet is suspended and its phase must return wait
-  nested,     // its tasklet holds a rule containing this one: nothing to take or release
-  granted,    // the tasklet holds the rule (its rule from now on) until end_hold or its end
-  cancelled,  // its job manager shut down or its scheduler went while it waited
-  refused,    // out of memory in the rule table: it never waited
-  failed,     // a backend of the rule table (etcd) could not grant it: HoldReply::failure says why
+  waiting,   // not yet: the tasklet is suspended and its phase must return wait
+  nested,    // its tasklet holds a rule containing this one: nothing to take or release
+  granted,   // the tasklet holds the rule (its rule from now on) until end_hold or its end
+  canceled,  // its job manager shut down or its scheduler went while it waited
+  refused,   // out of memory in the rule table: it never waited
+  failed,    // a backend of the rule table (etcd) could not grant it: HoldReply::failure says why
 };
 
 /// How a waiting hold was answered, set by the engine before it resumes the tasklet.
@@ -29,7 +29,7 @@ struct HoldReply {
 };
 
 /// In a phase of `tasklet` (on the thread running it): takes `rule` for the tasklet. Answers at once
-/// (nested, granted, cancelled, refused, failed: `later` says why) when it can, else suspends the
+/// (nested, granted, canceled, refused, failed: `later` says why) when it can, else suspends the
 /// tasklet, returns waiting,
 /// and sets `later` before the tasklet is resumed (where the phase was: sync or async). Throws
 /// IllegalState outside the tasklet's phase, with begin_rule scopes open in the phase, or when its

@@ -15,7 +15,7 @@ namespace tasklet::detail {
 class SerialState;
 
 /// One posted task: a tasklet holding the executor's rule whose only phase runs the body. Its
-/// destruction, whether it ran or was cancelled, counts it out of the executor.
+/// destruction, whether it ran or was canceled, counts it out of the executor.
 class SerialTask : public LibraryTasklet {
  public:
   explicit SerialTask(SerialState& state) noexcept : state_(state) {}

@@ -120,8 +120,8 @@ class EtcdSession {
 /// (rules::mutex) and custom rules stay in this process. A request is granted here first (in FIFO
 /// order with this manager's other requests), then in etcd (in revision order with every other
 /// process's); a holder's fencing_token is that revision. When the session's lease is lost, the
-/// monitors of running jobs whose rules are shared are cancelled, requests still waiting are
-/// cancelled, and begin_rule and end_rule throw EtcdLeaseLost to threads that held shared rules;
+/// monitors of running jobs whose rules are shared are canceled, requests still waiting are
+/// canceled, and begin_rule and end_rule throw EtcdLeaseLost to threads that held shared rules;
 /// the session's on_lease_lost listeners are told. A manager cannot share again after that: make
 /// a new session and manager. The manager keeps the session alive. Throws std::invalid_argument
 /// for a null session, std::bad_alloc. See docs/distributed.md.
