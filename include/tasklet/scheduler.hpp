@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,14 @@ struct SchedulerOptions {
   std::shared_ptr<Workers> workers{};
   /// When > 0 and `workers` is empty: a private pool with this many worker threads.
   int concurrency = 0;
+  /// Lets an application's event loop be the synchronous thread (see Scheduler::poll()). When set,
+  /// it is called when the loop should call poll(): a sync phase became ready while no run(),
+  /// poll() or run_for() was taking them, or the scheduler went from nothing active to something
+  /// active (tasklets or KeepAlive guards) or back. It may be called more often than that, from
+  /// any thread, never under an internal lock; it must not block or call into the scheduler: post
+  /// to the loop and return (an exception from it is dropped). A scheduler with it counts as
+  /// running from the start: async phases may start at any time.
+  std::function<void()> wake_loop{};
 };
 
 /// A phase's exception, with the name of the tasklet that threw it.
@@ -59,7 +68,7 @@ class Rescheduler {
   /// Continues the tasklet with `directive`. Throws AlreadyResumed when this suspension was
   /// resumed already or has ended (the tasklet returned something other than wait, or its
   /// scheduler is gone; also for an empty Rescheduler), and SchedulerNotRunning for `async` while
-  /// the scheduler's run() is not active, and IllegalState for `sync` on a job manager's own
+  /// the scheduler is not running, and IllegalState for `sync` on a job manager's own
   /// scheduler (a job's run: it has no synchronous thread; the tasklet then stays parked). Does not
   /// block, except that resume(sync) on the implicit scheduler's own thread runs the phases inline
   /// as schedule() does (and rethrows their exceptions).
@@ -68,7 +77,7 @@ class Rescheduler {
   /// Resumes with `directive` once `delay` has passed, on the job manager's timer, unless the
   /// suspension was resumed or ended before then: an earlier resume() wins and this one then does
   /// nothing (a timeout). Keeps the suspension going until then. Throws as resume() does when the
-  /// suspension is over already or for `async` while run() is not active; std::bad_alloc. A delay
+  /// suspension is over already or for `async` while the scheduler is not running; std::bad_alloc. A delay
   /// of zero or less resumes at once. Does not block.
   void resume_after(std::chrono::steady_clock::duration delay, Directive directive) const;
 
@@ -102,8 +111,24 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   /// thread's begin_rule scopes hold, so that run() could never return.
   void run();
 
+  /// Runs the sync phases that are ready now on the calling thread, as one turn of run() does,
+  /// and returns how many ran; never waits for more. Those that become ready meanwhile wait for
+  /// the next call (and wake_loop says so). For an application's loop: call it whenever the
+  /// scheduler's wake_loop asks, from the loop's one thread. Returns 0 at once while run() or
+  /// poll() is active on another thread. Throws as run() does: the first exception a phase threw
+  /// since the last run(), poll() or run_for() reported (see failures()), IllegalState from one of
+  /// its own phases, and WaitCycle when nothing was ready and a tasklet waits for a rule that the
+  /// calling thread's begin_rule scopes hold.
+  std::size_t poll();
+  /// run() for at most about `duration`: returns once nothing is active or the time is up (a phase
+  /// that has begun runs to its end), with how many sync phases ran. Returns 0 when run() stays
+  /// active on another thread all that time. Throws as run() does.
+  std::size_t run_for(std::chrono::steady_clock::duration duration);
+  /// run_for() up to `deadline`.
+  std::size_t run_until(std::chrono::steady_clock::time_point deadline);
+
   /// Starts `tasklet` with `directive`. Throws AlreadyScheduled when the tasklet is active,
-  /// SchedulerNotRunning for `async` while run() is not active, std::invalid_argument for a null
+  /// SchedulerNotRunning for `async` while the scheduler is not running, std::invalid_argument for a null
   /// tasklet, and std::bad_alloc (the tasklet then was not scheduled). On the implicit scheduler
   /// (api::current() of a thread with none) a `sync` tasklet scheduled from its own thread runs
   /// inline before schedule() returns, and an exception from those phases is rethrown here; one
@@ -122,7 +147,7 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   /// rule when the delay is over; tasklets due at the same moment start in the order they were
   /// scheduled. A delay of zero or less is schedule(). On the implicit scheduler a delayed `sync`
   /// tasklet waits for run() or for that thread's next schedule(). Throws what schedule() throws
-  /// (AlreadyScheduled, SchedulerNotRunning for `async` while run() is not active,
+  /// (AlreadyScheduled, SchedulerNotRunning for `async` while the scheduler is not running,
   /// std::invalid_argument, std::bad_alloc). Destroying the scheduler drops it unrun. Thread-safe;
   /// does not block.
   Scheduler& schedule_after(std::chrono::steady_clock::duration delay, std::shared_ptr<Tasklet> tasklet,
@@ -164,8 +189,12 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   /// owned by a std::shared_ptr (every scheduler create() made is).
   KeepAlive keep_alive();
 
-  /// True while run() is active.
+  /// True from run(), poll() or run_for() until one of them finds nothing active, and always for a
+  /// scheduler with wake_loop; async phases can start only then.
   bool is_running() const noexcept;
+  /// True while a tasklet or a KeepAlive guard is active: run() would not return yet. An
+  /// application's loop keeps going while it is true.
+  bool has_work() const noexcept;
   /// Tasklets queued, running, parked, delayed or waiting for their rule (KeepAlive guards not
   /// included). While run() is active it may count up to 63 more: the synchronous thread counts
   /// the tasklets with rules it starts in blocks of 64.

@@ -66,7 +66,11 @@ detail::SchedulerImpl::SchedulerImpl(Scheduler& self, SchedulerOptions options)
     : self_(self),
       options_(resolve(std::move(options))),
       domain_(detail::domain(*options_.manager)),
-      workers_(detail::impl(*options_.workers)) {}
+      workers_(detail::impl(*options_.workers)),
+      loop_driven_(static_cast<bool>(options_.wake_loop)) {
+  // A loop's thread takes the sync phases whenever it polls: async phases may start at any time.
+  if (loop_driven_) running_.store(true, std::memory_order_relaxed);
+}
 
 detail::SchedulerImpl::~SchedulerImpl() {
   going_.store(true, std::memory_order_release);
@@ -174,15 +178,19 @@ bool detail::SchedulerImpl::run_is_active_for_caller() {
     active_.fetch_add(1, std::memory_order_relaxed);
     return true;
   }
-  std::lock_guard lock(mutex_);
-  if (!running_.load(std::memory_order_relaxed)) return false;
-  active_.fetch_add(1, std::memory_order_relaxed);
+  bool first = false;
+  {
+    std::lock_guard lock(mutex_);
+    if (!running_.load(std::memory_order_relaxed)) return false;
+    first = active_.fetch_add(1, std::memory_order_relaxed) == 0;
+  }
+  if (first && loop_driven_) tell_loop();
   return true;
 }
 
 void detail::SchedulerImpl::count_claimed(Tasklet& tasklet, Directive directive, const char* action) {
   if (directive != Directive::async) {
-    if (!background_) active_.fetch_add(1, std::memory_order_relaxed);
+    count_in();
     return;
   }
   if (run_is_active_for_caller()) return;
@@ -268,7 +276,13 @@ void detail::SchedulerImpl::finish(TaskletPtr tasklet, std::exception_ptr error)
 // A KeepAlive guard counts as an active tasklet, so that run() waits for it like for one.
 void detail::SchedulerImpl::keep_alive() noexcept {
   keep_alives_.fetch_add(1, std::memory_order_relaxed);
-  if (!background_) active_.fetch_add(1, std::memory_order_acq_rel);
+  count_in();
+}
+
+void detail::SchedulerImpl::count_in() noexcept {
+  if (background_) return;
+  if (active_.fetch_add(1, std::memory_order_acq_rel) == 0 && loop_driven_) [[unlikely]]
+    tell_loop();
 }
 
 void detail::SchedulerImpl::let_go() noexcept {
@@ -286,6 +300,18 @@ void detail::SchedulerImpl::uncount_active() noexcept {
   // Outside the lock, so the woken thread does not block on it. The scheduler outlives this
   // call: its destructor waits for our oneTBB tasks, and other callers hold a reference.
   if (sleeping) wake_.notify_all();
+  if (loop_driven_) tell_loop();
+}
+
+// Outside every lock. A loop that cannot take the call (out of memory posting it) hears at the
+// next one: the call is made again when another sync phase becomes ready.
+void detail::SchedulerImpl::tell_loop() noexcept {
+  try {
+    options_.wake_loop();
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    loop_told_ = false;
+  }
 }
 
 void detail::SchedulerImpl::record_failure(const Tasklet& tasklet, std::exception_ptr error) noexcept {
@@ -324,6 +350,20 @@ std::shared_ptr<Scheduler> Scheduler::create(SchedulerOptions options) {
 }
 
 void Scheduler::run() { detail::impl(*this).run(); }
+
+std::size_t Scheduler::poll() {
+  return detail::impl(*this).run_until(std::chrono::steady_clock::time_point::min(), "poll()");
+}
+
+std::size_t Scheduler::run_for(std::chrono::steady_clock::duration duration) {
+  const auto now = std::chrono::steady_clock::now();
+  const auto max = std::chrono::steady_clock::time_point::max();
+  return detail::impl(*this).run_until(duration >= max - now ? max : now + duration, "run_for()");
+}
+
+std::size_t Scheduler::run_until(std::chrono::steady_clock::time_point deadline) {
+  return detail::impl(*this).run_until(deadline, "run_until()");
+}
 
 Scheduler& Scheduler::schedule(std::shared_ptr<Tasklet> tasklet, Directive directive) {
   detail::impl(*this).schedule(std::move(tasklet), directive);
@@ -373,6 +413,10 @@ void Scheduler::KeepAlive::reset() noexcept {
 
 bool Scheduler::is_running() const noexcept {
   return detail::impl(*this).running_.load(std::memory_order_acquire);
+}
+
+bool Scheduler::has_work() const noexcept {
+  return detail::impl(*this).active_.load(std::memory_order_acquire) != 0;
 }
 
 std::size_t Scheduler::active_count() const noexcept {

@@ -178,15 +178,18 @@ void detail::SchedulerImpl::dispatch(TaskletPtr tasklet, Directive directive) no
 void detail::SchedulerImpl::enqueue_sync(TaskletPtr tasklet) noexcept {
   const bool from_sync_thread = detail::state().sync_of == this;
   bool wake = false;
+  bool tell = false;
   try {
     std::lock_guard lock(mutex_);
     sync_queue_.push_back(std::move(tasklet));  // out of memory: not moved
     wake = !from_sync_thread && sleeping_;
+    tell = loop_driven_ && !driving_ && !std::exchange(loop_told_, true);
   } catch (...) {
     abandon(std::move(tasklet), std::current_exception());
     return;
   }
   if (wake) wake_.notify_all();
+  if (tell) tell_loop();
 }
 
 void detail::SchedulerImpl::enqueue_async(TaskletPtr tasklet) noexcept {

@@ -68,6 +68,8 @@ class SchedulerImpl final {
   ~SchedulerImpl();
 
   void run();
+  /// Scheduler::run_until, run_for and poll (a deadline that has passed), named `call` in errors.
+  std::size_t run_until(Clock::time_point deadline, const char* call);
   void schedule(TaskletPtr tasklet, Directive directive);
   /// Scheduler::suspend: the suspension's generation, for its Rescheduler.
   std::uint32_t suspend(Tasklet& tasklet);
@@ -206,16 +208,21 @@ class SchedulerImpl final {
   std::atomic<std::size_t> holds_{0};
   alignas(64) std::atomic<bool> running_{false};
   bool background_ = false;
+  const bool loop_driven_;          // options_.wake_loop is set
   std::atomic<bool> going_{false};  // the destructor has begun: a canceled hold resumes nothing
 
   mutable std::mutex mutex_;  // guards the members below up to `parked_mutex_`
   std::condition_variable wake_;
   std::vector<TaskletPtr> sync_queue_;
   bool sleeping_ = false;
+  bool driving_ = false;    // run(), poll() or run_until() is taking the sync phases
+  bool loop_told_ = false;  // wake_loop was called for the sync phases queued since
   std::vector<Failure> failures_;
   std::size_t reported_failures_ = 0;  // the first ones, which the last run() reported
 
-  std::mutex run_mutex_;  // held by run() and by inline drains: one synchronous thread at a time
+  // Held by run(), poll(), run_until() and inline drains: one synchronous thread at a time.
+  std::timed_mutex run_mutex_;
+  std::size_t sync_phases_run_ = 0;  // by whichever thread holds run_mutex_
   std::thread::id implicit_owner_;
 
   std::mutex parked_mutex_;
@@ -342,8 +349,13 @@ class SchedulerImpl final {
   void end_lost_tasklets() noexcept;
   void forget_deliveries_here() noexcept;
   void finish(TaskletPtr tasklet, std::exception_ptr error) noexcept;
-  // One tasklet fewer in active_ (nothing for a background scheduler); the last wakes run().
+  // One tasklet more in active_ (nothing for a background scheduler); the first tells the loop.
+  void count_in() noexcept;
+  // One tasklet fewer in active_ (nothing for a background scheduler); the last wakes run() and
+  // tells the loop.
   void uncount_active() noexcept;
+  // Calls options_.wake_loop, for a scheduler an application's loop drives.
+  void tell_loop() noexcept;
 
  public:
   void keep_alive() noexcept;
@@ -356,9 +368,16 @@ class SchedulerImpl final {
   void report_failures();
   void run_async_phase(TaskletPtr tasklet) noexcept;
   void run_sync_phase(TaskletPtr tasklet) noexcept;
-  bool drain_sync_queue_once();
+  enum class Turn { ran, finished, timed_out };
+  class Driving;
+  void check_may_drive(const char* call) const;
+  std::size_t drive(Clock::time_point deadline, const char* call);
+  void run_turns(Clock::time_point deadline, const char* call);
+  Turn drain_sync_queue_once(Clock::time_point deadline, const char* call);
+  bool sleep_until(std::unique_lock<std::mutex>& lock, Clock::time_point deadline);
+  void hand_out_async_or_throw();
   void run_sync_batch() noexcept;
-  void check_wait_cycle();
+  void check_wait_cycle(const char* call);
   static long held_rule_references(const Tasklet& tasklet) noexcept;
   void drain_inline();
   void drop_pending() noexcept;

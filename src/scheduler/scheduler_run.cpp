@@ -178,54 +178,75 @@ void detail::SchedulerImpl::run_async_phase(TaskletPtr tasklet) noexcept {
 }
 
 void detail::SchedulerImpl::run_sync_phase(TaskletPtr tasklet) noexcept {
+  ++sync_phases_run_;
   const PhaseResult result = run_phase(*this, tasklet, true);
   continue_after_phase(std::move(tasklet), result.directive, result.error);
 }
 
-// One turn of the run loop: submit the async phases the last turn started, then take every queued
-// sync tasklet (sleeping while there is none) and run them. False once nothing is left.
-bool detail::SchedulerImpl::drain_sync_queue_once() {
+// Submits the async phases the last turn started and the requests this thread made, which no worker
+// has entered yet (they may all be busy for long; a sync tasklet may be waiting for its rule). The
+// grants it delivers may end tasklets whose destructors schedule more here: that goes out too.
+void detail::SchedulerImpl::hand_out_async_or_throw() {
   flush_async_batch();
-  // What this thread submitted and no worker has entered yet (they may all be busy for long) goes in
-  // now, before it looks for work or sleeps: a sync tasklet may be waiting for its rule. The grants
-  // it delivers may end tasklets whose destructors schedule more here: that goes out too.
   if (domain_.table_.has_submitted()) {
     domain_.table_.drain();
     flush_async_batch();
   }
+}
+
+// One turn of the run loop: submit what the last turn started, then take every queued sync
+// tasklet (sleeping while there is none, up to `deadline`) and run them.
+detail::SchedulerImpl::Turn detail::SchedulerImpl::drain_sync_queue_once(Clock::time_point deadline,
+                                                                         const char* call) {
+  hand_out_async_or_throw();
   {
     std::unique_lock lock(mutex_);
     bool checked = false;
     while (sync_queue_.empty()) {
       if (active_.load(std::memory_order_acquire) == 0) {
-        running_.store(false, std::memory_order_release);
-        return false;
+        if (!loop_driven_) running_.store(false, std::memory_order_release);
+        return Turn::finished;
       }
       if (!checked) {
         // Before it sleeps (not at every turn: the check reads the rule table under its lock).
         checked = true;
         lock.unlock();
-        check_wait_cycle();
+        check_wait_cycle(call);
         lock.lock();
         continue;
       }
-      sleeping_ = true;
-      if (loose_.load(std::memory_order_acquire) == 0) {
-        wake_.wait(lock);
-      } else if (wake_.wait_for(lock, loose_check_interval) == std::cv_status::timeout) {
-        // Parked tasklets without a Rescheduler: their owners outside may have let go since.
-        sleeping_ = false;
-        lock.unlock();
-        end_lost_tasklets();
-        lock.lock();
-        continue;
-      }
-      sleeping_ = false;
+      if (!sleep_until(lock, deadline)) return Turn::timed_out;
     }
     sync_batch_.swap(sync_queue_);
   }
   run_sync_batch();
-  return true;
+  return Turn::ran;
+}
+
+// Sleeps until woken or `deadline` (false once it has passed). Parked tasklets without a
+// Rescheduler are checked every loose_check_interval meanwhile: their owners outside may have let go.
+bool detail::SchedulerImpl::sleep_until(std::unique_lock<std::mutex>& lock, Clock::time_point deadline) {
+  const bool loose = loose_.load(std::memory_order_acquire) != 0;
+  if (deadline == Clock::time_point::max() && !loose) {
+    sleeping_ = true;
+    wake_.wait(lock);
+    sleeping_ = false;
+    return true;
+  }
+  const Clock::time_point now = Clock::now();
+  bool timed_out = now >= deadline;
+  if (!timed_out) {
+    sleeping_ = true;
+    timed_out = wake_.wait_until(lock, loose ? std::min(deadline, now + loose_check_interval) : deadline) ==
+                std::cv_status::timeout;
+    sleeping_ = false;
+  }
+  if (timed_out && loose) {
+    lock.unlock();
+    end_lost_tasklets();
+    lock.lock();
+  }
+  return !timed_out || Clock::now() < deadline;
 }
 
 // A phase of the batch may wait in begin_rule and run the rest of it meanwhile (serve_until):
@@ -248,11 +269,7 @@ void detail::SchedulerImpl::serve_until(const bool& answered, bool run_phases) {
 // waits. Out of memory: the batch stays for the next turn.
 void detail::SchedulerImpl::hand_out_async() noexcept {
   try {
-    flush_async_batch();
-    if (domain_.table_.has_submitted()) {
-      domain_.table_.drain();
-      flush_async_batch();
-    }
+    hand_out_async_or_throw();
   } catch (...) {
   }
 }
@@ -284,40 +301,103 @@ void detail::SchedulerImpl::answer_server(bool& answered) noexcept {
 
 // run() on a thread that holds rules of this manager: a tasklet of this scheduler waiting for one
 // of them (or behind requests that do) would keep run() from ever returning.
-void detail::SchedulerImpl::check_wait_cycle() {
+void detail::SchedulerImpl::check_wait_cycle(const char* call) {
   const detail::TaskState& ctx = detail::state();
   const bool holds = std::any_of(
       ctx.rule_stack.begin(), ctx.rule_stack.end(),
       [this](const RuleFrame& frame) { return frame.hold != nullptr && frame.domain == &domain_; });
   if (!holds) return;
   const Scheduler* const mine = &self_;
-  domain_.check_wait("run()", [mine](const RuleRequest& request) {
+  domain_.check_wait(call, [mine](const RuleRequest& request) {
     const auto* tasklet = static_cast<const Tasklet*>(request.owner());
     return tasklet != nullptr && TaskletAccess::scheduler(*tasklet) == mine;
   });
 }
 
-void detail::SchedulerImpl::run() {
+// run(), poll() and run_until() on the calling thread: it is the synchronous thread, the failures
+// the last one reported are forgotten, and a loop's wake call waits until it is over.
+class detail::SchedulerImpl::Driving {
+ public:
+  explicit Driving(SchedulerImpl& impl) : impl_(impl), scope_(impl) {
+    std::lock_guard lock(impl.mutex_);
+    impl.forget_reported_failures();
+    impl.running_.store(true, std::memory_order_release);
+    impl.driving_ = true;
+  }
+  ~Driving() {
+    bool tell = false;
+    {
+      std::lock_guard lock(impl_.mutex_);
+      impl_.driving_ = false;
+      // What became ready meanwhile waits for the loop's next call.
+      tell = impl_.loop_driven_ && !impl_.sync_queue_.empty();
+      impl_.loop_told_ = tell;
+    }
+    if (tell) impl_.tell_loop();
+  }
+  Driving(const Driving&) = delete;
+  Driving& operator=(const Driving&) = delete;
+
+ private:
+  SchedulerImpl& impl_;
+  SyncThreadScope scope_;
+};
+
+void detail::SchedulerImpl::check_may_drive(const char* call) const {
   const auto& ctx = detail::state();
   if (ctx.phase_of == this || ctx.sync_of == this) {
-    throw IllegalState("run() called from inside one of its own scheduler's phases would wait for itself");
+    throw IllegalState(std::string(call) +
+                       " called from inside one of its own scheduler's phases would wait for itself");
   }
-  if (background_) throw IllegalState("run() on a background scheduler: it has no synchronous thread");
+  if (background_) {
+    throw IllegalState(std::string(call) + " on a background scheduler: it has no synchronous thread");
+  }
+}
+
+void detail::SchedulerImpl::run() {
+  check_may_drive("run()");
   std::unique_lock run_lock(run_mutex_);
-  SyncThreadScope scope(*this);
+  drive(Clock::time_point::max(), "run()");
+}
+
+std::size_t detail::SchedulerImpl::run_until(Clock::time_point deadline, const char* call) {
+  check_may_drive(call);
+  std::unique_lock run_lock(run_mutex_, deadline);
+  if (!run_lock) return 0;  // another thread is the synchronous thread until then
+  // A loop that calls it while it holds what its tasklets wait for would never end.
+  return drive(deadline, "the loop driving this scheduler");
+}
+
+// The run loop up to `deadline`: returns how many sync phases ran.
+std::size_t detail::SchedulerImpl::drive(Clock::time_point deadline, const char* call) {
+  const std::size_t before = sync_phases_run_;
   {
-    std::lock_guard lock(mutex_);
-    forget_reported_failures();
-    running_.store(true, std::memory_order_release);
-  }
-  try {
-    while (drain_sync_queue_once()) {
+    Driving driving(*this);
+    try {
+      run_turns(deadline, call);
+    } catch (...) {
+      // A wait cycle (or out of memory): this turn is over.
+      if (!loop_driven_) running_.store(false, std::memory_order_release);
+      throw;
     }
-  } catch (...) {
-    running_.store(false, std::memory_order_release);  // a wait cycle (or out of memory): run() is over
-    throw;
   }
   report_failures();
+  return sync_phases_run_ - before;
+}
+
+// A turn that has begun runs to its end, so a past deadline (poll()) runs the phases that were
+// ready when it was called.
+void detail::SchedulerImpl::run_turns(Clock::time_point deadline, const char* call) {
+  while (drain_sync_queue_once(deadline, call) == Turn::ran) {
+    if (deadline == Clock::time_point::max() || Clock::now() < deadline) continue;
+    // Time is up after a turn: what it started goes out, and with nothing left the run is over,
+    // as the next turn would have found.
+    hand_out_async_or_throw();
+    std::lock_guard lock(mutex_);
+    if (!loop_driven_ && active_.load(std::memory_order_acquire) == 0)
+      running_.store(false, std::memory_order_release);
+    return;
+  }
 }
 
 // Failures reported by the last run() (or inline drain) go; those recorded since (a tasklet ended
@@ -364,7 +444,7 @@ void detail::SchedulerImpl::drain_inline() {
 void detail::SchedulerImpl::with(const TaskletPtr& tasklet) {
   if (!tasklet) throw std::invalid_argument("with: null tasklet");
   claim(*tasklet, "with");
-  if (!background_) active_.fetch_add(1, std::memory_order_relaxed);
+  count_in();
   if (const Rule& rule = tasklet->rule()) {
     // The phase runs here and now, so the caller waits for the rule like a thread in begin_rule.
     detail::ThreadHold* hold = nullptr;

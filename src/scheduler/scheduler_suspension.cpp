@@ -19,16 +19,20 @@ bool detail::SchedulerImpl::park_idle(Tasklet& tasklet, TaskletPtr& owned, std::
                                       std::uint32_t generation) {
   if (!owned) owned = tasklet.weak_from_this().lock();
   if (!owned) throw IllegalState("suspend: " + tasklet.name() + " is not owned by a std::shared_ptr");
-  std::lock_guard lock(parked_mutex_);
-  const auto entry = parked_.emplace(&tasklet, nullptr).first;  // out of memory: nothing changed
-  if (!TaskletAccess::state(tasklet).compare_exchange_strong(
-          word, st::with_generation(st::parked | st::armed, generation), std::memory_order_acq_rel)) {
-    parked_.erase(entry);
-    return false;
+  {
+    std::lock_guard lock(parked_mutex_);
+    const auto entry = parked_.emplace(&tasklet, nullptr).first;  // out of memory: nothing changed
+    if (!TaskletAccess::state(tasklet).compare_exchange_strong(
+            word, st::with_generation(st::parked | st::armed, generation), std::memory_order_acq_rel)) {
+      parked_.erase(entry);
+      return false;
+    }
+    TaskletAccess::set_scheduler(tasklet, &self_);
+    entry->second = std::move(owned);
   }
-  TaskletAccess::set_scheduler(tasklet, &self_);
-  if (!background_) active_.fetch_add(1, std::memory_order_relaxed);
-  entry->second = std::move(owned);
+  // Nothing can end it before suspend() returns its Rescheduler: counted outside the lock, so that
+  // a loop's wake call is not made under it.
+  count_in();
   return true;
 }
 
