@@ -27,6 +27,7 @@
 // worker); a wait goes on where the Rescheduler's resume(directive) puts it.
 #pragma once
 
+#include <concepts>
 #include <coroutine>
 #include <memory>
 #include <optional>
@@ -62,8 +63,7 @@ namespace tasklet {
 /// where the coroutine goes on. A resume that comes before the tasklet has parked is not lost. If
 /// `give` throws, the co_await throws it (the coroutine goes on in its phase) and `give` must not
 /// have kept the Rescheduler. Throws what Scheduler::suspend throws.
-template <class Give>
-requires std::is_invocable_v<Give&, Rescheduler>
+template <std::invocable<Rescheduler> Give>
 [[nodiscard]] detail::Parking<std::decay_t<Give>> wait(Give&& give) {
   return {std::forward<Give>(give), nullptr};
 }
@@ -95,9 +95,10 @@ class [[nodiscard]] Task {
     Task get_return_object() noexcept {
       return Task(std::coroutine_handle<promise_type>::from_promise(*this));
     }
-    template <class U = T>
-    requires std::is_convertible_v<U&&, T>
-    void return_value(U&& value) { value_.emplace(std::forward<U>(value)); }
+    template <std::convertible_to<T> U = T>
+    void return_value(U&& value) {
+      value_.emplace(std::forward<U>(value));
+    }
     std::optional<T> value_;
   };
 
@@ -122,10 +123,8 @@ class [[nodiscard]] Task {
     }
     std::coroutine_handle<promise_type> child;
     bool await_ready() const noexcept { return false; }
-    template <class Promise>
-    requires std::is_base_of_v<detail::CoroutinePromise, Promise> std::coroutine_handle<> await_suspend(
-        std::coroutine_handle<Promise> parent)
-    noexcept {
+    template <std::derived_from<detail::CoroutinePromise> Promise>
+    std::coroutine_handle<> await_suspend(std::coroutine_handle<Promise> parent) noexcept {
       child.promise().stack_ = parent.promise().stack_;
       child.promise().continuation_ = parent;
       child.promise().stack_->resume_next = child;
@@ -212,6 +211,13 @@ std::shared_ptr<CoroutineTasklet<T>> make_tasklet(Task<T> task, Rule rule = null
   return join(std::move(job));
 }
 
+/// A job's run that is a coroutine: callable with the job's ProgressMonitor for a Task<Status> or
+/// a Task<void>.
+template <class F>
+concept CoroutineJobBody = std::invocable<F&, ProgressMonitor&> &&
+    (std::same_as<std::invoke_result_t<F&, ProgressMonitor&>, Task<Status>> ||
+     std::same_as<std::invoke_result_t<F&, ProgressMonitor&>, Task<void>>);
+
 /// A job whose run is a coroutine: each run calls `run(monitor)` for a new Task<Status> (or a
 /// Task<void>, which ends ok unless it throws) and resumes it on the manager's workers, under the
 /// job's rule, until it returns its Status. A run that ends before its coroutine does (co_await
@@ -224,11 +230,8 @@ std::shared_ptr<CoroutineTasklet<T>> make_tasklet(Task<T> task, Rule rule = null
 /// Directive::async. An exception that leaves the coroutine ends the run with an error Status
 /// carrying it. `run` lives as long as the job, so a lambda's captures outlive each run's
 /// coroutine. Made on `manager` (the global manager when null). Throws std::bad_alloc.
-template <class F>
-requires std::is_same_v<std::invoke_result_t<F&, ProgressMonitor&>, Task<Status>> ||
-    std::is_same_v<std::invoke_result_t<F&, ProgressMonitor&>, Task<void>>
-        std::shared_ptr<Job> make_job(std::string name, F run,
-                                      std::shared_ptr<JobManager> manager = nullptr) {
+template <CoroutineJobBody F>
+std::shared_ptr<Job> make_job(std::string name, F run, std::shared_ptr<JobManager> manager = nullptr) {
   return detail::make_coroutine_job_of(std::move(name), run, std::move(manager));
 }
 

@@ -13,6 +13,7 @@
 
 #include <any>
 #include <chrono>
+#include <concepts>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -222,10 +223,14 @@ class Job : public std::enable_shared_from_this<Job> {
 std::shared_ptr<Job> make_job(std::string name, std::function<Status(ProgressMonitor&)> fn,
                               std::shared_ptr<JobManager> manager = nullptr);
 
-/// The same for a callable that returns nothing: the run ends ok unless it throws.
+/// A job's run that returns nothing: callable with the job's ProgressMonitor.
 template <class F>
-requires std::is_void_v<std::invoke_result_t<F&, ProgressMonitor&>> std::shared_ptr<Job> make_job(
-    std::string name, F fn, std::shared_ptr<JobManager> manager = nullptr) {
+concept VoidJobBody =
+    std::invocable<F&, ProgressMonitor&> && std::is_void_v<std::invoke_result_t<F&, ProgressMonitor&>>;
+
+/// The same for a callable that returns nothing: the run ends ok unless it throws.
+template <VoidJobBody F>
+std::shared_ptr<Job> make_job(std::string name, F fn, std::shared_ptr<JobManager> manager = nullptr) {
   return make_job(
       std::move(name),
       std::function<Status(ProgressMonitor&)>([fn = std::move(fn)](ProgressMonitor& monitor) mutable {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <exception>
 #include <future>
@@ -22,6 +23,11 @@
 #include "tasklet/tasklet.hpp"
 
 namespace tasklet {
+
+/// What a SerialExecutor runs: callable with no arguments (as an lvalue of its own, decayed type).
+template <class F>
+concept Runnable = std::invocable < std::decay_t<F>
+& > ;
 
 class JobManager;
 namespace detail {
@@ -63,17 +69,15 @@ class SerialExecutor {
   /// executor's tasks (nor beside a holder of rule()); delayed tasks join that order only once
   /// they are due. An exception from the task is kept and rethrown by wait(). Thread-safe; waits
   /// only for flow control (as Scheduler::schedule does) while more than 1,024 tasks wait.
-  template <class F>
-  requires std::is_invocable_v < std::decay_t<F>
-  & > Handle post(F&& task);
+  template <Runnable F>
+  Handle post(F&& task);
 
   /// As post(), once `delay` has passed: the task waits on the manager's one timer (the executor
   /// has no thread), then joins the serial order. Tasks due at the same moment run in the order
   /// they were posted. cancel() and cancel_all() remove it at once. Thread-safe; with a delay of
   /// zero or less it is post().
-  template <class F>
-  requires std::is_invocable_v < std::decay_t<F>
-  & > Handle post_after(Duration delay, F&& task);
+  template <Runnable F>
+  Handle post_after(Duration delay, F&& task);
 
   /// Runs `task()` first once `initial_delay` has passed, then at a fixed rate: the n-th run is due
   /// `initial_delay + n * period` after this call, whatever the runs before it took (a late run
@@ -82,17 +86,15 @@ class SerialExecutor {
   /// that throws (its exception is kept for wait()). wait() waits for it to be canceled.
   /// Throws std::invalid_argument for a period that is not positive. Thread-safe; as post() when
   /// the first run is due at once.
-  template <class F>
-  requires std::is_invocable_v < std::decay_t<F>
-  & > Handle post_at_fixed_rate(Duration initial_delay, Duration period, F&& task);
+  template <Runnable F>
+  Handle post_at_fixed_rate(Duration initial_delay, Duration period, F&& task);
 
   /// As post(), handing back the task's outcome: the future holds what `task()` returned, or the
   /// exception it threw (which wait() then does not rethrow). A task canceled before it ran (by
   /// cancel_all() or the executor's destruction) leaves the future broken: get() throws
   /// std::future_error with std::future_errc::broken_promise. Thread-safe; waits as post() does.
-  template <class F>
-  requires std::is_invocable_v < std::decay_t<F>
-  & > std::future<std::invoke_result_t<std::decay_t<F>&>> submit(F&& task);
+  template <Runnable F>
+  std::future<std::invoke_result_t<std::decay_t<F>&>> submit(F&& task);
 
   /// Removes a task that has not started (waiting for its delay or its turn); it will never run.
   /// False when it has started, finished or was canceled already. For a repeating task: no run
@@ -123,25 +125,21 @@ class SerialExecutor {
   std::shared_ptr<detail::SerialState> state_;
 };
 
-template <class F>
-requires std::is_invocable_v < std::decay_t<F>
-& > SerialExecutor::Handle SerialExecutor::post(F&& task) {
+template <Runnable F>
+SerialExecutor::Handle SerialExecutor::post(F&& task) {
   using Task = detail::SerialTaskOf<std::decay_t<F>>;
   return post_task(std::allocate_shared<Task>(detail::Allocator<Task>{}, *state_, std::forward<F>(task)));
 }
 
-template <class F>
-requires std::is_invocable_v < std::decay_t<F>
-& > SerialExecutor::Handle SerialExecutor::post_after(Duration delay, F&& task) {
+template <Runnable F>
+SerialExecutor::Handle SerialExecutor::post_after(Duration delay, F&& task) {
   using Task = detail::SerialTaskOf<std::decay_t<F>>;
   return post_task(std::allocate_shared<Task>(detail::Allocator<Task>{}, *state_, std::forward<F>(task)),
                    delay);
 }
 
-template <class F>
-requires std::is_invocable_v < std::decay_t<F>
-& > SerialExecutor::Handle SerialExecutor::post_at_fixed_rate(Duration initial_delay, Duration period,
-                                                              F&& task) {
+template <Runnable F>
+SerialExecutor::Handle SerialExecutor::post_at_fixed_rate(Duration initial_delay, Duration period, F&& task) {
   if (period <= Duration::zero())
     throw std::invalid_argument("post_at_fixed_rate: the period must be positive");
   using Body = detail::RepeatBodyOf<std::decay_t<F>>;
@@ -149,9 +147,8 @@ requires std::is_invocable_v < std::decay_t<F>
                         initial_delay, period);
 }
 
-template <class F>
-requires std::is_invocable_v < std::decay_t<F>
-& > std::future<std::invoke_result_t<std::decay_t<F>&>> SerialExecutor::submit(F&& task) {
+template <Runnable F>
+std::future<std::invoke_result_t<std::decay_t<F>&>> SerialExecutor::submit(F&& task) {
   using Result = std::invoke_result_t<std::decay_t<F>&>;
   std::promise<Result> promise;
   std::future<Result> future = promise.get_future();
