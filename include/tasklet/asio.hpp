@@ -82,7 +82,8 @@ class LoopDriver final : public std::enable_shared_from_this<LoopDriver> {
 /// WaitCycle leaves it when the io thread's begin_rule scopes hold what a tasklet waits for.
 /// Destroying the scheduler drops what never started, as ever, and lets io.run() return. Async
 /// phases may start at any time (the scheduler is always running). `options.wake_loop` must be
-/// empty (std::invalid_argument otherwise): it is the io_context's. Thread-safe.
+/// empty (std::invalid_argument otherwise): it is the io_context's. `io` must outlive the
+/// scheduler. Thread-safe.
 inline std::shared_ptr<Scheduler> make_scheduler(boost::asio::io_context& io, SchedulerOptions options = {}) {
   if (options.wake_loop) {
     throw std::invalid_argument(
