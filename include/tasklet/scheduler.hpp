@@ -121,8 +121,8 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   /// calling thread's begin_rule scopes hold.
   std::size_t poll();
   /// run() for at most about `duration`: returns once nothing is active or the time is up (a phase
-  /// that has begun runs to its end), with how many sync phases ran. Returns 0 when run() stays
-  /// active on another thread all that time. Throws as run() does.
+  /// that has begun runs to its end), with how many sync phases ran. Returns 0 at once while run()
+  /// or poll() is active on another thread. Throws as run() does.
   std::size_t run_for(std::chrono::steady_clock::duration duration);
   /// run_for() up to `deadline`.
   std::size_t run_until(std::chrono::steady_clock::time_point deadline);

@@ -221,7 +221,7 @@ class SchedulerImpl final {
   std::size_t reported_failures_ = 0;  // the first ones, which the last run() reported
 
   // Held by run(), poll(), run_until() and inline drains: one synchronous thread at a time.
-  std::timed_mutex run_mutex_;
+  std::mutex run_mutex_;
   std::size_t sync_phases_run_ = 0;  // by whichever thread holds run_mutex_
   std::thread::id implicit_owner_;
 

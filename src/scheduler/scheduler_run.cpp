@@ -362,8 +362,9 @@ void detail::SchedulerImpl::run() {
 
 std::size_t detail::SchedulerImpl::run_until(Clock::time_point deadline, const char* call) {
   check_may_drive(call);
-  std::unique_lock run_lock(run_mutex_, deadline);
-  if (!run_lock) return 0;  // another thread is the synchronous thread until then
+  // Not a timed wait: another thread's run() may last for ever, and poll() must not wait at all.
+  std::unique_lock run_lock(run_mutex_, std::try_to_lock);
+  if (!run_lock) return 0;  // another thread is the synchronous thread
   // A loop that calls it while it holds what its tasklets wait for would never end.
   return drive(deadline, "the loop driving this scheduler");
 }
