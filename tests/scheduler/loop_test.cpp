@@ -182,11 +182,13 @@ class LoopTest : public ::testing::TestWithParam<int> {
     return wakes_;
   }
 
-  std::shared_ptr<JobManager> manager_;
-  std::shared_ptr<Scheduler> scheduler_;
+  // Declared before the scheduler, so they outlive it: its destructor waits for the workers,
+  // which may be inside wake_loop.
   std::mutex mutex_;
   std::condition_variable woken_;
   std::size_t wakes_ = 0;
+  std::shared_ptr<JobManager> manager_;
+  std::shared_ptr<Scheduler> scheduler_;
 };
 INSTANTIATE_TEST_SUITE_P(Workers, LoopTest, ::testing::Values(1, 2, 4), test::worker_count_name);
 
