@@ -74,8 +74,6 @@ std::uint32_t JobCore::change(JobState phase, std::uint32_t set, std::uint32_t c
   return old;
 }
 
-Trace* Jobs::trace() const noexcept { return domain_of(*scheduler_).trace(); }
-
 void Jobs::trace_state(Trace& trace, JobCore& job, const char* state, const Status* result) noexcept {
   try {
     const std::string& name = job.job().name();
@@ -134,7 +132,8 @@ Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
              : now + timeout;
 }
 
-Jobs::Jobs(Scheduler& scheduler) : scheduler_(&scheduler), timer_(domain_of(scheduler).timer()) {}
+Jobs::Jobs(Scheduler& scheduler)
+    : scheduler_(&scheduler), domain_(&domain_of(scheduler)), timer_(domain_->timer()) {}
 
 Jobs::~Jobs() {
   // The manager shut us down before it let go; this is only the alarm's last chance.
@@ -186,6 +185,7 @@ Jobs::Registrations Jobs::detach() noexcept {
   std::lock_guard lock(mutex);
   detached_ = true;
   scheduler_ = nullptr;
+  domain_ = nullptr;
   registrations.listeners.swap(listeners_);
   registrations.provider.swap(provider_);
   has_provider_ = false;

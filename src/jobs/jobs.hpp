@@ -133,8 +133,8 @@ class Jobs final {
   /// shut down by that job's worker once the run is over.
   void destroy_after_this_run(std::shared_ptr<Domain> domain) noexcept;
 
-  /// The manager's trace recorder while it records, else null.
-  Trace* trace() const noexcept;
+  /// The manager's trace recorder while it records, else null. Inline: read about three times a job.
+  Trace* trace() const noexcept { return domain_ != nullptr ? domain_->trace() : nullptr; }
   /// Records that `job` is now in `state` ("waiting", ..., "done" with its `result`).
   [[gnu::cold, gnu::noinline]] void trace_state(Trace& trace, JobCore& job, const char* state,
                                                 const Status* result = nullptr) noexcept;
@@ -270,6 +270,7 @@ class Jobs final {
   void timer_rang() noexcept;
 
   Scheduler* scheduler_;  // null once detached
+  Domain* domain_;        // scheduler_'s, null once detached
   std::atomic<bool> stopping_{false};
   bool shut_down_ = false;  // shutdown() waited, or waits (under `mutex`)
   std::atomic<bool> suspended_{false};

@@ -19,7 +19,7 @@ namespace jw = job_word;
 std::optional<Status> Jobs::lost_before_run(const JobCore& job) const noexcept {
   if (scheduler_ == nullptr) return std::nullopt;
   try {
-    domain_of(*scheduler_).check_shared(job.rule);
+    domain_->check_shared(job.rule);
     return std::nullopt;
   } catch (const std::exception& failure) {
     return Status::error("its rule can no longer be held: " + std::string(failure.what()),
@@ -284,9 +284,8 @@ bool Jobs::join(JobCore& job, std::chrono::milliseconds timeout) {
     if (timeout == std::chrono::milliseconds::max() && job.state() == JobState::waiting &&
         job.run != nullptr && scheduler_ != nullptr) {
       const Tasklet* run = job.run;
-      domain_of(*scheduler_)
-          .check_wait("join(job '" + job.job().name() + "')",
-                      [run](const RuleRequest& request) { return request.owner() == run; });
+      domain_->check_wait("join(job '" + job.job().name() + "')",
+                          [run](const RuleRequest& request) { return request.owner() == run; });
     }
   }
   std::unique_lock lock(join_mutex_);
@@ -355,7 +354,7 @@ std::vector<RuleBlocker> Jobs::blockers(JobCore& job) {
   // without the table's lock, under which its request is looked up by its run.
   std::lock_guard job_lock(job.lock);
   if (job.state() != JobState::waiting || job.run == nullptr || scheduler_ == nullptr) return {};
-  return domain_of(*scheduler_).blockers_of(static_cast<const Tasklet*>(job.run));
+  return domain_->blockers_of(static_cast<const Tasklet*>(job.run));
 }
 
 bool Jobs::is_blocking(JobCore& job) {
@@ -370,18 +369,17 @@ bool Jobs::is_blocking(JobCore& job) {
     return static_cast<const JobTasklet*>(tasklet);
   };
   std::size_t mine = 0;
-  return domain_of(*scheduler_)
-      .has_conflicting_waiter_if(
-          [&](const RuleRequest& held) {
-            const JobTasklet* run = job_tasklet(held);
-            if (run == nullptr || !run->runs(job)) return false;
-            mine = JobTasklet::order_of(*run).lane;
-            return true;
-          },
-          [&](const RuleRequest& waiter) {
-            const JobTasklet* run = job_tasklet(waiter);
-            return run != nullptr && JobTasklet::order_of(*run).lane < mine;
-          });
+  return domain_->has_conflicting_waiter_if(
+      [&](const RuleRequest& held) {
+        const JobTasklet* run = job_tasklet(held);
+        if (run == nullptr || !run->runs(job)) return false;
+        mine = JobTasklet::order_of(*run).lane;
+        return true;
+      },
+      [&](const RuleRequest& waiter) {
+        const JobTasklet* run = job_tasklet(waiter);
+        return run != nullptr && JobTasklet::order_of(*run).lane < mine;
+      });
 }
 
 }  // namespace tasklet::detail
