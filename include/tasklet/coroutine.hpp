@@ -225,11 +225,13 @@ concept CoroutineJobBody = std::invocable<F&, ProgressMonitor&> &&
 /// over; the next run starts a new one. While it awaits (co_await hold(rule), a job, wait(), a
 /// when_all) the run holds no worker; it stays running, holding the job's rule, and a manager
 /// that shuts down waits for it. Cancellation works as for other jobs (this_stop_token() is empty): cancel()
-/// cancels the monitor (and calls canceling()), which the coroutine polls. A run goes on only on the workers:
-/// co_await sync() ends it with an error, and a Rescheduler from wait() must resume it with
-/// Directive::async. An exception that leaves the coroutine ends the run with an error Status
-/// carrying it. `run` lives as long as the job, so a lambda's captures outlive each run's
-/// coroutine. Made on `manager` (the global manager when null). Throws std::bad_alloc.
+/// cancels the monitor (and calls canceling()), which the coroutine polls. A run goes on only on the workers
+/// (co_await sync() ends it with an error, and a Rescheduler from wait() must resume it with
+/// Directive::async), unless the job has a sync scheduler (Job::set_sync_scheduler): then it starts
+/// on that scheduler's synchronous thread and goes on in its sync() and async() phases. An exception that
+/// leaves the coroutine ends the run with an error Status carrying it. `run` lives as long as the job, so a
+/// lambda's captures outlive each run's coroutine. Made on `manager` (the global manager when null). Throws
+/// std::bad_alloc.
 template <CoroutineJobBody F>
 std::shared_ptr<Job> make_job(std::string name, F run, std::shared_ptr<JobManager> manager = nullptr) {
   return detail::make_coroutine_job_of(std::move(name), run, std::move(manager));

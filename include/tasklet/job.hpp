@@ -32,6 +32,7 @@ namespace tasklet {
 
 class JobManager;
 class JobGroup;
+class Scheduler;
 class Job;
 
 enum class JobState { none, waiting, sleeping, running };
@@ -151,6 +152,20 @@ class Job : public std::enable_shared_from_this<Job> {
   /// otherwise); std::invalid_argument for negative work.
   void set_progress_group(std::shared_ptr<ProgressMonitor> group, int work);
   std::shared_ptr<ProgressMonitor> progress_group() const;
+
+  /// Runs this job on `scheduler`'s synchronous thread (Eclipse's UIJob): the thread in its run(),
+  /// or its poll()/run_for() loop (an io_context's with asio::make_scheduler). The job keeps its
+  /// rule, states, listeners, cancel() and join(), FIFO with every other holder of its rule; while
+  /// it waits for the rule it takes no thread, and once granted it is one of that scheduler's sync
+  /// phases (so run() waits for it). A coroutine job may go on there in sync() and async() phases.
+  /// Null: the manager's workers again. Only in state none (TaskletActive otherwise);
+  /// std::invalid_argument for a scheduler of another manager or one without a synchronous thread.
+  /// The job does not keep `scheduler` alive: destroying it ends a run not yet started there
+  /// (canceled); a run that has started there (finishing later, or a coroutine job between
+  /// phases) must end first. join() without a timeout on that synchronous thread throws
+  /// IllegalState while the job has not ended: its run needs the thread.
+  void set_sync_scheduler(const std::shared_ptr<Scheduler>& scheduler);
+  std::shared_ptr<Scheduler> sync_scheduler() const;
 
   void set_property(const std::string& key, std::any value);
   std::any property(const std::string& key) const;

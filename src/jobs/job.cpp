@@ -256,6 +256,26 @@ std::shared_ptr<ProgressMonitor> Job::progress_group() const {
   return extras != nullptr ? extras->progress_group : nullptr;
 }
 
+void Job::set_sync_scheduler(const std::shared_ptr<Scheduler>& scheduler) {
+  std::lock_guard manager_lock(core_->jobs().mutex);
+  if (scheduler != nullptr) core_->jobs().check_sync_scheduler(*scheduler, *this);
+  std::lock_guard lock(core_->lock);
+  require_none(*this, *core_, "the sync scheduler");
+  if (scheduler == nullptr && core_->made_extras() == nullptr) return;
+  core_->extras().sync_scheduler = scheduler;
+  if (scheduler != nullptr) {
+    core_->change(JobState::none, detail::job_word::sync_thread);
+  } else {
+    core_->change(JobState::none, 0, detail::job_word::sync_thread);
+  }
+}
+
+std::shared_ptr<Scheduler> Job::sync_scheduler() const {
+  std::lock_guard lock(core_->jobs().mutex);
+  const detail::JobExtras* extras = core_->made_extras();
+  return extras != nullptr ? extras->sync_scheduler.lock() : nullptr;
+}
+
 void Job::set_property(const std::string& key, std::any value) {
   std::lock_guard lock(core_->jobs().mutex);
   auto& properties = core_->extras().properties;

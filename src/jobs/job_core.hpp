@@ -49,7 +49,8 @@ inline constexpr std::uint32_t rerun_pending = 1u << 7;     // none, and its re-
 inline constexpr std::uint32_t started = 1u << 8;           // waiting: its run has begun (should_run, events)
 inline constexpr std::uint32_t ending = 1u << 9;            // none, its done event not told yet
 inline constexpr std::uint32_t done_called = 1u << 10;      // running: done() came before run() returned
-inline constexpr std::uint32_t one_end = 1u << 11;          // bits 11-31 count the ends, for join()
+inline constexpr std::uint32_t sync_thread = 1u << 11;      // runs on its sync scheduler (JobExtras)
+inline constexpr std::uint32_t one_end = 1u << 12;          // bits 12-31 count the ends, for join()
 
 constexpr JobState phase(std::uint32_t word) noexcept { return static_cast<JobState>(word & phase_mask); }
 constexpr std::uint32_t with_phase(std::uint32_t word, JobState phase) noexcept {
@@ -111,6 +112,9 @@ struct JobExtras {
   // The progress group each run reports into, for `progress_work` of its units (set in state none).
   std::shared_ptr<ProgressMonitor> progress_group;
   int progress_work = 0;
+  // The scheduler on whose synchronous thread its runs happen (set_sync_scheduler; set in state
+  // none, so read without the lock once the job is scheduled).
+  std::weak_ptr<Scheduler> sync_scheduler;
   // A run that finishes later (Status::finish_later()): it is parked in its suspension until
   // done() hands over its result.
   std::shared_ptr<Tasklet> finishing;
@@ -170,6 +174,8 @@ class JobRun final : public JobTasklet {
   static void go_on_in(Directive next) noexcept;
   /// The job ends unrun, with the error (canceled when its manager shut down).
   void abandoned(std::exception_ptr error) noexcept override;
+  /// The scheduler it waited on (a job's sync scheduler) was destroyed: the job ends canceled.
+  void dropped() noexcept override;
   std::string describe() const override;
   std::string job_name() const override;
   bool runs(const JobCore& job) const noexcept override { return &core_ == &job; }
@@ -194,6 +200,8 @@ class JobCore {
 
   std::uint32_t load() const noexcept { return word.load(std::memory_order_acquire); }
   JobState state() const noexcept { return job_word::phase(load()); }
+  /// Its runs happen on its sync scheduler (set in state none: fixed while scheduled).
+  bool on_sync_thread() const noexcept { return (load() & job_word::sync_thread) != 0; }
   /// Sets the phase and the `set` bits and clears the `clear` bits (holding `lock`).
   std::uint32_t change(JobState phase, std::uint32_t set = 0, std::uint32_t clear = 0) noexcept;
 

@@ -34,6 +34,10 @@ void JobRun::go_on_in(Directive next) noexcept {
   run.then = next;
 }
 
+void JobRun::dropped() noexcept {
+  core_.jobs().end_unrun(core_, *this, Status::cancel("the scheduler it was to run on was destroyed"));
+}
+
 std::string JobRun::describe() const { return "job '" + core_.job().name() + "'"; }
 std::string JobRun::job_name() const { return core_.job().name(); }
 
@@ -371,7 +375,11 @@ void Jobs::hand_over(JobCore& job) {
 void Jobs::submit_run(JobCore& job, std::shared_ptr<JobRun> run) {
   if (auto* seam = before_hand_over.load(std::memory_order_acquire)) seam(job.job());
   Tasklet* handed = run.get();
-  scheduler_->schedule(std::move(run), Directive::async);
+  if (job.on_sync_thread()) [[unlikely]] {
+    if (!submit_to_sync_thread(job, std::move(run))) return;
+  } else {
+    scheduler_->schedule(std::move(run), Directive::async);
+  }
   // A cancel() from now on finds the run in the scheduler; one that came earlier left this bit.
   if ((job.load() & jw::canceled) == 0) return;
   ToStart let_in;
@@ -381,7 +389,7 @@ void Jobs::submit_run(JobCore& job, std::shared_ptr<JobRun> run) {
     std::lock_guard lock(mutex);
     {
       std::lock_guard job_lock(job.lock);
-      if (job.run != handed || (job.load() & jw::canceled) == 0 || !withdraw(*scheduler_, *handed)) return;
+      if (job.run != handed || (job.load() & jw::canceled) == 0 || !withdraw_run(job, *handed)) return;
       job.run = nullptr;
     }
     end = finish_run(job, Status::cancel(), let_in);
@@ -392,6 +400,48 @@ void Jobs::submit_run(JobCore& job, std::shared_ptr<JobRun> run) {
   } else {
     complete(std::move(end));
   }
+}
+
+// A job on a scheduler's synchronous thread: its run is one of that scheduler's sync phases. False
+// when it could not be handed there (that scheduler is gone, or out of memory): the job has ended.
+bool Jobs::submit_to_sync_thread(JobCore& job, std::shared_ptr<JobRun> run) {
+  Tasklet& handed = *run;
+  const std::shared_ptr<Scheduler> target = sync_target(job);
+  try {
+    if (target == nullptr) throw IllegalState("the scheduler it runs on has been destroyed");
+    target->schedule(std::move(run), Directive::sync);
+    return true;
+  } catch (const std::exception& failure) {
+    end_unrun(job, handed,
+              Status::error("job '" + job.job().name() +
+                                "' could not be handed to its sync scheduler: " + failure.what(),
+                            std::current_exception()));
+  }
+  return false;
+}
+
+void Jobs::check_sync_scheduler(const Scheduler& scheduler, const Job& job) const {
+  if (domain_ != &domain_of(scheduler)) {
+    throw std::invalid_argument("set_sync_scheduler(" + job.name() +
+                                "): the scheduler belongs to another job manager than the job");
+  }
+  if (!has_synchronous_thread(scheduler)) {
+    throw std::invalid_argument("set_sync_scheduler(" + job.name() +
+                                "): the scheduler has no synchronous thread");
+  }
+}
+
+std::shared_ptr<Scheduler> Jobs::sync_target(const JobCore& job) noexcept {
+  const JobExtras* extras = job.made_extras();
+  return extras != nullptr ? extras->sync_scheduler.lock() : nullptr;
+}
+
+bool Jobs::withdraw_run(const JobCore& job, Tasklet& run) {
+  if (job.on_sync_thread()) {
+    const std::shared_ptr<Scheduler> target = sync_target(job);
+    return target != nullptr && withdraw(*target, run);
+  }
+  return scheduler_ != nullptr && withdraw(*scheduler_, run);
 }
 
 namespace {
@@ -449,7 +499,7 @@ bool Jobs::withdraw_waiting(JobCore& job) {
   std::lock_guard job_lock(job.lock);
   if (job.state() != JobState::waiting) return false;  // its run began, or ended, meanwhile
   if ((job.load() & jw::taken) == 0) return true;
-  if (job.run == nullptr || scheduler_ == nullptr || !withdraw(*scheduler_, *job.run)) return false;
+  if (job.run == nullptr || !withdraw_run(job, *job.run)) return false;
   job.run = nullptr;
   job.change(JobState::waiting, 0, jw::taken);
   return true;

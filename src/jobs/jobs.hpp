@@ -179,6 +179,9 @@ class Jobs final {
   static void end_traced_phase() noexcept;
   /// Job::done(): hands the result to the run that finishes later and resumes it.
   void done(JobCore& job, Status result);
+  /// set_sync_scheduler's check (under `mutex`): std::invalid_argument unless `scheduler` is one of
+  /// this manager's with a synchronous thread.
+  void check_sync_scheduler(const Scheduler& scheduler, const Job& job) const;
   /// The phase after done(): ends the run with the result done() gave.
   void finish_run_later(JobCore& job, JobRun& run) noexcept;
   /// Ends a job whose run the engine will not start (its rule could not be entered) with `result`.
@@ -203,6 +206,11 @@ class Jobs final {
   static std::shared_ptr<JobRun> take_run(JobCore& job, const std::shared_ptr<Job>& owner);
   static void attach_run(JobCore& job, JobRun& run) noexcept;
   void submit_run(JobCore& job, std::shared_ptr<JobRun> run);
+  bool submit_to_sync_thread(JobCore& job, std::shared_ptr<JobRun> run);
+  /// The scheduler `job`'s runs happen on (set_sync_scheduler), while it lives; else null.
+  static std::shared_ptr<Scheduler> sync_target(const JobCore& job) noexcept;
+  /// withdraw() of `run` from the scheduler it was handed to.
+  bool withdraw_run(const JobCore& job, Tasklet& run);
   bool withdraw_waiting(JobCore& job);
   void release_group_slot(JobCore& job, ToStart& to_start);
   static void take_admissible(GroupCore& group, ToStart& let_in) noexcept;

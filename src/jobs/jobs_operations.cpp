@@ -269,6 +269,15 @@ bool Jobs::join(JobCore& job, std::chrono::milliseconds timeout) {
     throw IllegalState("join: job '" + job.job().name() + "' cannot join itself");
   }
   const std::uint32_t seen = job.load();
+  if (job.on_sync_thread() && timeout == std::chrono::milliseconds::max() &&
+      jw::phase(seen) != JobState::none) {
+    if (const std::shared_ptr<Scheduler> target = sync_target(job);
+        target && is_synchronous_thread_of(*target)) {
+      throw IllegalState("join(job '" + job.job().name() +
+                         "') on its sync scheduler's synchronous thread would never return: its run needs "
+                         "this thread");
+    }
+  }
   // Ended, unless a schedule() made while the end was being told runs it again (jw::ending).
   if (jw::phase(seen) == JobState::none && (seen & jw::rerun) == 0) return true;
   const std::uint32_t ends = seen / jw::one_end;
@@ -360,13 +369,11 @@ std::vector<RuleBlocker> Jobs::blockers(JobCore& job) {
 bool Jobs::is_blocking(JobCore& job) {
   std::lock_guard job_lock(job.lock);
   if (job.state() != JobState::running || scheduler_ == nullptr) return false;
-  Scheduler* const jobs_scheduler = scheduler_;
   // The tasklet of a request, when it is one of our jobs' (runs and completions; only runs hold
-  // rules). Under the table's lock a request's tasklet is alive.
-  const auto job_tasklet = [jobs_scheduler](const RuleRequest& request) -> const JobTasklet* {
-    const auto* tasklet = static_cast<const Tasklet*>(request.owner());
-    if (tasklet == nullptr || TaskletAccess::scheduler(*tasklet) != jobs_scheduler) return nullptr;
-    return static_cast<const JobTasklet*>(tasklet);
+  // rules), on the job scheduler or a job's sync scheduler: the table is this manager's alone.
+  // Under the table's lock a request's tasklet is alive.
+  const auto job_tasklet = [](const RuleRequest& request) -> const JobTasklet* {
+    return dynamic_cast<const JobTasklet*>(static_cast<const Tasklet*>(request.owner()));
   };
   std::size_t mine = 0;
   return domain_->has_conflicting_waiter_if(

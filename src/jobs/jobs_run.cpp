@@ -233,11 +233,11 @@ Directive Jobs::run_step(JobCore& job, JobRun& run, ProgressMonitor& monitor) no
     }
   }
   if (run.continuing) {
-    if (run.then != Directive::sync) return run.then;
+    if (run.then != Directive::sync || job.on_sync_thread()) return run.then;
     run.continuing = false;
     const std::string message = "job '" + job.job().name() +
-                                "' asked to go on in a sync phase (co_await sync()); jobs run on the "
-                                "workers, which have no synchronous thread";
+                                "' asked to go on in a sync phase (co_await sync()); its runs happen on "
+                                "the workers, which have no synchronous thread (see set_sync_scheduler)";
     result = Status::error(message, std::make_exception_ptr(IllegalState(message)));
   }
   // The run ends here: what run() kept for a next phase goes now, so that the next run starts anew.
@@ -269,7 +269,8 @@ std::optional<Status> Jobs::finish_later(JobCore& job, JobRun& run) noexcept {
         return std::move(extras.finished_with);  // done() came first: end with its result now
       }
     }
-    extras.finishing_suspension = detail::suspend(*scheduler_, run);
+    // On the scheduler running this phase: the job scheduler, or the job's sync scheduler.
+    extras.finishing_suspension = detail::suspend(*phase_scheduler(state()), run);
     extras.finishing = std::move(owned);
     run.finishing = true;
     return std::nullopt;
@@ -309,6 +310,15 @@ void Jobs::done(JobCore& job, Status result) {
     suspension = extras.finishing_suspension;
   }
   // Perhaps before the run's phase has returned: the resume then waits for it (the sticky resume).
+  if (job.on_sync_thread()) {
+    const std::shared_ptr<Scheduler> target = sync_target(job);
+    if (target == nullptr) {
+      throw IllegalState("done(): the scheduler job '" + job.job().name() +
+                         "' finishes on has been destroyed");
+    }
+    detail::resume(*target, run, suspension, Directive::sync);
+    return;
+  }
   detail::resume(*scheduler_, run, suspension, Directive::async);
 }
 

@@ -18,6 +18,12 @@ void describe_tasklets_by(Scheduler& scheduler, DescribeTasklet describe) noexce
 
 bool withdraw(Scheduler& scheduler, Tasklet& tasklet) { return impl(scheduler).withdraw(tasklet); }
 
+bool has_synchronous_thread(const Scheduler& scheduler) noexcept { return !impl(scheduler).background_; }
+
+bool is_synchronous_thread_of(const Scheduler& scheduler) noexcept {
+  return state().sync_of == &impl(scheduler);
+}
+
 std::uint32_t suspend(Scheduler& scheduler, Tasklet& tasklet) { return impl(scheduler).suspend(tasklet); }
 
 void resume(Scheduler& scheduler, const std::shared_ptr<Tasklet>& tasklet, std::uint32_t generation,

@@ -43,9 +43,14 @@ bool orders_async_phases(const Scheduler& scheduler) noexcept;
 /// How diagnostics name `scheduler`'s tasklets ("job 'name'" for the jobs'). Set before use.
 void describe_tasklets_by(Scheduler& scheduler, DescribeTasklet describe) noexcept;
 
-/// Withdraws a tasklet still waiting for its delay or its rule and ends it unrun; false when it
-/// has started.
+/// Withdraws a tasklet still waiting for its delay, its rule, a worker or the synchronous thread and
+/// ends it unrun; false when it has started (or its turn on the synchronous thread has come).
 bool withdraw(Scheduler& scheduler, Tasklet& tasklet);
+/// Whether `scheduler` has a synchronous thread (it is not a manager's background scheduler).
+bool has_synchronous_thread(const Scheduler& scheduler) noexcept;
+/// Whether the calling thread is `scheduler`'s synchronous thread (in its run(), poll() or
+/// run_until(), or one of its sync phases).
+bool is_synchronous_thread_of(const Scheduler& scheduler) noexcept;
 /// Scheduler::suspend of the tasklet whose phase runs: the suspension's generation.
 std::uint32_t suspend(Scheduler& scheduler, Tasklet& tasklet);
 /// Resumes that suspension (a Rescheduler's resume, made by the engine).

@@ -135,6 +135,9 @@ void detail::SchedulerImpl::drop_pending() noexcept {
     state.store(st::with_generation(st::idle, st::generation(state.load())), std::memory_order_release);
     if (!background_) active_.fetch_sub(1, std::memory_order_acq_rel);
   }
+  for (TaskletPtr& tasklet : dropped) {
+    if (auto* library = dynamic_cast<LibraryTasklet*>(tasklet.get())) library->dropped();
+  }
   dropped.clear();  // users' destructors run here, outside every lock
 }
 
@@ -258,6 +261,16 @@ bool detail::SchedulerImpl::withdraw(Tasklet& tasklet) {
       lane.erase(entry);
       --ready_count_;
       break;
+    }
+  }
+  if (!queued) {
+    // Granted and queued for the synchronous thread, whose turn has not taken it yet.
+    std::lock_guard lock(mutex_);
+    const auto entry = std::find_if(sync_queue_.begin(), sync_queue_.end(),
+                                    [&](const TaskletPtr& ready) { return ready.get() == &tasklet; });
+    if (entry != sync_queue_.end()) {
+      queued = std::move(*entry);
+      sync_queue_.erase(entry);
     }
   }
   if (!queued) return false;

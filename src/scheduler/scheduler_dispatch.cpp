@@ -264,6 +264,10 @@ void detail::SchedulerImpl::order_async_phases_by(OrderOf order) { order_ = orde
 
 std::string detail::SchedulerImpl::describe_tasklet(const Tasklet& tasklet) const {
   if (describe_ != nullptr) return describe_(tasklet);
+  // A job's run on a scheduler that is not its manager's (a job on the synchronous thread).
+  if (const auto* library = dynamic_cast<const LibraryTasklet*>(&tasklet)) {
+    if (std::string job = library->job_name(); !job.empty()) return "job '" + job + "'";
+  }
   return TaskletAccess::has_name(tasklet) ? "tasklet '" + tasklet.name() + "'" : tasklet.name();
 }
 

@@ -129,7 +129,12 @@ struct detail::SchedulerImpl::TaskletHold final : detail::InlineRuleRequest<N>, 
     TaskletPtr ended = std::move(tasklet);
     TaskletAccess::set_hold(*ended, nullptr);  // it never held the rule: nothing to release
     delete this;
+    // Withdrawn by the scheduler's destruction: a library tasklet hears so (a job's run ends its job).
+    TaskletPtr dropped;
+    if (impl.going_.load(std::memory_order_acquire) && dynamic_cast<LibraryTasklet*>(ended.get()) != nullptr)
+      dropped = ended;
     impl.finish(std::move(ended), nullptr);
+    if (dropped) static_cast<LibraryTasklet&>(*dropped).dropped();
   }
   // Its manager shuts down while it waits: a library tasklet hears why (a job's run ends its job,
   // canceled); any other ends unrun, as when withdrawn.

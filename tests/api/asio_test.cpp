@@ -1,8 +1,11 @@
 // tasklet::asio::make_scheduler: sync phases as handlers of a Boost.Asio io_context.
 #include <atomic>
+#include <chrono>
 #include <latch>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -13,6 +16,7 @@
 #include "support/test_support.hpp"
 #include "tasklet.hpp"
 #include "tasklet/asio.hpp"
+#include "tasklet/rules/rules.hpp"
 
 namespace tasklet {
 namespace {
@@ -148,6 +152,42 @@ TEST_P(AsioTest, DestroyingTheSchedulerWithWorkPendingLetsIoRunReturn) {
   io_.run();  // would not return while the scheduler held work on the io_context
   EXPECT_FALSE(parked->is_active());
   EXPECT_THROW(rescheduler.resume(Directive::sync), AlreadyResumed);
+}
+
+// Eclipse's UIJob on an io_context: jobs whose runs are handlers on the io thread, in FIFO order
+// with worker jobs on the same rule, and io.run() waits for them.
+TEST_P(AsioTest, JobsRunOnTheIoThreadInTurnWithWorkerJobs) {
+  constexpr int pairs = 10;
+  const Rule rule = rules::path("/doc");
+  const auto io_thread = std::this_thread::get_id();
+  std::mutex order_mutex;
+  std::vector<std::string> order;
+  std::atomic<int> misplaced{0};
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (int i = 0; i < pairs; ++i) {
+    for (const bool on_io : {false, true}) {
+      std::string name = (on_io ? "io " : "worker ") + std::to_string(i);
+      auto made = make_job(
+          name,
+          [&, on_io, name](ProgressMonitor&) {
+            if ((std::this_thread::get_id() == io_thread) != on_io) ++misplaced;
+            std::lock_guard lock(order_mutex);
+            order.push_back(name);
+            return Status::ok();
+          },
+          manager_);
+      made->set_rule(rule);
+      if (on_io) made->set_sync_scheduler(scheduler_);
+      jobs.push_back(std::move(made));
+    }
+  }
+  for (const auto& each : jobs) each->schedule();
+  io_.run();  // returns once the jobs that run on it have run
+  ASSERT_TRUE(manager_->join(nullptr, std::chrono::seconds{30}));
+  EXPECT_EQ(misplaced.load(), 0);
+  std::vector<std::string> expected;
+  for (const auto& each : jobs) expected.push_back(each->name());
+  EXPECT_EQ(order, expected) << "FIFO among the holders of one rule, on either thread";
 }
 
 }  // namespace

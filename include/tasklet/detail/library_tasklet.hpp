@@ -19,6 +19,9 @@ class LibraryTasklet : public Tasklet {
   /// Told once, on one of the workers, before the engine lets go of the tasklet; `why` says why
   /// (std::bad_alloc for lack of memory).
   virtual void abandoned(std::exception_ptr why) noexcept = 0;
+  /// Its scheduler was destroyed while it waited for a phase (or was parked): told once, outside
+  /// every lock, after the engine let go of it. The work it stands for may end there.
+  virtual void dropped() noexcept {}
   /// The name of the job whose run this is (empty for other work), for the trace.
   virtual std::string job_name() const { return {}; }
 
