@@ -2,7 +2,8 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set(TASKLET_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/tasklet")
-install(TARGETS tasklet tasklet_jobs tasklet_scheduler tasklet_table tasklet_base tasklet_rules
+# The layers are inside tasklet (src/api/CMakeLists.txt): only the libraries users link are installed.
+install(TARGETS tasklet tasklet_rules
   EXPORT taskletTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
@@ -21,6 +22,6 @@ endif()
 configure_package_config_file(cmake/taskletConfig.cmake.in
   "${PROJECT_BINARY_DIR}/taskletConfig.cmake" INSTALL_DESTINATION ${TASKLET_CMAKE_DIR})
 write_basic_package_version_file("${PROJECT_BINARY_DIR}/taskletConfigVersion.cmake"
-  COMPATIBILITY SameMinorVersion)
+  COMPATIBILITY SameMajorVersion)
 install(FILES "${PROJECT_BINARY_DIR}/taskletConfig.cmake" "${PROJECT_BINARY_DIR}/taskletConfigVersion.cmake"
   DESTINATION ${TASKLET_CMAKE_DIR})

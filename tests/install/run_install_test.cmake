@@ -63,6 +63,18 @@ foreach(header IN LISTS installed_headers)
   endif()
 endforeach()
 
+# Only the libraries users link: the engine's layers are inside libtasklet.
+file(GLOB_RECURSE installed_libraries "${prefix}/lib*/*.a" "${prefix}/lib*/*.so*")
+if(NOT installed_libraries)
+  message(FATAL_ERROR "install test: no library under ${prefix}")
+endif()
+foreach(library IN LISTS installed_libraries)
+  get_filename_component(name "${library}" NAME)
+  if(NOT name MATCHES "^libtasklet(_rules|_etcd)?\\.(a|so)")
+    message(FATAL_ERROR "install test: ${name} is installed; only libtasklet, libtasklet_rules and libtasklet_etcd should be")
+  endif()
+endforeach()
+
 # 3. Configure, build and run the consumer against the prefix only: without the etcd component
 #    where libcurl and nlohmann-json cannot be found, and with it when the tree built it.
 function(run_consumer name)
