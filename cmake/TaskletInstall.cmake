@@ -25,3 +25,27 @@ write_basic_package_version_file("${PROJECT_BINARY_DIR}/taskletConfigVersion.cma
   COMPATIBILITY SameMajorVersion)
 install(FILES "${PROJECT_BINARY_DIR}/taskletConfig.cmake" "${PROJECT_BINARY_DIR}/taskletConfigVersion.cmake"
   DESTINATION ${TASKLET_CMAKE_DIR})
+
+# pkg-config files, for builds without CMake. A static tasklet carries its dependencies in Libs;
+# a shared one keeps them private.
+if(BUILD_SHARED_LIBS)
+  set(TASKLET_PC_REQUIRES "")
+  set(TASKLET_PC_REQUIRES_PRIVATE "tbb")
+  set(TASKLET_PC_LIBS "-ltasklet -ltasklet_rules")
+  set(TASKLET_PC_LIBS_PRIVATE "-ltbbmalloc")
+  set(TASKLET_ETCD_PC_REQUIRES "")
+  set(TASKLET_ETCD_PC_REQUIRES_PRIVATE "libcurl")
+else()
+  set(TASKLET_PC_REQUIRES "tbb")
+  set(TASKLET_PC_REQUIRES_PRIVATE "")
+  set(TASKLET_PC_LIBS "-ltasklet -ltasklet_rules -ltbbmalloc")
+  set(TASKLET_PC_LIBS_PRIVATE "")
+  set(TASKLET_ETCD_PC_REQUIRES ", libcurl")
+  set(TASKLET_ETCD_PC_REQUIRES_PRIVATE "")
+endif()
+configure_file(cmake/tasklet.pc.in "${PROJECT_BINARY_DIR}/tasklet.pc" @ONLY)
+install(FILES "${PROJECT_BINARY_DIR}/tasklet.pc" DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+if(TASKLET_BUILD_ETCD)
+  configure_file(cmake/tasklet-etcd.pc.in "${PROJECT_BINARY_DIR}/tasklet-etcd.pc" @ONLY)
+  install(FILES "${PROJECT_BINARY_DIR}/tasklet-etcd.pc" DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+endif()
