@@ -49,3 +49,20 @@ if(TASKLET_BUILD_ETCD)
   configure_file(cmake/tasklet-etcd.pc.in "${PROJECT_BINARY_DIR}/tasklet-etcd.pc" @ONLY)
   install(FILES "${PROJECT_BINARY_DIR}/tasklet-etcd.pc" DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 endif()
+
+# The Debian package of the installed tree (cpack -G DEB in the build directory): libtasklet-dev.
+# etcd's component needs libcurl's and nlohmann-json's development packages only where it is used.
+set(CPACK_PACKAGE_NAME libtasklet-dev)
+set(CPACK_PACKAGE_VENDOR tasklet)
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY
+    "co-operative tasklets and Eclipse-style jobs with scheduling rules, on oneTBB (C++20)")
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+set(CPACK_DEBIAN_PACKAGE_MAINTAINER "tasklet developers <tasklet@localhost>")
+set(CPACK_DEBIAN_PACKAGE_SECTION libdevel)
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "libtbb-dev (>= 2021.5), libboost-dev (>= 1.74), pkg-config")
+if(TASKLET_BUILD_ETCD)
+  set(CPACK_DEBIAN_PACKAGE_SUGGESTS "libcurl4-openssl-dev, nlohmann-json3-dev (>= 3)")
+endif()
+include(CPack)

@@ -9,7 +9,8 @@ packages=(g++ cmake ninja-build libtbb-dev libboost-dev libgtest-dev libgmock-de
           etcd-server etcd-client  # the etcd tests start their own etcd on loopback
           chromium  # the timeline test renders the HTML timeline headless
           clang libclang-rt-14-dev  # clang and its libFuzzer runtime: the fuzz lane (scripts/fuzz.sh)
-          clang-tidy)  # the tidy lane (scripts/tidy.sh)
+          clang-tidy  # the tidy lane (scripts/tidy.sh)
+          pkg-config)  # the install test builds a consumer with tasklet.pc
 missing=()
 for package in "${packages[@]}"; do
   status="$(dpkg-query -W -f='${Status}' "$package" 2>/dev/null || true)"

@@ -33,8 +33,10 @@ function(step description)
 endfunction()
 
 set(config_args "")
+set(cpack_args "")
 if(CONFIG)
   set(config_args --config "${CONFIG}")
+  set(cpack_args -C "${CONFIG}")
 endif()
 
 # 1. Install the build tree.
@@ -85,9 +87,9 @@ elseif(NOT "${SANITIZER}" STREQUAL "")
   message(FATAL_ERROR "install test: SANITIZER must be '', address or thread (got '${SANITIZER}')")
 endif()
 
-# 3. Configure, build and run the consumer against the prefix only: without the etcd component
-#    where libcurl and nlohmann-json cannot be found, and with it when the tree built it.
-function(run_consumer name)
+# run_consumer(<name> <prefix> <configure args...>): configures, builds and runs the consumer
+# against <prefix> only.
+function(run_consumer name prefix)
   set(consumer_build "${WORK_DIR}/consumer-${name}")
   set(configure_args
     -S "${SOURCE_DIR}/tests/install/consumer" -B "${consumer_build}"
@@ -135,48 +137,72 @@ function(run_consumer name)
   step("running the consumer (${name})" COMMAND "${consumer}")
 endfunction()
 
-run_consumer(core -DWITH_ETCD=OFF -DCMAKE_DISABLE_FIND_PACKAGE_CURL=ON
+# run_pkg_config_consumer(<name> <prefix>): the consumer built without CMake, with the compiler
+# and pkg-config's flags only (tasklet.pc, and tasklet-etcd.pc with the component).
+function(run_pkg_config_consumer name prefix)
+  file(GLOB_RECURSE pc_files "${prefix}/*/tasklet.pc")
+  if(NOT pc_files)
+    message(FATAL_ERROR "install test: no tasklet.pc under ${prefix}")
+  endif()
+  list(GET pc_files 0 pc_file)
+  get_filename_component(pc_dir "${pc_file}" DIRECTORY)
+  set(ENV{PKG_CONFIG_PATH} "${pc_dir}")
+  set(tbb_rpath "")
+  if(TBB_DIR AND EXISTS "${TBB_DIR}/../../pkgconfig/tbb.pc")
+    # A lane's own oneTBB (a sanitizer's): its tbb.pc, and found at run time as the CMake consumer's.
+    get_filename_component(tbb_libdir "${TBB_DIR}/../.." ABSOLUTE)
+    set(ENV{PKG_CONFIG_PATH} "${pc_dir}:${tbb_libdir}/pkgconfig")
+    set(tbb_rpath "-Wl,-rpath,${tbb_libdir}")
+  endif()
+  set(packages tasklet)
+  set(defines "")
+  if(ETCD)
+    set(packages tasklet-etcd)
+    set(defines -DTASKLET_CONSUMER_ETCD)
+  endif()
+  find_program(PKG_CONFIG pkg-config REQUIRED)
+  execute_process(COMMAND "${PKG_CONFIG}" --cflags --libs ${packages} OUTPUT_VARIABLE pc_flags
+                  RESULT_VARIABLE pc_result OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT pc_result EQUAL 0)
+    message(FATAL_ERROR "install test: pkg-config --cflags --libs ${packages} failed")
+  endif()
+  separate_arguments(pc_flags UNIX_COMMAND "${pc_flags}")
+  separate_arguments(sanitizer_args UNIX_COMMAND "${sanitizer_flags}")
+  set(compiler "${CXX_COMPILER}")
+  if(NOT compiler)
+    set(compiler c++)
+  endif()
+  set(consumer "${WORK_DIR}/consumer-${name}")
+  step("building the consumer with pkg-config (${name}: ${packages})"
+    COMMAND "${compiler}" -std=c++20 ${sanitizer_args} ${defines} "${SOURCE_DIR}/tests/install/consumer/main.cpp"
+            -o "${consumer}" ${pc_flags} ${tbb_rpath})
+  step("running the consumer built with pkg-config (${name})" COMMAND "${consumer}")
+endfunction()
+
+# 3. The consumer against the installed prefix only: with CMake, without the etcd component where
+#    libcurl and nlohmann-json cannot be found, and with it when the tree built it; then with
+#    pkg-config.
+run_consumer(core "${prefix}" -DWITH_ETCD=OFF -DCMAKE_DISABLE_FIND_PACKAGE_CURL=ON
   -DCMAKE_DISABLE_FIND_PACKAGE_nlohmann_json=ON)
 if(ETCD)
-  run_consumer(etcd -DWITH_ETCD=ON)
+  run_consumer(etcd "${prefix}" -DWITH_ETCD=ON)
 endif()
+run_pkg_config_consumer(pkg-config "${prefix}")
 
-# 4. A consumer built without CMake: the compiler and pkg-config's flags only (tasklet.pc, and
-#    tasklet-etcd.pc with the component).
-file(GLOB_RECURSE pc_files "${prefix}/*/tasklet.pc")
-if(NOT pc_files)
-  message(FATAL_ERROR "install test: no tasklet.pc under ${prefix}")
+# 4. The Debian package (libtasklet-dev) that CPack makes of the same tree, unpacked with dpkg-deb
+#    into a scratch root: the same consumers against its /usr.
+find_program(DPKG_DEB dpkg-deb REQUIRED)
+get_filename_component(cmake_dir "${CMAKE_COMMAND}" DIRECTORY)
+set(deb_dir "${WORK_DIR}/deb")
+step("making the Debian package"
+  COMMAND "${cmake_dir}/cpack" -G DEB --config "${BUILD_DIR}/CPackConfig.cmake" -B "${deb_dir}" ${cpack_args})
+file(GLOB debs "${deb_dir}/libtasklet-dev_*.deb")
+list(LENGTH debs deb_count)
+if(NOT deb_count EQUAL 1)
+  message(FATAL_ERROR "install test: expected one libtasklet-dev_*.deb in ${deb_dir}, found ${deb_count}")
 endif()
-list(GET pc_files 0 pc_file)
-get_filename_component(pc_dir "${pc_file}" DIRECTORY)
-set(ENV{PKG_CONFIG_PATH} "${pc_dir}")
-set(tbb_rpath "")
-if(TBB_DIR AND EXISTS "${TBB_DIR}/../../pkgconfig/tbb.pc")
-  # A lane's own oneTBB (a sanitizer's): its tbb.pc, and found at run time as the CMake consumer's.
-  get_filename_component(tbb_libdir "${TBB_DIR}/../.." ABSOLUTE)
-  set(ENV{PKG_CONFIG_PATH} "${pc_dir}:${tbb_libdir}/pkgconfig")
-  set(tbb_rpath "-Wl,-rpath,${tbb_libdir}")
-endif()
-set(packages tasklet)
-set(defines "")
-if(ETCD)
-  set(packages tasklet-etcd)
-  set(defines -DTASKLET_CONSUMER_ETCD)
-endif()
-find_program(PKG_CONFIG pkg-config REQUIRED)
-execute_process(COMMAND "${PKG_CONFIG}" --cflags --libs ${packages} OUTPUT_VARIABLE pc_flags
-                RESULT_VARIABLE pc_result OUTPUT_STRIP_TRAILING_WHITESPACE)
-if(NOT pc_result EQUAL 0)
-  message(FATAL_ERROR "install test: pkg-config --cflags --libs ${packages} failed")
-endif()
-separate_arguments(pc_flags UNIX_COMMAND "${pc_flags}")
-separate_arguments(sanitizer_args UNIX_COMMAND "${sanitizer_flags}")
-if(NOT CXX_COMPILER)
-  set(CXX_COMPILER c++)
-endif()
-set(pc_consumer "${WORK_DIR}/consumer-pkg-config")
-step("building the consumer with pkg-config (${packages})"
-  COMMAND "${CXX_COMPILER}" -std=c++20 ${sanitizer_args} ${defines} "${SOURCE_DIR}/tests/install/consumer/main.cpp"
-          -o "${pc_consumer}" ${pc_flags} ${tbb_rpath})
-step("running the consumer built with pkg-config" COMMAND "${pc_consumer}")
+set(root "${WORK_DIR}/deb-root")
+step("unpacking ${debs}" COMMAND "${DPKG_DEB}" -x "${debs}" "${root}")
+run_consumer(deb "${root}/usr" -DWITH_ETCD=${ETCD})
+run_pkg_config_consumer(deb-pkg-config "${root}/usr")
 message(STATUS "install test: passed")
