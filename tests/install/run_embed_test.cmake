@@ -1,0 +1,37 @@
+# Embed test: configures, builds and runs tests/install/embed, which builds tasklet from its source
+# as part of another project (add_subdirectory, or FetchContent of the git repository's HEAD).
+#
+#   cmake -DSOURCE_DIR=<tasklet source dir> -DWORK_DIR=<scratch> -DEMBED=subdirectory|fetch_content
+#         [-DGENERATOR=<gen>] [-DMAKE_PROGRAM=<path>] [-DCXX_COMPILER=<path>] -P run_embed_test.cmake
+cmake_minimum_required(VERSION 3.25)
+
+foreach(required SOURCE_DIR WORK_DIR EMBED)
+  if(NOT DEFINED ${required} OR "${${required}}" STREQUAL "")
+    message(FATAL_ERROR "run_embed_test.cmake: -D${required}=... is required")
+  endif()
+endforeach()
+file(REMOVE_RECURSE "${WORK_DIR}")
+
+function(step description)
+  message(STATUS "embed test: ${description}")
+  execute_process(${ARGN} RESULT_VARIABLE result)
+  if(NOT result EQUAL 0)
+    message(FATAL_ERROR "embed test: ${description} failed (${result})")
+  endif()
+endfunction()
+
+set(configure_args -S "${SOURCE_DIR}/tests/install/embed" -B "${WORK_DIR}" "-DTASKLET_SOURCE=${SOURCE_DIR}"
+                   "-DEMBED=${EMBED}")
+if(GENERATOR)
+  list(APPEND configure_args -G "${GENERATOR}")
+endif()
+if(MAKE_PROGRAM)
+  list(APPEND configure_args "-DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM}")
+endif()
+if(CXX_COMPILER)
+  list(APPEND configure_args "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}")
+endif()
+step("configuring (${EMBED})" COMMAND "${CMAKE_COMMAND}" ${configure_args})
+step("building (${EMBED})" COMMAND "${CMAKE_COMMAND}" --build "${WORK_DIR}" --target tasklet_embed_consumer)
+step("running (${EMBED})" COMMAND "${WORK_DIR}/tasklet_embed_consumer")
+message(STATUS "embed test: passed")
