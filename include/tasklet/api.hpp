@@ -8,6 +8,8 @@
 // inherit from their scheduler.
 #pragma once
 
+#include "tasklet/export.hpp"
+
 #include <memory>
 
 #include "tasklet/scheduler.hpp"
@@ -15,13 +17,13 @@
 namespace tasklet::api {
 
 /// A new scheduler with the calling thread's options (inside a phase: its scheduler's options).
-std::shared_ptr<Scheduler> new_scheduler();
+TASKLET_EXPORT std::shared_ptr<Scheduler> new_scheduler();
 /// A new scheduler with explicit options; empty members inherit as in new_scheduler().
-std::shared_ptr<Scheduler> new_scheduler(SchedulerOptions options);
+TASKLET_EXPORT std::shared_ptr<Scheduler> new_scheduler(SchedulerOptions options);
 
 /// The calling thread's current scheduler (see the header comment). Throws only std::bad_alloc,
 /// when it makes the implicit scheduler.
-Scheduler& current();
+TASKLET_EXPORT Scheduler& current();
 
 /// Runs tasklet->task() on the calling thread with `scheduler` as its current scheduler, then
 /// continues the tasklet on `scheduler` with the directive it returned. The tasklet must be idle
@@ -31,15 +33,15 @@ Scheduler& current();
 /// Also throws std::invalid_argument for a null tasklet, IllegalState when the manager shuts down
 /// while it waits for the rule, and std::bad_alloc; on the implicit scheduler's own thread, the
 /// exceptions of the `sync` phases that then run inline.
-void with(Scheduler& scheduler, const std::shared_ptr<Tasklet>& tasklet);
+TASKLET_EXPORT void with(Scheduler& scheduler, const std::shared_ptr<Tasklet>& tasklet);
 
 /// Sets the options new schedulers on this thread use (and the implicit scheduler, when it is
 /// next created).
-void configure(SchedulerOptions options);
+TASKLET_EXPORT void configure(SchedulerOptions options);
 /// The calling thread's configured options.
-SchedulerOptions options();
+TASKLET_EXPORT SchedulerOptions options();
 
 /// Drops the thread's implicit scheduler (see Scheduler's destructor) and its configuration.
-void reset();
+TASKLET_EXPORT void reset();
 
 }  // namespace tasklet::api

@@ -11,6 +11,8 @@
 // running ones, and leaves every job in state none, usable but unable to be scheduled again.
 #pragma once
 
+#include "tasklet/export.hpp"
+
 #include <any>
 #include <chrono>
 #include <concepts>
@@ -46,7 +48,7 @@ enum class Priority { interactive, short_job, long_job, build, decorate };
 using Family = const void*;
 
 /// What a listener learns about a job's life.
-struct JobEvent {
+struct TASKLET_EXPORT JobEvent {
   std::shared_ptr<Job> job;
   Status result;                               ///< done: the run's result
   std::chrono::milliseconds delay{0};          ///< scheduled: the delay asked for
@@ -55,7 +57,7 @@ struct JobEvent {
 
 /// Override what you need. Events of one job arrive in order, one at a time, never while the
 /// manager holds an internal lock; an exception from a listener is caught and dropped.
-class JobListener {
+class TASKLET_EXPORT JobListener {
  public:
   virtual ~JobListener() = default;
   virtual void scheduled(const JobEvent&) {}
@@ -68,11 +70,11 @@ class JobListener {
 
 namespace detail {
 struct CoroutineMaker;
-std::shared_ptr<Job> make_coroutine_job(std::string name, const CoroutineMaker& maker, void* callable,
-                                        std::shared_ptr<JobManager> manager);
+TASKLET_EXPORT std::shared_ptr<Job> make_coroutine_job(std::string name, const CoroutineMaker& maker,
+                                                       void* callable, std::shared_ptr<JobManager> manager);
 }  // namespace detail
 
-class Job : public std::enable_shared_from_this<Job> {
+class TASKLET_EXPORT Job : public std::enable_shared_from_this<Job> {
  public:
   /// A job of `manager` (the global manager when null). The job refers to its manager without
   /// owning it.
@@ -235,8 +237,8 @@ class Job : public std::enable_shared_from_this<Job> {
 
 /// A job whose run() calls `fn(monitor)` and ends with the Status it returns. Made on `manager`
 /// (the global manager when null). Throws std::bad_alloc.
-std::shared_ptr<Job> make_job(std::string name, std::function<Status(ProgressMonitor&)> fn,
-                              std::shared_ptr<JobManager> manager = nullptr);
+TASKLET_EXPORT std::shared_ptr<Job> make_job(std::string name, std::function<Status(ProgressMonitor&)> fn,
+                                             std::shared_ptr<JobManager> manager = nullptr);
 
 /// A job's run that returns nothing: callable with the job's ProgressMonitor.
 template <class F>

@@ -1,6 +1,8 @@
 // tasklet/job_group.hpp: jobs that run at most N at a time and finish as one.
 #pragma once
 
+#include "tasklet/export.hpp"
+
 #include <chrono>
 #include <cstddef>
 #include <memory>
@@ -13,7 +15,7 @@ namespace tasklet {
 
 class Job;
 
-class JobGroup : public std::enable_shared_from_this<JobGroup> {
+class TASKLET_EXPORT JobGroup : public std::enable_shared_from_this<JobGroup> {
  public:
   enum class State { none, active, canceling };
 

@@ -6,6 +6,8 @@
 // are granted in request order (FIFO); requests that do not conflict never wait for each other.
 #pragma once
 
+#include "tasklet/export.hpp"
+
 #include <chrono>
 #include <cstddef>
 #include <functional>
@@ -28,7 +30,7 @@ class Workers;
 /// event loop's thread can keep serving its events instead of blocking. One per manager
 /// (JobManager::set_lock_listener); called for begin_rule only, on every thread that has to wait,
 /// outside the library's locks.
-class LockListener {
+class TASKLET_EXPORT LockListener {
  public:
   virtual ~LockListener() = default;
   /// What the thread does while it waits.
@@ -52,7 +54,7 @@ class LockListener {
 
 /// Who holds which rules of a manager and who waits for which, and why, at one moment
 /// (JobManager::rule_snapshot).
-struct RuleSnapshot {
+struct TASKLET_EXPORT RuleSnapshot {
   struct Request {
     /// As RuleBlocker::owner: "job 'name'", "tasklet 'name'", "thread <id>".
     std::string owner;
@@ -82,7 +84,7 @@ struct RuleSnapshot {
   std::string to_string() const;
 };
 
-class JobManager {
+class TASKLET_EXPORT JobManager {
  public:
   struct Options {
     /// Worker threads for ASYNC phases and jobs (0: the machine's default concurrency).
@@ -245,7 +247,7 @@ class JobManager {
 /// Begins a rule on construction and ends it on destruction (also when begin_rule threw, which is
 /// then rethrown from the constructor; but for std::bad_alloc, which leaves nothing to end). Not
 /// copyable or movable: it belongs to its thread's scope.
-class RuleScope {
+class TASKLET_EXPORT RuleScope {
  public:
   RuleScope(JobManager& manager, Rule rule);
   ~RuleScope();

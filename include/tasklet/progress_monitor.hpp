@@ -6,6 +6,8 @@
 // SubMonitor does.
 #pragma once
 
+#include "tasklet/export.hpp"
+
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -16,7 +18,7 @@ namespace tasklet {
 
 /// Thread-safe. Subclass it and override the on_* hooks to show progress (they are called with the
 /// monitor's counts already updated, outside any library lock).
-class ProgressMonitor {
+class TASKLET_EXPORT ProgressMonitor {
  public:
   static constexpr int unknown = -1;
 

@@ -2,6 +2,8 @@
 // (see tasklet/coroutine.hpp).
 #pragma once
 
+#include "tasklet/export.hpp"
+
 #include <utility>
 
 #include "tasklet/detail/hold.hpp"
@@ -18,7 +20,7 @@ struct RuleWait;
 /// co_await). It releases the rule when it goes, at the end of its scope, or at release(). Destroy
 /// or release it in the coroutine that took it (the steps of its tasklet), never after that
 /// coroutine ended. Move-only.
-class [[nodiscard]] RuleHold {
+class [[nodiscard]] TASKLET_EXPORT RuleHold {
  public:
   RuleHold(RuleHold&& other) noexcept : tasklet_(std::exchange(other.tasklet_, nullptr)) {}
   RuleHold& operator=(RuleHold&&) = delete;

@@ -8,6 +8,8 @@
 // before their first phase and hold them until done.
 #pragma once
 
+#include "tasklet/export.hpp"
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -28,7 +30,7 @@ class Scheduler;
 
 /// What a new scheduler uses. Empty members mean "inherit": the thread's configured options
 /// (api::configure), then the global JobManager.
-struct SchedulerOptions {
+struct TASKLET_EXPORT SchedulerOptions {
   /// Owns the rules this scheduler's tasklets and threads hold; also supplies default workers.
   std::shared_ptr<JobManager> manager{};  // {}: designated initializers may leave it out (-Wextra)
   /// Where ASYNC phases run; overrides `concurrency` and the manager's workers.
@@ -46,7 +48,7 @@ struct SchedulerOptions {
 };
 
 /// A phase's exception, with the name of the tasklet that threw it.
-struct Failure {
+struct TASKLET_EXPORT Failure {
   std::string tasklet;
   std::exception_ptr error;
 };
@@ -61,7 +63,7 @@ class Suspension;
 /// returns anything else, the tasklet ends with AlreadyResumed). When the last
 /// copy is destroyed unused, the suspension ends: a tasklet parked by it that nothing else can
 /// suspend again (no owner outside its scheduler) ends with TaskletLost (see Scheduler::suspend).
-class Rescheduler {
+class TASKLET_EXPORT Rescheduler {
  public:
   Rescheduler() = default;
 
@@ -91,7 +93,7 @@ class Rescheduler {
   std::shared_ptr<const detail::Suspension> suspension_;
 };
 
-class Scheduler : public std::enable_shared_from_this<Scheduler> {
+class TASKLET_EXPORT Scheduler : public std::enable_shared_from_this<Scheduler> {
  public:
   /// A new scheduler (api::new_scheduler() uses the thread's configured options).
   static std::shared_ptr<Scheduler> create(SchedulerOptions options = {});

@@ -15,6 +15,8 @@
 // short, non-blocking and free of calls back into the library.
 #pragma once
 
+#include "tasklet/export.hpp"
+
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -44,7 +46,7 @@ using Rule = std::shared_ptr<const SchedulingRule>;
 ///    shares these (see rules::named_mutex);
 ///  - custom (the default): no index; the table asks is_conflicting pairwise, always with the
 ///    custom rule as the receiver, because built-in rules know nothing of it.
-struct RuleKey {
+struct TASKLET_EXPORT RuleKey {
   enum class Kind : std::uint8_t { custom, identity, path, multi, named };
   Kind kind = Kind::custom;
   bool shared = false;                         ///< path: a shared (read) rule
@@ -54,7 +56,7 @@ struct RuleKey {
 
 /// The interface of every scheduling rule, built-in or user-written.
 /// Implementations must be thread-safe for concurrent const calls (rules are immutable).
-class SchedulingRule {
+class TASKLET_EXPORT SchedulingRule {
  public:
   virtual ~SchedulingRule() {
     void* note = table_slot_.load(std::memory_order_acquire);
@@ -98,7 +100,7 @@ class SchedulingRule {
 };
 
 /// Who a waiting rule request waits for (JobManager's lock listener, Job::blockers).
-struct RuleBlocker {
+struct TASKLET_EXPORT RuleBlocker {
   /// "job 'name'", "tasklet 'name'" (or "tasklet@<address>" when unnamed), or "thread <id>".
   std::string owner;
   /// The rule it holds or asked for.
@@ -111,14 +113,14 @@ struct RuleBlocker {
 };
 
 /// `rule->to_string()`, or "null" for an empty rule.
-std::string describe(const Rule& rule);
-std::string describe(const SchedulingRule* rule);
+TASKLET_EXPORT std::string describe(const Rule& rule);
+TASKLET_EXPORT std::string describe(const SchedulingRule* rule);
 
 /// Checks the laws that can be checked cheaply: the rule contains and conflicts with itself (only
 /// shared path rules are exempt from self-conflict), and neither conflicts with nor contains a
 /// private sentinel rule it cannot know. Multi rules are checked child by child. Rules whose key
 /// says identity, path or named are trusted as the built-in ones, not checked. Null rules are valid.
 /// Throws InvalidRule naming the rule. Thread-safe.
-void validate_rule(const Rule& rule);
+TASKLET_EXPORT void validate_rule(const Rule& rule);
 
 }  // namespace tasklet

@@ -6,6 +6,8 @@
 // joins the same serial order. A waiting task holds no thread.
 #pragma once
 
+#include "tasklet/export.hpp"
+
 #include <chrono>
 #include <concepts>
 #include <cstddef>
@@ -34,7 +36,7 @@ namespace detail {
 class Repeat;
 }  // namespace detail
 
-class SerialExecutor {
+class TASKLET_EXPORT SerialExecutor {
  public:
   using Duration = std::chrono::steady_clock::duration;
 

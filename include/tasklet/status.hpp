@@ -1,6 +1,8 @@
 // tasklet/status.hpp: the outcome of a job's run (or of a job group).
 #pragma once
 
+#include "tasklet/export.hpp"
+
 #include <exception>
 #include <string>
 #include <utility>
@@ -11,7 +13,7 @@ namespace tasklet {
 /// ok, cancel, or error with a message and the captured exception. A group's status carries the
 /// non-ok results of its jobs as children. finish_later is only for a job's run() to return: the
 /// run goes on until Job::done() gives its result (Eclipse's ASYNC_FINISH); no job ends with it.
-struct Status {
+struct TASKLET_EXPORT Status {
   enum class Severity { ok, cancel, error, finish_later };
 
   Severity severity = Severity::ok;

@@ -6,6 +6,8 @@
 // A tasklet may carry a scheduling rule, held from before its first phase until it is done.
 #pragma once
 
+#include "tasklet/export.hpp"
+
 #include <atomic>
 #include <concepts>
 #include <cstdint>
@@ -23,7 +25,7 @@ namespace tasklet {
 class Scheduler;
 
 /// Subclass it and implement task(), or wrap a callable with make_tasklet().
-class Tasklet : public std::enable_shared_from_this<Tasklet> {
+class TASKLET_EXPORT Tasklet : public std::enable_shared_from_this<Tasklet> {
  public:
   virtual ~Tasklet();
   Tasklet(const Tasklet&) = delete;

@@ -6,12 +6,14 @@
 // arena of your own, see tasklet/tbb.hpp.
 #pragma once
 
+#include "tasklet/export.hpp"
+
 #include <memory>
 
 namespace tasklet {
 
 /// A pool of worker threads for ASYNC phases. Thread-safe; shared by the schedulers using it.
-class Workers {
+class TASKLET_EXPORT Workers {
  public:
   /// A new arena with `concurrency` worker threads (0: the machine's default concurrency).
   static std::shared_ptr<Workers> create(int concurrency = 0);

@@ -167,6 +167,10 @@ function(run_pkg_config_consumer name prefix)
     message(FATAL_ERROR "install test: pkg-config --cflags --libs ${packages} failed")
   endif()
   separate_arguments(pc_flags UNIX_COMMAND "${pc_flags}")
+  # A shared libtasklet is found at run time where pkg-config says it lies.
+  execute_process(COMMAND "${PKG_CONFIG}" --variable=libdir tasklet OUTPUT_VARIABLE libdir
+                  OUTPUT_STRIP_TRAILING_WHITESPACE)
+  list(APPEND pc_flags "-Wl,-rpath,${libdir}")
   separate_arguments(sanitizer_args UNIX_COMMAND "${sanitizer_flags}")
   set(compiler "${CXX_COMPILER}")
   if(NOT compiler)

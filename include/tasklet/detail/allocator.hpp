@@ -10,15 +10,17 @@
 // Not part of the public API: the names may change.
 #pragma once
 
+#include "tasklet/export.hpp"
+
 #include <cstddef>
 #include <new>
 
 namespace tasklet::detail {
 
 /// Allocates `bytes` aligned for any scalar type. Throws std::bad_alloc.
-[[nodiscard]] void* allocate_bytes(std::size_t bytes);
+[[nodiscard]] TASKLET_EXPORT void* allocate_bytes(std::size_t bytes);
 /// Frees a block from allocate_bytes (null is ignored).
-void deallocate_bytes(void* block) noexcept;
+TASKLET_EXPORT void deallocate_bytes(void* block) noexcept;
 
 /// A standard allocator over allocate_bytes, for std::allocate_shared and containers.
 template <class T>
@@ -40,7 +42,7 @@ struct Allocator {
 };
 
 /// Gives a class operator new and delete over allocate_bytes.
-struct PooledObject {
+struct TASKLET_EXPORT PooledObject {
   static void* operator new(std::size_t bytes) { return allocate_bytes(bytes); }
   static void operator delete(void* block) noexcept { deallocate_bytes(block); }
 };

@@ -2,6 +2,8 @@
 // users): the promise the coroutines of one tasklet share, and the awaiters of its co_awaits.
 #pragma once
 
+#include "tasklet/export.hpp"
+
 #include <atomic>
 #include <coroutine>
 #include <cstddef>
@@ -41,7 +43,7 @@ class AllEnded;
 /// What the coroutines of one tasklet share (the outermost one and those it awaits inline): the
 /// frame to resume at the next phase, and the directive its last co_await chose. It lives in the
 /// outermost coroutine's promise, so that a coroutine tasklet is no larger than a plain one.
-struct CoroutineStack {
+struct TASKLET_EXPORT CoroutineStack {
   std::coroutine_handle<> resume_next;
   Tasklet* tasklet = nullptr;  // the tasklet that runs them
   std::stop_token stop;        // given to make_tasklet
@@ -50,12 +52,12 @@ struct CoroutineStack {
 
 /// Whether the calling code runs a sync phase (on a scheduler's synchronous thread): where a
 /// coroutine that parks goes on once it is resumed for it.
-bool in_sync_phase() noexcept;
+TASKLET_EXPORT bool in_sync_phase() noexcept;
 /// Scheduler::suspend of `tasklet` by its own scheduler, in its phase (a job's run included).
-Rescheduler suspend_in_phase(Tasklet& tasklet);
+TASKLET_EXPORT Rescheduler suspend_in_phase(Tasklet& tasklet);
 
 /// The promise's part that does not depend on the result type.
-class CoroutinePromise {
+class TASKLET_EXPORT CoroutinePromise {
  public:
   std::suspend_always initial_suspend() noexcept { return {}; }  // it starts when its tasklet runs
 
@@ -130,7 +132,7 @@ struct Parking {
 };
 
 /// The stop token of the coroutine's tasklet (see this_stop_token()).
-struct StopTokenOf {
+struct TASKLET_EXPORT StopTokenOf {
   std::stop_token token;
   bool await_ready() const noexcept { return false; }
   template <class Promise>
@@ -143,7 +145,7 @@ struct StopTokenOf {
 };
 
 /// Takes a rule for the coroutine's tasklet (see hold()).
-struct RuleWait {
+struct TASKLET_EXPORT RuleWait {
   Rule rule;
   Tasklet* tasklet = nullptr;
   HoldAnswer now = HoldAnswer::waiting;
@@ -178,7 +180,7 @@ struct RuleWait {
 };
 
 /// Waits for a job's end (see join(job)).
-class JobEnd {
+class TASKLET_EXPORT JobEnd {
  public:
   explicit JobEnd(std::shared_ptr<Job> job) : job_(std::move(job)) {}
   bool await_ready() const noexcept { return job_ == nullptr; }
@@ -222,15 +224,15 @@ class JobEnd {
 /// `room` bytes of the job itself when it fits (a lambda capturing two references, say), else on
 /// the heap with its address there. Smaller than a std::function, so that a coroutine job, with its
 /// running coroutine's handle, takes no more room than a plain make_job job.
-struct CoroutineMaker {
+struct TASKLET_EXPORT CoroutineMaker {
   static constexpr std::size_t room = 16;
   void (*construct)(void* room, void* callable);  // moves the callable in; throws what that throws
   Task<Status> (*make)(void* room, ProgressMonitor& monitor);
   void (*destroy)(void* room) noexcept;
 };
 
-std::shared_ptr<Job> make_coroutine_job(std::string name, const CoroutineMaker& maker, void* callable,
-                                        std::shared_ptr<JobManager> manager);
+TASKLET_EXPORT std::shared_ptr<Job> make_coroutine_job(std::string name, const CoroutineMaker& maker,
+                                                       void* callable, std::shared_ptr<JobManager> manager);
 
 /// make_job() of a coroutine job: the callable `run` is moved into the job (see CoroutineMaker).
 template <class F>

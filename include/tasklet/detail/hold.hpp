@@ -2,6 +2,8 @@
 // Not part of the public API: the names may change.
 #pragma once
 
+#include "tasklet/export.hpp"
+
 #include <exception>
 
 #include "tasklet/scheduling_rule.hpp"
@@ -23,7 +25,7 @@ enum class HoldAnswer : unsigned char {
 };
 
 /// How a waiting hold was answered, set by the engine before it resumes the tasklet.
-struct HoldReply {
+struct TASKLET_EXPORT HoldReply {
   HoldAnswer answer = HoldAnswer::waiting;
   std::exception_ptr failure{};  // with failed
 };
@@ -35,10 +37,10 @@ struct HoldReply {
 /// IllegalState outside the tasklet's phase, with begin_rule scopes open in the phase, or when its
 /// rule was transferred away; RuleNotContained when the tasklet holds a rule that does not contain
 /// `rule`; InvalidRule; AlreadyScheduled when the tasklet is suspended already; std::bad_alloc.
-HoldAnswer begin_hold(Tasklet& tasklet, const Rule& rule, HoldReply& later);
+TASKLET_EXPORT HoldAnswer begin_hold(Tasklet& tasklet, const Rule& rule, HoldReply& later);
 
 /// Releases the rule a granted begin_hold took, and the tasklet has no rule again (nothing when the
 /// tasklet's end released it already).
-void end_hold(Tasklet& tasklet) noexcept;
+TASKLET_EXPORT void end_hold(Tasklet& tasklet) noexcept;
 
 }  // namespace tasklet::detail

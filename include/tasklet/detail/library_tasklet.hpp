@@ -1,6 +1,8 @@
 // tasklet/detail/library_tasklet.hpp: the library's own tasklets (private, not for users).
 #pragma once
 
+#include "tasklet/export.hpp"
+
 #include <exception>
 #include <string>
 
@@ -13,7 +15,7 @@ namespace tasklet::detail {
 /// phase (out of memory, its rule refused by a backend, its manager shutting down while it waits
 /// for its rule) it tells the tasklet, which reports it where that work is awaited; the engine then
 /// records no failure of its own. Any other tasklet's such end is a failure of its scheduler.
-class LibraryTasklet : public Tasklet {
+class TASKLET_EXPORT LibraryTasklet : public Tasklet {
  public:
   ~LibraryTasklet() override;
   /// Told once, on one of the workers, before the engine lets go of the tasklet; `why` says why

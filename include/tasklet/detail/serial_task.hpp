@@ -2,6 +2,8 @@
 // because post() and its kin are templates.
 #pragma once
 
+#include "tasklet/export.hpp"
+
 #include <exception>
 #include <utility>
 
@@ -16,7 +18,7 @@ class SerialState;
 
 /// One posted task: a tasklet holding the executor's rule whose only phase runs the body. Its
 /// destruction, whether it ran or was canceled, counts it out of the executor.
-class SerialTask : public LibraryTasklet {
+class TASKLET_EXPORT SerialTask : public LibraryTasklet {
  public:
   explicit SerialTask(SerialState& state) noexcept : state_(state) {}
   ~SerialTask() override;
@@ -41,7 +43,7 @@ class SerialTaskOf final : public SerialTask {
 };
 
 /// The body of a task posted at a fixed rate: each run is a SerialTask of its own.
-class RepeatBody {
+class TASKLET_EXPORT RepeatBody {
  public:
   virtual ~RepeatBody() = default;
   virtual void run() = 0;

@@ -10,6 +10,8 @@
 // It speaks etcd's v3 JSON gateway (the /v3/... endpoints of etcd 3.4 and later) through libcurl.
 #pragma once
 
+#include "tasklet/export.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -28,22 +30,22 @@ struct SessionAccess;
 }  // namespace detail
 
 /// Any failure to talk to etcd.
-class EtcdError : public Error {
+class TASKLET_EXPORT EtcdError : public Error {
  public:
   using Error::Error;
 };
 /// No endpoint answered (down, unreachable, or too slow for `request_timeout`).
-class EtcdUnavailable : public EtcdError {
+class TASKLET_EXPORT EtcdUnavailable : public EtcdError {
  public:
   using EtcdError::EtcdError;
 };
 /// etcd refused the user name or password, or asked for them when none were given.
-class EtcdAuthFailed : public EtcdError {
+class TASKLET_EXPORT EtcdAuthFailed : public EtcdError {
  public:
   using EtcdError::EtcdError;
 };
 /// The user's roles do not allow what was asked (writing under the prefix, say).
-class EtcdPermissionDenied : public EtcdError {
+class TASKLET_EXPORT EtcdPermissionDenied : public EtcdError {
  public:
   using EtcdError::EtcdError;
 };
@@ -52,12 +54,12 @@ class EtcdPermissionDenied : public EtcdError {
 /// or someone revoked it): the rules held through it are no longer held in etcd, and their fencing
 /// tokens are void. Thrown to begin_rule and end_rule callers that held such rules, and by
 /// fencing_token(); the reason it carries cancels waiting requests.
-class EtcdLeaseLost : public EtcdError {
+class TASKLET_EXPORT EtcdLeaseLost : public EtcdError {
  public:
   using EtcdError::EtcdError;
 };
 
-struct EtcdOptions {
+struct TASKLET_EXPORT EtcdOptions {
   /// Client URLs, tried in order ("http://127.0.0.1:2379"); https:// ones use the TLS settings.
   std::vector<std::string> endpoints{};
   /// Every key of the session lives under it.
@@ -76,7 +78,7 @@ struct EtcdOptions {
 };
 
 /// A session with etcd. Thread-safe.
-class EtcdSession {
+class TASKLET_EXPORT EtcdSession {
  public:
   /// Connects (see the header comment). Throws std::invalid_argument for options without an
   /// endpoint or with a TTL under 2 s; EtcdUnavailable when no endpoint answers, EtcdAuthFailed,
@@ -125,8 +127,8 @@ class EtcdSession {
 /// the session's on_lease_lost listeners are told. A manager cannot share again after that: make
 /// a new session and manager. The manager keeps the session alive. Throws std::invalid_argument
 /// for a null session, std::bad_alloc. See docs/distributed.md.
-std::shared_ptr<JobManager> make_job_manager(const std::shared_ptr<EtcdSession>& session,
-                                             JobManager::Options options = {});
+TASKLET_EXPORT std::shared_ptr<JobManager> make_job_manager(const std::shared_ptr<EtcdSession>& session,
+                                                            JobManager::Options options = {});
 
 /// The fencing token under which the calling code (a begin_rule scope on this thread, or the
 /// running tasklet's or job's own rule or hold) holds `rule`, or a rule containing it, in etcd:
@@ -134,6 +136,6 @@ std::shared_ptr<JobManager> make_job_manager(const std::shared_ptr<EtcdSession>&
 /// conflicting holder, so a store that remembers the largest token it saw can refuse a late
 /// writer. Throws IllegalState when `manager` was not made by make_job_manager, when the rule is
 /// not shared, or when the calling code holds no such rule; EtcdLeaseLost once the lease is lost.
-std::int64_t fencing_token(const JobManager& manager, const Rule& rule);
+TASKLET_EXPORT std::int64_t fencing_token(const JobManager& manager, const Rule& rule);
 
 }  // namespace tasklet::etcd

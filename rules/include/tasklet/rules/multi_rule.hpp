@@ -13,6 +13,8 @@
 // Rules are immutable: all members are safe to call concurrently.
 #pragma once
 
+#include "tasklet/export.hpp"
+
 #include <span>
 #include <string>
 #include <utility>
@@ -24,7 +26,7 @@
 namespace tasklet {
 
 /// The union of two or more unrelated rules, acquired all at once. Immutable; thread-safe.
-class MultiRule final : public SchedulingRule {
+class TASKLET_EXPORT MultiRule final : public SchedulingRule {
   struct Token {
     explicit Token() = default;
   };

@@ -10,6 +10,8 @@
 // concurrently.
 #pragma once
 
+#include "tasklet/export.hpp"
+
 #include <string>
 #include <string_view>
 #include <utility>
@@ -19,7 +21,7 @@
 namespace tasklet {
 
 /// A rule that conflicts with and contains only itself (identity). Immutable; thread-safe.
-class MutexRule final : public SchedulingRule {
+class TASKLET_EXPORT MutexRule final : public SchedulingRule {
  public:
   /// A mutex named `name` for diagnostics (the name plays no part in conflicts). Throws only
   /// std::bad_alloc.
@@ -50,7 +52,7 @@ class MutexRule final : public SchedulingRule {
 /// with and contain each other), so unrelated code, and other processes through a manager that
 /// shares rules across processes (tasklet::etcd), can agree on it by name. Immutable; thread-safe.
 /// Create one with rules::named_mutex() (tasklet/rules/rules.hpp).
-class NamedMutexRule final : public SchedulingRule {
+class TASKLET_EXPORT NamedMutexRule final : public SchedulingRule {
  public:
   /// Throws InvalidRule for an empty name or one with a NUL byte; std::bad_alloc.
   explicit NamedMutexRule(std::string name);

@@ -22,6 +22,8 @@
 // to index the rule in a trie. Rules are immutable: all members are safe to call concurrently.
 #pragma once
 
+#include "tasklet/export.hpp"
+
 #include <cstdint>
 #include <span>
 #include <string>
@@ -34,7 +36,7 @@
 namespace tasklet {
 
 /// A lock on a path and its subtree, exclusive (write) or shared (read). Immutable; thread-safe.
-class PathRule final : public SchedulingRule {
+class TASKLET_EXPORT PathRule final : public SchedulingRule {
  public:
   /// Exclusive rules exclude everything related to their path; shared ones only exclusive rules.
   enum class Mode : std::uint8_t { exclusive, shared };

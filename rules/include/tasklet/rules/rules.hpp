@@ -12,6 +12,8 @@
 // docs/rules.md for the semantics, the laws and how to write a custom rule.
 #pragma once
 
+#include "tasklet/export.hpp"
+
 #include <concepts>
 #include <cstddef>
 #include <initializer_list>
@@ -32,27 +34,27 @@
 namespace tasklet::rules {
 
 /// A new MutexRule named `name` (for diagnostics only). Throws only std::bad_alloc.
-[[nodiscard]] Rule mutex(std::string name = {});
+[[nodiscard]] TASKLET_EXPORT Rule mutex(std::string name = {});
 
 /// A new NamedMutexRule: conflicts with and contains every named mutex of the same `name`, in
 /// this process and, through a manager that shares rules (tasklet::etcd), in others. Throws
 /// InvalidRule for an empty name or one with a NUL byte.
-[[nodiscard]] Rule named_mutex(std::string name);
+[[nodiscard]] TASKLET_EXPORT Rule named_mutex(std::string name);
 
 /// A new exclusive (write) PathRule on the normalised `path`. Throws InvalidPath naming the input
 /// when it is empty, relative, goes above the root with "..", or holds a NUL byte.
-[[nodiscard]] Rule path(std::string_view path);
+[[nodiscard]] TASKLET_EXPORT Rule path(std::string_view path);
 
 /// The same as path(): an exclusive (write) PathRule. Throws InvalidPath.
-[[nodiscard]] Rule write_path(std::string_view path);
+[[nodiscard]] TASKLET_EXPORT Rule write_path(std::string_view path);
 
 /// A new shared (read) PathRule on the normalised `path`. Throws InvalidPath.
-[[nodiscard]] Rule read_path(std::string_view path);
+[[nodiscard]] TASKLET_EXPORT Rule read_path(std::string_view path);
 
 /// Eclipse's MultiRule.combine: `b` when `a` is null, `a` when `b` is null or is `a`, `a` when it
 /// contains `b`, `b` when it contains `a`, otherwise a rule holding both (flattened and reduced,
 /// as combine(range)). Throws only what a custom rule's contains throws, or std::bad_alloc.
-[[nodiscard]] Rule combine(Rule a, Rule b);
+[[nodiscard]] TASKLET_EXPORT Rule combine(Rule a, Rule b);
 
 /// Combines the rules of `rules`: flattens multi rules, drops nulls and rules contained by another
 /// (of two equivalent rules the first is kept). Returns null when nothing is left, the rule itself
