@@ -40,7 +40,13 @@ void Jobs::end_unrun(JobCore& job, Tasklet& run, Status result) noexcept {
     ended = finish_run(job, std::move(result), to_start);
   }
   start(to_start);
-  complete(std::move(ended));
+  // A hand-over on the timer thread (a delayed job whose sync scheduler is gone) does not tell
+  // listeners there.
+  if (timer_->runs_here()) {
+    complete_off_timer(std::move(ended));
+  } else {
+    complete(std::move(ended));
+  }
 }
 
 // The run's end holds the job (RunEnd::owner) until complete() is done with it; the registry holds it
