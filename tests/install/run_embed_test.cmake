@@ -5,20 +5,10 @@
 #         [-DGENERATOR=<gen>] [-DMAKE_PROGRAM=<path>] [-DCXX_COMPILER=<path>] -P run_embed_test.cmake
 cmake_minimum_required(VERSION 3.25)
 
-foreach(required SOURCE_DIR WORK_DIR EMBED)
-  if(NOT DEFINED ${required} OR "${${required}}" STREQUAL "")
-    message(FATAL_ERROR "run_embed_test.cmake: -D${required}=... is required")
-  endif()
-endforeach()
+set(test_name "embed test")
+include("${CMAKE_CURRENT_LIST_DIR}/script_steps.cmake")
+require(SOURCE_DIR WORK_DIR EMBED)
 file(REMOVE_RECURSE "${WORK_DIR}")
-
-function(step description)
-  message(STATUS "embed test: ${description}")
-  execute_process(${ARGN} RESULT_VARIABLE result)
-  if(NOT result EQUAL 0)
-    message(FATAL_ERROR "embed test: ${description} failed (${result})")
-  endif()
-endfunction()
 
 set(configure_args -S "${SOURCE_DIR}/tests/install/embed" -B "${WORK_DIR}" "-DTASKLET_SOURCE=${SOURCE_DIR}"
                    "-DEMBED=${EMBED}")

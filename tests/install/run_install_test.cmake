@@ -13,24 +13,13 @@
 # -fsanitize flags (as tasklet_sanitize() gives tasklet's own executables).
 cmake_minimum_required(VERSION 3.25)
 
-foreach(required BUILD_DIR SOURCE_DIR WORK_DIR)
-  if(NOT DEFINED ${required} OR "${${required}}" STREQUAL "")
-    message(FATAL_ERROR "run_install_test.cmake: -D${required}=... is required")
-  endif()
-endforeach()
+set(test_name "install test")
+include("${CMAKE_CURRENT_LIST_DIR}/script_steps.cmake")
+require(BUILD_DIR SOURCE_DIR WORK_DIR)
 
 set(prefix "${WORK_DIR}/prefix")
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
-
-# step(<description> COMMAND <args...>): runs a command and stops the test when it fails.
-function(step description)
-  message(STATUS "install test: ${description}")
-  execute_process(${ARGN} RESULT_VARIABLE result)
-  if(NOT result EQUAL 0)
-    message(FATAL_ERROR "install test: ${description} failed (${result})")
-  endif()
-endfunction()
 
 set(config_args "")
 set(cpack_args "")

@@ -6,21 +6,11 @@
 #         [-DMAKE_PROGRAM=<path>] [-DCXX_COMPILER=<path>] -P run_shared_test.cmake
 cmake_minimum_required(VERSION 3.25)
 
-foreach(required SOURCE_DIR WORK_DIR)
-  if(NOT DEFINED ${required} OR "${${required}}" STREQUAL "")
-    message(FATAL_ERROR "run_shared_test.cmake: -D${required}=... is required")
-  endif()
-endforeach()
+set(test_name "shared test")
+include("${CMAKE_CURRENT_LIST_DIR}/script_steps.cmake")
+require(SOURCE_DIR WORK_DIR)
 file(REMOVE_RECURSE "${WORK_DIR}")
 set(build "${WORK_DIR}/build")
-
-function(step description)
-  message(STATUS "shared test: ${description}")
-  execute_process(${ARGN} RESULT_VARIABLE result)
-  if(NOT result EQUAL 0)
-    message(FATAL_ERROR "shared test: ${description} failed (${result})")
-  endif()
-endfunction()
 
 if(NOT ETCD)
   set(ETCD OFF)
