@@ -263,8 +263,9 @@ bool detail::SchedulerImpl::withdraw(Tasklet& tasklet) {
       break;
     }
   }
-  if (!queued) {
-    // Granted and queued for the synchronous thread, whose turn has not taken it yet.
+  if (!queued && !background_) {
+    // Granted and queued for the synchronous thread, whose turn has not taken it yet (a background
+    // scheduler has none: a job's cancel does not take its lock for nothing).
     std::lock_guard lock(mutex_);
     const auto entry = std::find_if(sync_queue_.begin(), sync_queue_.end(),
                                     [&](const TaskletPtr& ready) { return ready.get() == &tasklet; });
