@@ -10,7 +10,8 @@ packages=(g++ cmake ninja-build libtbb-dev libboost-dev libgtest-dev libgmock-de
           chromium  # the timeline test renders the HTML timeline headless
           clang libclang-rt-14-dev  # clang and its libFuzzer runtime: the fuzz lane (scripts/fuzz.sh)
           clang-tidy  # the tidy lane (scripts/tidy.sh)
-          pkg-config)  # the install test builds a consumer with tasklet.pc
+          pkg-config  # the install test builds a consumer with tasklet.pc
+          wrk)  # the server test loads examples/file_server
 missing=()
 for package in "${packages[@]}"; do
   status="$(dpkg-query -W -f='${Status}' "$package" 2>/dev/null || true)"
