@@ -352,7 +352,13 @@ SchedulerHandle::~SchedulerHandle() {
     // let a task outside the group finish the job once this one has returned.
     auto& arena = impl->workers_.arena();
     arena.enqueue([owned = std::shared_ptr<SchedulerImpl>(std::move(impl))] { (void)owned; });
+    return;
   }
+  // The engine's destructor ends its waiting tasklets, which reach it through this handle
+  // (detail::impl): `impl` must still point at it meanwhile. ~unique_ptr does not promise that
+  // (libc++'s sets it to null first), so it is deleted here and only then let go of.
+  delete impl.get();
+  static_cast<void>(impl.release());
 }
 
 }  // namespace detail
