@@ -31,7 +31,6 @@
 #include <coroutine>
 #include <memory>
 #include <optional>
-#include <stop_token>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -45,6 +44,7 @@
 #include "tasklet/scheduler.hpp"
 #include "tasklet/scheduling_rule.hpp"
 #include "tasklet/status.hpp"
+#include "tasklet/stop_token.hpp"
 #include "tasklet/tasklet.hpp"
 
 namespace tasklet {
@@ -68,9 +68,9 @@ template <std::invocable<Rescheduler> Give>
   return {std::forward<Give>(give), nullptr};
 }
 
-/// `co_await tasklet::this_stop_token()`: the stop token given to make_tasklet (none by default; the
-/// coroutines it awaits inline, and those its when_all runs, see the same one). Checking it is up
-/// to the coroutine.
+/// `co_await tasklet::this_stop_token()`: a StopToken holding the token given to make_tasklet (an
+/// empty one by default; the coroutines it awaits inline, and those its when_all runs, see the
+/// same one). Checking it is up to the coroutine.
 [[nodiscard]] inline detail::StopTokenOf this_stop_token() noexcept { return {}; }
 
 /// `auto held = co_await tasklet::hold(rule)`: the coroutine's tasklet takes `rule` and holds it
@@ -164,7 +164,7 @@ struct Task<void>::promise_type : detail::CoroutinePromise {
 template <class T>
 class CoroutineTasklet final : public Tasklet {
  public:
-  explicit CoroutineTasklet(Task<T> task, std::stop_token stop = {}) noexcept
+  explicit CoroutineTasklet(Task<T> task, StopToken stop = {}) noexcept
       : steps_(std::move(task), *this, std::move(stop)) {}
 
   /// Resumes the coroutine; the directive of the co_await it stopped at (done at its end). An
@@ -192,11 +192,11 @@ class CoroutineTasklet final : public Tasklet {
 };
 
 /// Wraps a coroutine as a tasklet with an optional rule, held from before its first step to its
-/// end (as any tasklet's), and an optional stop token for this_stop_token(). Schedule it with the
-/// directive its first step needs. Throws InvalidRule for an invalid rule.
+/// end (as any tasklet's), and an optional stop token for this_stop_token() (a std::stop_token, or
+/// any StoppableToken: tasklet/stop_token.hpp). Schedule it with the directive its first step
+/// needs. Throws InvalidRule for an invalid rule, std::bad_alloc.
 template <class T>
-std::shared_ptr<CoroutineTasklet<T>> make_tasklet(Task<T> task, Rule rule = nullptr,
-                                                  std::stop_token stop = {}) {
+std::shared_ptr<CoroutineTasklet<T>> make_tasklet(Task<T> task, Rule rule = nullptr, StopToken stop = {}) {
   using Made = CoroutineTasklet<T>;
   auto tasklet = std::allocate_shared<Made>(detail::Allocator<Made>{}, std::move(task), std::move(stop));
   if (rule) tasklet->set_rule(std::move(rule));

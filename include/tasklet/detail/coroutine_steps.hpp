@@ -10,7 +10,6 @@
 #include <exception>
 #include <memory>
 #include <new>
-#include <stop_token>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -24,6 +23,7 @@
 #include "tasklet/scheduler.hpp"
 #include "tasklet/scheduling_rule.hpp"
 #include "tasklet/status.hpp"
+#include "tasklet/stop_token.hpp"
 #include "tasklet/tasklet.hpp"
 
 namespace tasklet {
@@ -46,7 +46,7 @@ class AllEnded;
 struct TASKLET_EXPORT CoroutineStack {
   std::coroutine_handle<> resume_next;
   Tasklet* tasklet = nullptr;  // the tasklet that runs them
-  std::stop_token stop;        // given to make_tasklet
+  StopToken stop;              // given to make_tasklet
   Directive next = Directive::done;
 };
 
@@ -133,7 +133,7 @@ struct Parking {
 
 /// The stop token of the coroutine's tasklet (see this_stop_token()).
 struct TASKLET_EXPORT StopTokenOf {
-  std::stop_token token;
+  StopToken token;
   bool await_ready() const noexcept { return false; }
   template <class Promise>
   requires std::is_base_of_v<CoroutinePromise, Promise>
@@ -141,7 +141,7 @@ struct TASKLET_EXPORT StopTokenOf {
     token = here.promise().stack_->stop;
     return false;  // goes on at once
   }
-  std::stop_token await_resume() const noexcept { return token; }
+  StopToken await_resume() const noexcept { return token; }
 };
 
 /// Takes a rule for the coroutine's tasklet (see hold()).

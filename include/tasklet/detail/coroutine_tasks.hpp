@@ -9,7 +9,6 @@
 #include <memory>
 #include <new>
 #include <optional>
-#include <stop_token>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -29,7 +28,7 @@ template <class T>
 class TaskSteps {
  public:
   TaskSteps() noexcept = default;
-  TaskSteps(Task<T> task, Tasklet& runner, std::stop_token stop) noexcept
+  TaskSteps(Task<T> task, Tasklet& runner, StopToken stop) noexcept
       : handle_(std::exchange(task.handle_, nullptr)) {
     CoroutineStack& stack = *handle_.promise().stack_;
     stack.resume_next = handle_;
@@ -115,7 +114,7 @@ class RunChild {
 template <class All>
 class WhenAllTask final : public LibraryTasklet {
  public:
-  WhenAllTask(Task<void> run, std::shared_ptr<All> all, std::stop_token stop) noexcept
+  WhenAllTask(Task<void> run, std::shared_ptr<All> all, StopToken stop) noexcept
       : steps_(std::move(run), *this, std::move(stop)), all_(std::move(all)) {}
   Directive task() override { return steps_.step(); }  // RunChild catches what its task throws
   void abandoned(std::exception_ptr why) noexcept override { all_->failed(std::move(why)); }
@@ -169,7 +168,7 @@ class AllEnded {
 
  private:
   template <std::size_t... I>
-  auto make_children(const std::stop_token& stop, std::index_sequence<I...>) {
+  auto make_children(const StopToken& stop, std::index_sequence<I...>) {
     using Child = WhenAllTask<AllOf<T...>>;
     return std::make_tuple(std::allocate_shared<Child>(
         Allocator<Child>{}, RunChild<T>::template run<I>(std::move(std::get<I>(tasks_)), all_), all_,
