@@ -35,8 +35,9 @@ class CoroutineTest : public WorkerCountTest {};
 struct Segments {
   std::thread::id sync_thread = std::this_thread::get_id();
   std::atomic<int> on_sync{0}, on_worker{0}, misplaced{0};
-  void sync_segment() { (std::this_thread::get_id() == sync_thread ? on_sync : misplaced).fetch_add(1); }
-  void async_segment() { (std::this_thread::get_id() != sync_thread ? on_worker : misplaced).fetch_add(1); }
+  // Called in coroutines: test::current_thread_id() says why not std::this_thread::get_id().
+  void sync_segment() { (test::current_thread_id() == sync_thread ? on_sync : misplaced).fetch_add(1); }
+  void async_segment() { (test::current_thread_id() != sync_thread ? on_worker : misplaced).fetch_add(1); }
 };
 
 Task<int> hop_back_and_forth(Segments& segments, int hops) {

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "support/job_support.hpp"
+#include "support/test_support.hpp"
 #include "tasklet.hpp"
 #include "tasklet/coroutine.hpp"
 #include "tasklet/rules/rules.hpp"
@@ -217,11 +218,11 @@ TEST_F(SyncThreadJobTest, ACoroutineJobGoesOnInSyncAndAsyncPhases) {
   auto coroutine = make_job(
       "coroutine",
       [&](ProgressMonitor&) -> Task<Status> {
-        threads.push_back(std::this_thread::get_id());
+        threads.push_back(test::current_thread_id());  // see there why not std::this_thread::get_id()
         co_await async();
-        threads.push_back(std::this_thread::get_id());
+        threads.push_back(test::current_thread_id());
         co_await sync();
-        threads.push_back(std::this_thread::get_id());
+        threads.push_back(test::current_thread_id());
         co_return Status::ok();
       },
       manager_);

@@ -71,6 +71,17 @@ class ManagerTest : public ::testing::Test {
   std::shared_ptr<JobManager> manager_ = JobManager::create(JobManager::Options{.concurrency = 2});
 };
 
+/// The calling thread's id, asked anew at every call: use it in coroutines. Clang (14, -O2) takes
+/// std::this_thread::get_id() (glibc's pthread_self, declared const) for a value that cannot change
+/// within a function, and gives a coroutine that was resumed on another thread the id it read
+/// before its co_await. It cannot see through a call through a volatile pointer.
+inline std::thread::id current_thread_id() {
+  static std::thread::id (*volatile const ask)() noexcept = []() noexcept {
+    return std::this_thread::get_id();
+  };
+  return ask();
+}
+
 /// "thread <id>" for the calling thread: how the library names a thread that holds or waits for
 /// a rule.
 inline std::string this_thread_name() {
