@@ -97,7 +97,6 @@ TEST_P(DispatcherTest, ConflictingTaskletsRunInScheduleOrder) {
 }
 
 TEST_P(DispatcherTest, DirectoryExcludesItsFiles) {
-  ExclusionProbe tree;  // counts the directory holder and file holders together
   std::atomic<int> files_inside{0};
   std::atomic<bool> file_with_directory{false};
   std::atomic<bool> directory_inside{false};
