@@ -27,10 +27,13 @@ reader would not see.
 The checker adds nothing else: no header, no `using`. A block compiles from its page's prelude,
 its marker's scaffolding and its own lines, as C++20 with -Wall -Wextra -Werror.
 
-Usage: check_snippets.py --cxx COMPILER [-I DIR ...] FILE.md ...
+Usage: check_snippets.py --cxx COMPILER [--cxx-flags FLAGS] [-I DIR ...] FILE.md ...
+
+FLAGS: the build's CMAKE_CXX_FLAGS, one string (e.g. -stdlib=libc++ in the libc++ lane).
 """
 import argparse
 import re
+import shlex
 import subprocess
 import sys
 
@@ -103,6 +106,7 @@ def source_of(snippet, prelude, named):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cxx", required=True)
+    parser.add_argument("--cxx-flags", default="")
     parser.add_argument("-I", dest="includes", action="append", default=[])
     parser.add_argument("files", nargs="+")
     args = parser.parse_args()
@@ -134,7 +138,8 @@ def main():
                 except ValueError as error:
                     failures.append(str(error))
                     continue
-            command = [args.cxx, "-std=c++20", "-fsyntax-only", "-Wall", "-Wextra", "-Werror"]
+            command = [args.cxx, *shlex.split(args.cxx_flags), "-std=c++20", "-fsyntax-only", "-Wall", "-Wextra",
+                       "-Werror"]
             command += [f"-I{include}" for include in args.includes] + ["-x", "c++", "-"]
             result = subprocess.run(command, input=source, capture_output=True, text=True)
             compiled += 1
