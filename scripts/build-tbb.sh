@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds oneTBB (tbb + tbbmalloc) for a sanitizer lane: scripts/build-tbb.sh tsan|asan
+# Builds oneTBB (tbb + tbbmalloc) for a sanitizer lane or the libc++ lane:
+# scripts/build-tbb.sh tsan|asan|libcxx
 #
 #   tsan  instrumented for ThreadSanitizer (-DTBB_SANITIZE=thread). Debian's libtbb12 is not
 #         instrumented, so TSan cannot see oneTBB's synchronisation and reports false races on
@@ -9,25 +10,28 @@
 #         swapcontext of Debian's build: an exception thrown in a job resumed on another stack
 #         leaves stale shadow behind, and a later frame reports a false stack-use-after-scope.
 #         Not instrumented, so the gcc (asan preset) and clang (fuzz preset) builds can share it.
+#   libcxx  built with clang++-14 -stdlib=libc++ (Debian's clang-14, libc++-14-dev,
+#           libc++abi-14-dev): a program built on libc++ cannot link Debian's libtbb, whose
+#           interface (std::exception_ptr, std::string, ...) is libstdc++'s.
 #
 # It fetches the Debian source package of the *installed* libtbb-dev version (same headers, same
 # Debian patches) and installs the build into a prefix inside the build tree:
 #
 #   build/tbb-<flavour>/install        (override: TASKLET_TBB_PREFIX=/abs/path)
 #
-# Idempotent: when the prefix holds a build of the same source version, compiler and flags (see
-# the stamp file in it) it does nothing. Otherwise it installs what is missing via apt (dpkg-dev
-# for apt-get source, cmake, ninja, g++), adds a deb-src entry for Debian 12 if none serves the
-# source, runs apt-get update only when the source is not found, and builds with ninja
-# (TASKLET_TBB_JOBS, default: number of cores).
+# It first installs what is missing via apt (dpkg-dev for apt-get source, cmake, ninja, the
+# flavour's compiler and standard library). Idempotent: when the prefix holds a build of the same
+# source version, compiler and flags (see the stamp file in it) it does nothing more. Otherwise it
+# adds a deb-src entry for Debian 12 if none serves the source, runs apt-get update only when the
+# source is not found, and builds with ninja (TASKLET_TBB_JOBS, default: number of cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
 flavour="${1:-}"
 case "$flavour" in
-  tsan | asan) ;;
-  *) echo "usage: scripts/build-tbb.sh tsan|asan" >&2; exit 2 ;;
+  tsan | asan | libcxx) ;;
+  *) echo "usage: scripts/build-tbb.sh tsan|asan|libcxx" >&2; exit 2 ;;
 esac
 work="$root/build/tbb-$flavour"
 prefix="${TASKLET_TBB_PREFIX:-$work/install}"
@@ -55,11 +59,18 @@ upstream_version=${upstream_version%-*}
 # std::atomic_thread_fence in oneTBB (concurrent_monitor's prepare_wait/notify handshake): TSan
 # does not model stand-alone fences. Its waits and wake-ups still go through futex/mutex paths
 # TSan follows, and the lane has seen no report from there; -Wno-tsan keeps the build log short.
-if [ "$flavour" = tsan ]; then
-  flavour_args=(-DTBB_SANITIZE=thread -DCMAKE_CXX_FLAGS=-Wno-tsan)
-else
-  flavour_args=(-DCMAKE_CXX_FLAGS=-D__TBB_RESUMABLE_TASKS_USE_THREADS=1)
-fi
+cxx=c++
+compiler_packages=(g++)
+case "$flavour" in
+  tsan) flavour_args=(-DTBB_SANITIZE=thread -DCMAKE_CXX_FLAGS=-Wno-tsan) ;;
+  asan) flavour_args=(-DCMAKE_CXX_FLAGS=-D__TBB_RESUMABLE_TASKS_USE_THREADS=1) ;;
+  libcxx)
+    # CMake passes CMAKE_CXX_FLAGS to the link too, so libtbb links libc++ and libc++abi.
+    cxx=clang++-14
+    compiler_packages=(clang-14 libc++-14-dev libc++abi-14-dev)
+    flavour_args=(-DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_CXX_FLAGS=-stdlib=libc++)
+    ;;
+esac
 cmake_args=(
   -G Ninja
   -DCMAKE_BUILD_TYPE=RelWithDebInfo
@@ -74,21 +85,10 @@ cmake_args=(
   -DTBB_DISABLE_HWLOC_AUTOMATIC_SEARCH=ON
   -DTBB_ENABLE_IPO=OFF
 )
-compiler_version=$(c++ --version)
-compiler_version=${compiler_version%%$'\n'*}  # first line; no `| head` under pipefail
-stamp_text="$src_package $src_version | $compiler_version | ${cmake_args[*]}"
-stamp="$prefix/tasklet-tbb-$flavour.stamp"
-
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_text" ] \
-   && [ -f "$prefix/lib/cmake/TBB/TBBConfig.cmake" ]; then
-  log "up to date in $prefix ($src_package $src_version)"
-  exit 0
-fi
-log "building $src_package $src_version (${flavour_args[*]}) into $prefix"
-
-# Tools: apt-get source needs dpkg-dev (dpkg-source); the build needs cmake, ninja and g++.
+# Tools: apt-get source needs dpkg-dev (dpkg-source); the build needs cmake, ninja and the
+# flavour's compiler (the stamp below asks it for its version).
 missing=()
-for package in dpkg-dev cmake ninja-build g++; do
+for package in dpkg-dev cmake ninja-build "${compiler_packages[@]}"; do
   installed "$package" || missing+=("$package")
 done
 apt_updated=0
@@ -100,6 +100,18 @@ if [ ${#missing[@]} -gt 0 ]; then
     "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
   fi
 fi
+
+compiler_version=$("$cxx" --version)
+compiler_version=${compiler_version%%$'\n'*}  # first line; no `| head` under pipefail
+stamp_text="$src_package $src_version | $compiler_version | ${cmake_args[*]}"
+stamp="$prefix/tasklet-tbb-$flavour.stamp"
+
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_text" ] \
+   && [ -f "$prefix/lib/cmake/TBB/TBBConfig.cmake" ]; then
+  log "up to date in $prefix ($src_package $src_version)"
+  exit 0
+fi
+log "building $src_package $src_version (${flavour_args[*]}) into $prefix"
 
 # Source: is the exact version served by a deb-src entry?
 source_known() {
@@ -113,7 +125,7 @@ if ! source_known; then
   if ! grep -rqsE '^(deb-src|Types:.*deb-src)' /etc/apt/sources.list /etc/apt/sources.list.d/; then
     log "adding deb-src entries for bookworm (main) in /etc/apt/sources.list.d/tasklet-deb-src.sources"
     "${sudo_cmd[@]}" tee /etc/apt/sources.list.d/tasklet-deb-src.sources >/dev/null <<'EOF'
-# Added by tasklet's scripts/build-tbb.sh: source packages, to build oneTBB for the sanitizer lanes.
+# Added by tasklet's scripts/build-tbb.sh: source packages, to build oneTBB for the sanitizer and libc++ lanes.
 Types: deb-src
 URIs: http://deb.debian.org/debian
 Suites: bookworm bookworm-updates
