@@ -100,7 +100,7 @@ class Locked {
   };
   Locked(FileLocks* locks, std::vector<Want> wants) {
     if (!locks) return;
-    std::ranges::sort(wants, {}, &Want::target);
+    std::sort(wants.begin(), wants.end(), [](const Want& a, const Want& b) { return a.target < b.target; });
     for (const Want& want : wants) {
       std::shared_mutex& mutex = locks->of(want.target);
       if (want.exclusive) {
@@ -182,7 +182,7 @@ class Store {
       if (entry.is_regular_file())
         files.push_back(child(dir, entry.path().lexically_relative(base).string()));
     }
-    std::ranges::sort(files);
+    std::sort(files.begin(), files.end());
     return files;
   }
 
@@ -202,7 +202,7 @@ class Store {
     for (const fs::directory_entry& entry : fs::directory_iterator(on_disk(target))) {
       if (entry.is_regular_file()) names.push_back(entry.path().filename().string());
     }
-    std::ranges::sort(names);
+    std::sort(names.begin(), names.end());
     std::string entries;
     std::size_t count = 0;
     for (const std::string& name : names) {
@@ -380,8 +380,7 @@ class Session final : public std::enable_shared_from_this<Session> {
 class Server {
  public:
   Server(boost::asio::io_context& io, const fs::path& root, unsigned short port, int workers, bool with_rules)
-      : io_(io),
-        store_(root, with_rules ? nullptr : &locks_),
+      : store_(root, with_rules ? nullptr : &locks_),
         with_rules_(with_rules),
         acceptor_(io, tcp::endpoint(boost::asio::ip::address_v4::loopback(), port)),
         signals_(io, SIGINT, SIGTERM) {
@@ -445,7 +444,6 @@ class Server {
     }
   }
 
-  boost::asio::io_context& io_;
   FileLocks locks_;
   Store store_;
   bool with_rules_;
