@@ -2,7 +2,7 @@
 # The ThreadSanitizer lane (CI runs it after the ASan lane): builds oneTBB with TSan
 # (scripts/build-tbb.sh tsan, once per build tree), builds the `tsan` preset against it, checks
 # that the tests really load that oneTBB, and runs `ctest --preset tsan` (labels unit, rules,
-# stress, example, install, etcd; TSAN_OPTIONS with tests/tsan.supp and halt_on_error=1 come from the
+# stress, example, install, etcd, server; TSAN_OPTIONS with tests/tsan.supp and halt_on_error=1 come from the
 # preset). Extra arguments go to ctest.
 #
 #   TASKLET_JOBS            build and ctest parallelism (default: number of cores)
