@@ -52,13 +52,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include <oneapi/tbb/mutex.h>
 #include <boost/container/small_vector.hpp>
 
 #include "base/trace.hpp"
 #include "table/rule_backend.hpp"
 #include "table/rule_node.hpp"
 #include "table/rule_request.hpp"
+#include "table/table_mutex.hpp"
 #include "tasklet/scheduling_rule.hpp"
 
 namespace tasklet::detail {
@@ -345,10 +345,7 @@ class RuleTable {
   void take_out(RuleRequest& request, Grants& grants);
   void prune(RuleNode& node);
 
-  // Held for a few hundred nanoseconds at a time by the posting thread and the releasing workers:
-  // oneTBB's mutex spins briefly before it sleeps, where a plain futex mutex would turn every
-  // collision into a sleep and a wake-up that cost more than the work.
-  oneapi::tbb::mutex mutex_;
+  TableMutex mutex_;
   // What was entered and not put in yet, newest first: requests linked through next_submitted and
   // requests entered together (tagged: see enter_all), each linked to the next older one. On the
   // lock's cache line: a submission pushes here and then tries the lock, one line for both.
