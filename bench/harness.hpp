@@ -11,7 +11,8 @@
 //
 // Command line (parse_options): --repeats=K (median of K, default 7), --quick (small sizes, one
 // repeat: a smoke test), --max-n=N (largest size of the sweeps), --only=WORD[,WORD...] (only the
-// workloads whose name contains one of the words), --csv=FILE (also write the rows to FILE).
+// workloads whose name contains one of the words), --csv=FILE (also write the rows to FILE),
+// --max-workers=W (the most workers a sweep over worker counts uses; tasklet_bench_scaling).
 //
 // The CSV file (finish() writes it; scripts/plot_bench.py draws it) has a header line and then one
 // line per row, fields quoted as RFC 4180 says when they hold a comma or a quote:
@@ -60,6 +61,8 @@ struct Options {
   std::string only;
   /// Where finish() writes the rows as CSV; empty: nowhere.
   std::string csv;
+  /// The most workers of a sweep over worker counts; 0: the hardware threads.
+  int max_workers = 0;
 
   /// True when the workload named `name` was selected with --only (or nothing was).
   bool selected(std::string_view name) const {
@@ -80,7 +83,8 @@ inline Options parse_options(int argc, char** argv) {
   const auto usage = [&](const std::string& bad) {
     std::cerr << "unknown or malformed argument: " << bad << "\n"
               << "usage: " << argv[0]
-              << " [--repeats=K] [--max-n=N] [--quick] [--only=WORD[,WORD...]] [--csv=FILE]\n";
+              << " [--repeats=K] [--max-n=N] [--quick] [--only=WORD[,WORD...]] [--csv=FILE]"
+                 " [--max-workers=W]\n";
     std::exit(2);
   };
   for (int i = 1; i < argc; ++i) {
@@ -100,6 +104,9 @@ inline Options parse_options(int argc, char** argv) {
         options.max_n = std::max<std::size_t>(1, std::stoull(*max_n));
       } else if (auto only = value_of("--only=")) {
         options.only = *only;
+      } else if (auto max_workers = value_of("--max-workers=")) {
+        options.max_workers = std::stoi(*max_workers);
+        if (options.max_workers < 1) usage(arg);
       } else if (auto csv = value_of("--csv=")) {
         if (csv->empty()) usage(arg);
         options.csv = *csv;
@@ -223,6 +230,23 @@ inline double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const std::size_t mid = values.size() / 2;
   return values.size() % 2 == 1 ? values[mid] : (values[mid - 1] + values[mid]) / 2.0;
+}
+
+/// Ends the benchmark with status 1: a workload's self-check failed, so its figures mean nothing.
+[[noreturn]] inline void fail(const std::string& what) {
+  std::cerr << "benchmark self-check failed: " << what << "\n";
+  std::exit(1);
+}
+
+/// `text` as one CSV field: quoted as RFC 4180 says when it holds a comma, a quote or a newline.
+inline std::string csv_field(const std::string& text) {
+  if (text.find_first_of(",\"\n") == std::string::npos) return text;
+  std::string quoted = "\"";
+  for (const char c : text) {
+    if (c == '"') quoted += '"';  // a quote is written twice
+    quoted += c;
+  }
+  return quoted + "\"";
 }
 
 /// One baseline/ours comparison: median times in nanoseconds per operation, and the median of
@@ -470,15 +494,6 @@ class Report {
     char text[32];
     std::snprintf(text, sizeof text, "%.6g", *value);
     return text;
-  }
-  static std::string csv_field(const std::string& text) {
-    if (text.find_first_of(",\"\n") == std::string::npos) return text;
-    std::string quoted = "\"";
-    for (const char c : text) {
-      if (c == '"') quoted += '"';  // a quote is written twice
-      quoted += c;
-    }
-    return quoted + "\"";
   }
 
   static std::string fixed(std::optional<double> value) {

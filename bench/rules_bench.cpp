@@ -79,14 +79,10 @@ using tasklet::bench::Comparison;
 using tasklet::bench::comparison_row;
 using tasklet::bench::figure_row;
 using tasklet::bench::growth_row;
+using tasklet::bench::fail;
 using tasklet::bench::Options;
 using tasklet::bench::Report;
 using tasklet::bench::size_label;
-
-[[noreturn]] void fail(const std::string& what) {
-  std::cerr << "benchmark self-check failed: " << what << "\n";
-  std::exit(1);
-}
 
 // The engine every workload runs on: two workers, as the strand's pool has two threads.
 constexpr int workers = 2;

@@ -40,13 +40,9 @@ using tasklet::Directive;
 using tasklet::bench::Comparison;
 using tasklet::bench::comparison_row;
 using tasklet::bench::figure_row;
+using tasklet::bench::fail;
 using tasklet::bench::Options;
 using tasklet::bench::Report;
-
-[[noreturn]] void fail(const std::string& what) {
-  std::cerr << "benchmark self-check failed: " << what << "\n";
-  std::exit(1);
-}
 
 // ---------------------------------------------------------------------------------------------
 // a) No-rule throughput
