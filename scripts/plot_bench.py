@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Draws the benchmarks' ratios against their baselines: docs/performance.png.
+"""Draws the benchmarks' ratios against their baselines (docs/performance.png), or the scaling
+benchmark's throughput against the number of workers (docs/scaling.png).
 
 Usage:
     ./build/release/bench/tasklet_bench_scheduler --csv=scheduler.csv
@@ -13,6 +14,15 @@ target as a dashed line over the sizes it applies to. Workloads are grouped into
 part of their name before the colon ("mutex rule", "path rules", "jobs", ...). Growth rows
 (size "LARGE/SMALL") and plain figures (bytes per queued job: no ratio) are left out; the tables
 carry them. When one workload appears in several files, each file gets a line of its own.
+
+    ./build/scaling/bench/tasklet_bench_scaling --csv=scaling.csv
+    scripts/plot_bench.py --scaling scaling.csv [-o docs/scaling.png]
+
+With --scaling it reads the CSV of tasklet_bench_scaling (columns workload, form, body_ns, workers,
+jobs_per_s, speedup, occupancy, ceiling; see bench/scaling_bench.cpp) and draws one panel per job
+body: the speedup over one worker against the number of workers, a line per workload and form, the
+ideal (speedup = workers) dotted; where the rule table's lock was timed, the legend gives each
+line's ceiling at the most workers measured.
 
 Needs python3 and matplotlib: Debian's python3-matplotlib, for Debian's /usr/bin/python3 (the
 interpreter the first line names; another python3 on PATH may not see it). Runs headless (Agg).
@@ -37,6 +47,7 @@ except ImportError:
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUTPUT = os.path.join(REPO, "docs", "performance.png")
+DEFAULT_SCALING_OUTPUT = os.path.join(REPO, "docs", "scaling.png")
 
 
 def number(text):
@@ -154,12 +165,74 @@ def draw_panel(axes, title, series):
     axes.legend(fontsize="small", title="solid: measured; dashed: target", title_fontsize="small")
 
 
+def read_scaling(paths):
+    """body_ns -> "workload, form" -> list of (workers, speedup, ceiling) sorted by workers."""
+    panels = {}
+    for path in paths:
+        with open(path, newline="") as file:
+            reader = csv.DictReader(file)
+            missing = {"workload", "form", "body_ns", "workers", "speedup", "ceiling"} - set(reader.fieldnames or [])
+            if missing:
+                sys.exit(f"{path}: not a scaling CSV (no column {', '.join(sorted(missing))})")
+            for record in reader:
+                speedup = number(record["speedup"])
+                if speedup is None:
+                    continue
+                label = f"{record['workload']}, {record['form']}"
+                panels.setdefault(int(record["body_ns"]), OrderedDict()).setdefault(label, []).append(
+                    (int(record["workers"]), speedup, number(record["ceiling"])))
+    for series in panels.values():
+        for points in series.values():
+            points.sort()
+    return dict(sorted(panels.items()))
+
+
+def draw_scaling(paths, output):
+    panels = read_scaling(paths)
+    if not panels:
+        sys.exit("no point with a speedup in " + ", ".join(paths))
+    figure, grid = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 5), squeeze=False)
+    for axes, (body_ns, series) in zip(grid.flat, panels.items()):
+        most = max(workers for points in series.values() for workers, _, _ in points)
+        for label, points in series.items():
+            ceiling = points[-1][2]
+            if ceiling is not None:
+                label += f" (ceiling {ceiling:.0f})"
+            axes.plot([w for w, _, _ in points], [s for _, s, _ in points], marker="o", label=label,
+                      linestyle="solid" if ", tasklets" in label else "dashed")
+        axes.plot([1, most], [1, most], color="grey", linestyle="dotted", linewidth=1, label="ideal")
+        axes.set_xscale("log", base=2)
+        axes.set_yscale("log", base=2)
+        plain = matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}")
+        axes.set_xticks([w for w in (1, 2, 4, 8, 16, 32, 64, 128) if w <= most] + ([most] if most & (most - 1) else []))
+        axes.xaxis.set_major_formatter(plain)
+        axes.yaxis.set_major_formatter(plain)
+        axes.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        axes.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        axes.set_title(f"job body {body_ns / 1000:g} µs")
+        axes.set_xlabel("workers")
+        axes.set_ylabel("jobs per second over 1 worker")
+        axes.grid(True, which="major", alpha=0.3)
+        axes.legend(fontsize="x-small")
+    figure.suptitle("tasklet scaling: speedup over one worker (higher is better)")
+    figure.tight_layout(rect=(0, 0, 1, 0.95))
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    figure.savefig(output, dpi=110)
+    print(f"wrote {output}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("csv", nargs="+", help="CSV files written by the benchmarks' --csv")
-    parser.add_argument("-o", "--output", default=DEFAULT_OUTPUT,
-                        help="the image to write (default: docs/performance.png)")
+    parser.add_argument("--scaling", action="store_true",
+                        help="the files are tasklet_bench_scaling's: draw speedup against workers")
+    parser.add_argument("-o", "--output", default=None,
+                        help="the image to write (default: docs/performance.png, with --scaling docs/scaling.png)")
     args = parser.parse_args()
+    if args.scaling:
+        draw_scaling(args.csv, args.output or DEFAULT_SCALING_OUTPUT)
+        return
+    args.output = args.output or DEFAULT_OUTPUT
 
     panels = collect(args.csv)
     if not panels:
