@@ -39,8 +39,8 @@ namespace {
 using tasklet::Directive;
 using tasklet::bench::Comparison;
 using tasklet::bench::comparison_row;
-using tasklet::bench::figure_row;
 using tasklet::bench::fail;
+using tasklet::bench::figure_row;
 using tasklet::bench::Options;
 using tasklet::bench::Report;
 
