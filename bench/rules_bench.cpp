@@ -9,7 +9,9 @@
 //                  (b) jobs without a rule, waiting on a suspended manager              (<= 512)
 //   mutex rule     N trivial jobs on one mutex rule, posted from one thread and awaited, against
 //                  a boost::asio strand on a 2-thread pool; two forms of ours: a SerialExecutor
-//                  (post + wait) and async tasklets sharing a rules::mutex() (run)
+//                  (post + wait) and async tasklets sharing a rules::mutex() (run); and all
+//                  queued up front: the n tasklets made before run(), against the strand's n
+//                  handlers posted while the pool's threads are held back
 //                                                  (<= 1.5x the strand; 10^6 within 1.5x of 10^3)
 //   path rules     N async tasklets, each with an exclusive path rule on a random node of an
 //                  8-ary tree of depth 1-4, against the same tasklets without rules; two forms:
@@ -18,6 +20,8 @@
 //                  and a fresh rules::path(p) per tasklet, made in the timed loop as users write
 //                  rules::path(file) per job (the path strings are made up front: user data)
 //                                                  (<= 4x no-rule; 10^6 within 1.5x of 10^3)
+//                  Both again with all n tasklets (and their fresh rules) made on this thread
+//                  before run() starts, the no-rule tasklets likewise ("made up front")
 //   jobs           the same workloads through the Job API against the same workloads as async
 //                  tasklets (a seed phase schedules N tasklets, run() awaits them): make_job,
 //                  set_rule, schedule() from this (plain) thread, then join() every job; on the
@@ -152,14 +156,25 @@ concept Workload = requires(const W& workload, std::size_t i, const std::string&
   workload.check(who);
 };
 
-// How the user runs the n jobs: async tasklets of a scheduler (a seed's sync phase schedules them,
-// run() awaits them), or the Job API (make_job, set_rule, schedule() from this plain thread, then
-// join() every job), with a plain function or a coroutine as the run. All on the same manager, so
-// on the same workers and rule table.
-enum class Form { tasklets, jobs, coroutine_jobs };
+// How the user runs the n jobs: async tasklets of a scheduler (a seed's sync phase makes and
+// schedules them, run() awaits them); the same tasklets, all made (with their rules) on this
+// thread before run() starts, so that all n and their rules are in memory at once; or the Job API
+// (make_job, set_rule, schedule() from this plain thread, then join() every job), with a plain
+// function or a coroutine as the run. All on the same manager, so on the same workers and table.
+enum class Form { tasklets, made_up_front, jobs, coroutine_jobs };
 
 std::string name_of(Form form) {
-  return form == Form::tasklets ? "tasklets" : form == Form::jobs ? "jobs" : "coroutine jobs";
+  switch (form) {
+    case Form::tasklets:
+      return "tasklets";
+    case Form::made_up_front:
+      return "tasklets made up front";
+    case Form::jobs:
+      return "jobs";
+    case Form::coroutine_jobs:
+      return "coroutine jobs";
+  }
+  return "?";
 }
 
 class Runner {
@@ -170,15 +185,22 @@ class Runner {
   /// One round of the workload's n jobs in `form`; returns when every job has ended.
   template <Workload W>
   void run(Form form, const W& workload, std::size_t n) {
+    const auto make = [&workload](std::size_t i) {
+      return tasklet::make_tasklet(
+          [&workload, i] {
+            workload.visit(i);
+            return Directive::done;
+          },
+          workload.rule(i));
+    };
     if (form == Form::tasklets) {
-      run_async_tasklets(*scheduler_, n, [&workload](std::size_t i) {
-        return tasklet::make_tasklet(
-            [&workload, i] {
-              workload.visit(i);
-              return Directive::done;
-            },
-            workload.rule(i));
-      });
+      run_async_tasklets(*scheduler_, n, make);
+      return;
+    }
+    if (form == Form::made_up_front) {
+      for (std::size_t i = 0; i < n; ++i) made_.push_back(make(i));
+      run_async_tasklets(*scheduler_, n, [this](std::size_t i) { return std::move(made_[i]); });
+      made_.clear();  // capacity kept: the vector is not what is measured
       return;
     }
     for (std::size_t i = 0; i < n; ++i) {
@@ -224,7 +246,8 @@ class Runner {
  private:
   std::shared_ptr<JobManager> manager_;
   std::shared_ptr<Scheduler> scheduler_;
-  std::vector<std::shared_ptr<Job>> jobs_;  // the handles a user keeps to join; capacity reused
+  std::vector<std::shared_ptr<Job>> jobs_;               // the handles a user keeps to join; capacity reused
+  std::vector<std::shared_ptr<tasklet::Tasklet>> made_;  // Form::made_up_front; capacity reused
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -290,6 +313,46 @@ class Completion {
   bool done_ = false;
 };
 
+// Holds every thread of an asio pool in a handler until open(), so that what is posted meanwhile
+// is all queued before any of it runs: the strand's form of "all made before run()".
+class PoolGate {
+ public:
+  explicit PoolGate(boost::asio::thread_pool& pool) : pool_(pool) {}
+
+  /// Returns once every pool thread waits in the gate.
+  void close() {
+    {
+      std::lock_guard lock(mutex_);
+      open_ = false;
+      arrived_ = 0;
+    }
+    for (int t = 0; t < workers; ++t) {
+      boost::asio::post(pool_, [this] {
+        std::unique_lock lock(mutex_);
+        ++arrived_;
+        cv_.notify_all();
+        cv_.wait(lock, [this] { return open_; });
+      });
+    }
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [this] { return arrived_ == workers; });
+  }
+  void open() {
+    {
+      std::lock_guard lock(mutex_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  boost::asio::thread_pool& pool_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  bool open_ = true;
+};
+
 void bench_mutex_rule(Report& report, const Options& options, const std::shared_ptr<JobManager>& manager) {
   // Everything persistent is made outside the timed region: the pool and its strand, the serial
   // executor, the scheduler and the rule.
@@ -300,27 +363,34 @@ void bench_mutex_rule(Report& report, const Options& options, const std::shared_
   const Rule rule = tasklet::rules::mutex("bench mutex");
   SerialProbe probe;
   Completion completion;
+  PoolGate gate(pool);
 
-  // The three workloads of one size; each call runs `reps` rounds of n jobs.
+  // The workloads of one size; each call runs `reps` rounds of n jobs.
   struct Workloads {
-    std::function<void()> asio_strand, serial_executor, tasklets;
+    std::function<void()> asio_strand, serial_executor, tasklets, asio_queued, tasklets_made_up_front;
   };
   const auto workloads_of = [&](std::size_t n) {
     const std::size_t reps = repetitions_for(n, options);
-    Workloads w;
-    w.asio_strand = [&, n, reps] {
-      for (std::size_t r = 0; r < reps; ++r) {
-        probe.reset();
-        completion.reset();
-        for (std::size_t i = 0; i < n; ++i) {
-          boost::asio::post(strand, [&probe, &completion, i, n] {
-            if (probe.visit(i) + 1 == n) completion.signal();
-          });
+    const auto strand_rounds = [&, n, reps](bool queued) {
+      return [&, n, reps, queued] {
+        for (std::size_t r = 0; r < reps; ++r) {
+          probe.reset();
+          completion.reset();
+          if (queued) gate.close();
+          for (std::size_t i = 0; i < n; ++i) {
+            boost::asio::post(strand, [&probe, &completion, i, n] {
+              if (probe.visit(i) + 1 == n) completion.signal();
+            });
+          }
+          if (queued) gate.open();
+          completion.wait();
+          probe.check(queued ? "asio strand (queued up front)" : "asio strand", n);
         }
-        completion.wait();
-        probe.check("asio strand", n);
-      }
+      };
     };
+    Workloads w;
+    w.asio_strand = strand_rounds(false);
+    w.asio_queued = strand_rounds(true);
     w.serial_executor = [&, n, reps] {
       for (std::size_t r = 0; r < reps; ++r) {
         probe.reset();
@@ -330,6 +400,7 @@ void bench_mutex_rule(Report& report, const Options& options, const std::shared_
       }
     };
     w.tasklets = runner.sample(Form::tasklets, MutexWorkload{&probe, rule, n}, n, options);
+    w.tasklets_made_up_front = runner.sample(Form::made_up_front, MutexWorkload{&probe, rule, n}, n, options);
     return w;
   };
 
@@ -339,6 +410,9 @@ void bench_mutex_rule(Report& report, const Options& options, const std::shared_
         options.repeats, sample_ops(n, options), w.asio_strand, {w.serial_executor, w.tasklets});
     report.add(comparison_row("mutex rule: SerialExecutor vs asio strand", n, results[0], 1.5));
     report.add(comparison_row("mutex rule: async tasklets vs asio strand", n, results[1], 1.5));
+    const Comparison queued = tasklet::bench::compare(options.repeats, sample_ops(n, options), w.asio_queued,
+                                                      w.tasklets_made_up_front);
+    report.add(comparison_row("mutex rule, all queued up front: tasklets vs asio strand", n, queued, 1.5));
   }
   add_growth_row(
       report, options, "mutex rule: growth, asio strand (baseline)",
@@ -349,6 +423,9 @@ void bench_mutex_rule(Report& report, const Options& options, const std::shared_
   add_growth_row(
       report, options, "mutex rule: growth, async tasklets",
       [&](std::size_t n) { return workloads_of(n).tasklets; }, 1.5);
+  add_growth_row(
+      report, options, "mutex rule: growth, tasklets made up front",
+      [&](std::size_t n) { return workloads_of(n).tasklets_made_up_front; }, 1.5);
   check_rules_released(*manager, "the mutex-rule workload");
 }
 
@@ -572,16 +649,23 @@ void bench_path_rules(Report& report, const Options& options, const std::shared_
   validate_path_exclusion(paths.tree(), manager, oracle_n, PathRules::fresh);
 
   Runner runner(manager);
-  const auto sample_at = [&](PathRules rules) {
-    return
-        [&, rules](std::size_t n) { return runner.sample(Form::tasklets, paths.at(n, rules), n, options); };
+  const auto sample_in = [&](Form form, PathRules rules) {
+    return [&, form, rules](std::size_t n) { return runner.sample(form, paths.at(n, rules), n, options); };
   };
+  const auto sample_at = [&](PathRules rules) { return sample_in(Form::tasklets, rules); };
+  const auto made_at = [&](PathRules rules) { return sample_in(Form::made_up_front, rules); };
   for (const std::size_t n : sizes(options)) {
     const std::vector<Comparison> results =
         tasklet::bench::compare_each(options.repeats, sample_ops(n, options), sample_at(PathRules::none)(n),
                                      {sample_at(PathRules::shared)(n), sample_at(PathRules::fresh)(n)});
     report.add(comparison_row("path rules: shared rule objects vs no rule", n, results[0], 3.0));
     report.add(comparison_row("path rules: fresh rule per tasklet vs no rule", n, results[1], 4.0));
+    const std::vector<Comparison> made =
+        tasklet::bench::compare_each(options.repeats, sample_ops(n, options), made_at(PathRules::none)(n),
+                                     {made_at(PathRules::shared)(n), made_at(PathRules::fresh)(n)});
+    report.add(comparison_row("path rules, made up front: shared rule objects vs no rule", n, made[0], 3.0));
+    report.add(
+        comparison_row("path rules, made up front: fresh rule per tasklet vs no rule", n, made[1], 4.0));
   }
   add_growth_row(report, options, "path rules: growth, no rule (baseline)", sample_at(PathRules::none),
                  std::nullopt);
@@ -589,6 +673,12 @@ void bench_path_rules(Report& report, const Options& options, const std::shared_
                  1.5);
   add_growth_row(report, options, "path rules: growth, fresh rule per tasklet", sample_at(PathRules::fresh),
                  1.5);
+  add_growth_row(report, options, "path rules, made up front: growth, no rule (baseline)",
+                 made_at(PathRules::none), std::nullopt);
+  add_growth_row(report, options, "path rules, made up front: growth, shared rule objects",
+                 made_at(PathRules::shared), 1.5);
+  add_growth_row(report, options, "path rules, made up front: growth, fresh rule per tasklet",
+                 made_at(PathRules::fresh), 1.5);
   check_rules_released(*manager, "the path-rule workload");
 }
 
