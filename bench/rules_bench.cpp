@@ -319,19 +319,21 @@ class PoolGate {
  public:
   explicit PoolGate(boost::asio::thread_pool& pool) : pool_(pool) {}
 
-  /// Returns once every pool thread waits in the gate.
+  /// Returns once every pool thread waits in the gate. Each close is a generation of its own, so
+  /// that a thread still leaving the last gate is not caught by this one.
   void close() {
+    std::uint64_t generation = 0;
     {
       std::lock_guard lock(mutex_);
-      open_ = false;
+      generation = ++closed_;
       arrived_ = 0;
     }
     for (int t = 0; t < workers; ++t) {
-      boost::asio::post(pool_, [this] {
+      boost::asio::post(pool_, [this, generation] {
         std::unique_lock lock(mutex_);
         ++arrived_;
         cv_.notify_all();
-        cv_.wait(lock, [this] { return open_; });
+        cv_.wait(lock, [this, generation] { return opened_ >= generation; });
       });
     }
     std::unique_lock lock(mutex_);
@@ -340,7 +342,7 @@ class PoolGate {
   void open() {
     {
       std::lock_guard lock(mutex_);
-      open_ = true;
+      opened_ = closed_;
     }
     cv_.notify_all();
   }
@@ -350,7 +352,8 @@ class PoolGate {
   std::mutex mutex_;
   std::condition_variable cv_;
   int arrived_ = 0;
-  bool open_ = true;
+  std::uint64_t closed_ = 0;
+  std::uint64_t opened_ = 0;
 };
 
 void bench_mutex_rule(Report& report, const Options& options, const std::shared_ptr<JobManager>& manager) {
@@ -466,6 +469,10 @@ class PathTree {
   std::size_t size() const noexcept { return rules_.size(); }
   const Rule& rule(std::size_t node) const noexcept { return rules_[node]; }
   const std::string& path(std::size_t node) const noexcept { return paths_[node]; }
+  /// The i-th node of the deepest level, cycling through it.
+  std::size_t deepest(std::size_t i) const noexcept {
+    return first_of_depth_[max_depth] + i % (first_of_depth_[max_depth + 1] - first_of_depth_[max_depth]);
+  }
   /// The parent node, or no_parent for depth 1 (the root "/" is never used).
   std::size_t parent(std::size_t node) const noexcept { return parent_[node]; }
   static constexpr std::size_t no_parent = static_cast<std::size_t>(-1);
@@ -887,8 +894,32 @@ void bench_tasklet_memory(Report& report, const Options& options) {
           [&](std::size_t i) { return tree.rule(nodes[i]); });
 }
 
+// What a fresh rules::path(p) of depth 4 takes (its one block, and its path's if the string does
+// not fit in the rule): n of them kept, the path strings and the handles' vector made first.
+double fresh_path_rule_bytes(std::size_t n) {
+  const PathTree tree;
+  std::vector<std::string> paths;
+  paths.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) paths.push_back(tree.path(tree.deepest(i)));
+  std::vector<Rule> kept(n);
+  const std::size_t before = tasklet::bench::resident_bytes();
+  for (std::size_t i = 0; i < n; ++i) kept[i] = tasklet::rules::path(paths[i]);
+  const std::size_t after = tasklet::bench::resident_bytes();
+  for (std::size_t i = 0; i < n; ++i) {
+    if (kept[i] == nullptr || kept[i]->to_string() != "path(" + paths[i] + ")")
+      fail("memory: fresh path rule " + std::to_string(i) + " is not path(" + paths[i] + ")");
+  }
+  return bytes_per_item(before, after, n, 0);
+}
+
+void bench_rule_memory(Report& report, const Options& options) {
+  const std::size_t n = memory_n(options);
+  const double bytes = tasklet::bench::in_child_process([&] { return fresh_path_rule_bytes(n); });
+  report.add(figure_row("memory: fresh path rule of depth 4", n, bytes, "bytes", 128.0));
+}
+
 // How a memory row keeps its jobs from starting (see bench_job_memory).
-enum class Queued { behind_held_rule, on_suspended_manager };
+enum class Queued { behind_held_rule, fresh_path_behind_root, on_suspended_manager };
 
 // Schedules `n` jobs (make_job; set_rule when behind a held rule) that cannot start, so that all are
 // waiting, and returns the memory they take per job (the Job object, the std::function around the
@@ -910,16 +941,28 @@ double queued_job_bytes(const std::string& label, std::size_t n, Queued queued, 
   };
   static_assert(sizeof(coroutine_body) == sizeof(body));
   std::vector<std::shared_ptr<Job>> jobs(n);
-  if (queued == Queued::behind_held_rule) {
-    manager->begin_rule(rule);
-  } else {
+  // With fresh path rules: each job gets rules::path(p) of depth 4 (the strings are user data, made
+  // first), all waiting behind "/" held here; the rules are made in the measured region.
+  const Rule root = tasklet::rules::path("/");
+  std::vector<std::string> paths;
+  if (queued == Queued::fresh_path_behind_root) {
+    const PathTree tree;
+    paths.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) paths.push_back(tree.path(tree.deepest(i)));
+  }
+  const Rule& holder = queued == Queued::fresh_path_behind_root ? root : rule;
+  if (queued == Queued::on_suspended_manager) {
     manager->suspend();
+  } else {
+    manager->begin_rule(holder);
   }
   const std::size_t before = tasklet::bench::resident_bytes();
-  for (std::shared_ptr<Job>& job : jobs) {
+  for (std::size_t i = 0; i < n; ++i) {
+    std::shared_ptr<Job>& job = jobs[i];
     job = coroutine ? tasklet::make_job("bench job", coroutine_body, manager)
                     : tasklet::make_job("bench job", body, manager);
     if (queued == Queued::behind_held_rule) job->set_rule(rule);
+    if (queued == Queued::fresh_path_behind_root) job->set_rule(tasklet::rules::path(paths[i]));
     job->schedule();
   }
   const std::size_t after = tasklet::bench::resident_bytes();
@@ -928,10 +971,10 @@ double queued_job_bytes(const std::string& label, std::size_t n, Queued queued, 
   });
   if (static_cast<std::size_t>(waiting) != n)
     fail(label + ": " + std::to_string(waiting) + " of " + std::to_string(n) + " wait");
-  if (queued == Queued::behind_held_rule) {
-    manager->end_rule(rule);
-  } else {
+  if (queued == Queued::on_suspended_manager) {
     manager->resume();
+  } else {
+    manager->end_rule(holder);
   }
   for (const std::shared_ptr<Job>& job : jobs) job->join();
   if (ran.load() != n) fail(label + ": " + std::to_string(ran.load()) + " of " + std::to_string(n) + " ran");
@@ -941,7 +984,8 @@ double queued_job_bytes(const std::string& label, std::size_t n, Queued queued, 
 
 // Two meanings of "queued" (state waiting): (a) jobs on a mutex rule while this thread holds it
 // (begin_rule), each with its request in the rule table, as the tasklet rows; (b) jobs without a
-// rule on a suspended manager, what any scheduled job costs before it starts.
+// rule on a suspended manager, what any scheduled job costs before it starts. And (c) jobs with a
+// fresh path rule of depth 4 each, waiting behind "/" held by this thread: a queued job with its rule.
 void bench_job_memory(Report& report, const Options& options) {
   const std::size_t n = memory_n(options);
   const auto add_row = [&](const std::string& label, Queued queued, bool coroutine) {
@@ -952,6 +996,7 @@ void bench_job_memory(Report& report, const Options& options) {
   add_row("memory: job queued on a held mutex rule", Queued::behind_held_rule, false);
   add_row("memory: job queued on a suspended manager", Queued::on_suspended_manager, false);
   add_row("memory: coroutine job queued on a held mutex rule", Queued::behind_held_rule, true);
+  add_row("memory: job queued with a fresh path rule", Queued::fresh_path_behind_root, false);
 }
 
 }  // namespace
@@ -971,6 +1016,7 @@ int main(int argc, char** argv) {
   // Memory first, each row in a child process, while this process has no threads yet (see
   // in_child_process()).
   if (options.selected("memory")) bench_tasklet_memory(report, options);
+  if (options.selected("memory")) bench_rule_memory(report, options);
   if (options.selected("memory jobs")) bench_job_memory(report, options);
 
   // Made once, outside every timed region.
