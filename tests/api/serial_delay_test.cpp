@@ -30,15 +30,19 @@ class SerialDelayTest : public ::testing::TestWithParam<int> {
 TASKLET_WORKER_COUNTS(SerialDelayTest);
 
 TEST_P(SerialDelayTest, DelayedTasksRunWhenDueAndInTheSerialOrder) {
+  // The delays only have to outlast the few calls between the posts and the check below, which a
+  // sanitizer on a loaded machine can stretch to tens of milliseconds.
+  constexpr auto later = 400ms;
+  constexpr auto sooner = 200ms;
   SerialExecutor strand(manager_, "later");
   std::vector<char> order;  // touched only by the strand's tasks
   const auto posted = Clock::now();
   Clock::time_point a_ran, b_ran;
-  strand.post_after(40ms, [&] {
+  strand.post_after(later, [&] {
     a_ran = Clock::now();
     order.push_back('a');
   });
-  strand.post_after(20ms, [&] {
+  strand.post_after(sooner, [&] {
     b_ran = Clock::now();
     order.push_back('b');
   });
@@ -46,8 +50,8 @@ TEST_P(SerialDelayTest, DelayedTasksRunWhenDueAndInTheSerialOrder) {
   EXPECT_GE(strand.outstanding(), 2u) << "the delayed ones wait";
   strand.wait();
   EXPECT_EQ(order, (std::vector<char>{'c', 'b', 'a'}));
-  EXPECT_GE(b_ran - posted, 20ms);
-  EXPECT_GE(a_ran - posted, 40ms);
+  EXPECT_GE(b_ran - posted, sooner);
+  EXPECT_GE(a_ran - posted, later);
 }
 
 TEST_P(SerialDelayTest, CancelingADelayedTaskDropsItAtOnce) {
