@@ -318,6 +318,13 @@ class Completion {
 class PoolGate {
  public:
   explicit PoolGate(boost::asio::thread_pool& pool) : pool_(pool) {}
+  PoolGate(const PoolGate&) = delete;
+  PoolGate& operator=(const PoolGate&) = delete;
+  /// Waits until no pool thread is still on its way out of a gate.
+  ~PoolGate() {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [this] { return inside_ == 0; });
+  }
 
   /// Returns once every pool thread waits in the gate. Each close is a generation of its own, so
   /// that a thread still leaving the last gate is not caught by this one.
@@ -332,8 +339,11 @@ class PoolGate {
       boost::asio::post(pool_, [this, generation] {
         std::unique_lock lock(mutex_);
         ++arrived_;
+        ++inside_;
         cv_.notify_all();
         cv_.wait(lock, [this, generation] { return opened_ >= generation; });
+        --inside_;
+        cv_.notify_all();
       });
     }
     std::unique_lock lock(mutex_);
@@ -352,6 +362,7 @@ class PoolGate {
   std::mutex mutex_;
   std::condition_variable cv_;
   int arrived_ = 0;
+  int inside_ = 0;
   std::uint64_t closed_ = 0;
   std::uint64_t opened_ = 0;
 };
