@@ -34,11 +34,9 @@ std::vector<Claim> claims_of(const SchedulingRule& rule) {
   std::vector<Claim> claims;
   each_atom(rule, [&claims](const RuleKey& key) {
     if (key.kind == RuleKey::Kind::path) {
-      std::string path;
-      for (const std::string_view segment : key.segments) path.append("/").append(segment);
-      claims.push_back({path.empty() ? "/" : path, !key.shared, false});
+      claims.push_back({std::string(key.path), !key.shared, false});
     } else if (key.kind == RuleKey::Kind::named) {
-      claims.push_back({std::string(key.segments[0]), true, true});
+      claims.push_back({std::string(key.name), true, true});
     }
   });
   return claims;

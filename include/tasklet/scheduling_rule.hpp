@@ -17,9 +17,12 @@
 
 #include "tasklet/export.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <iterator>
 #include <memory>
 #include <new>
 #include <span>
@@ -37,21 +40,80 @@ using Rule = std::shared_ptr<const SchedulingRule>;
 /// and waiting rule. A rule that describes itself with a key promises that its is_conflicting and
 /// contains agree with the key's meaning towards every other keyed rule:
 ///  - identity: conflicts with and contains exactly itself (the same object), nothing else;
-///  - path: a hierarchical path of normalised segments (the root has none). Exclusive paths
-///    conflict with every path at, above or below them; shared paths conflict only with exclusive
-///    ones at, above or below them;
+///  - path: a hierarchical path, normalised ("/" for the root, else "/seg/seg": no empty, "." or
+///    ".." segment, no trailing '/'; PathSegments splits it). Exclusive paths conflict with every
+///    path at, above or below them; shared paths conflict only with exclusive ones at, above or
+///    below them;
 ///  - multi: the union of its children (no child is itself multi);
-///  - named: conflicts with and contains exactly the named rules of the same name (segments holds
-///    the one name), whatever object they are; a manager that shares rules across processes
-///    shares these (see rules::named_mutex);
+///  - named: conflicts with and contains exactly the named rules of the same name, whatever object
+///    they are; a manager that shares rules across processes shares these (see rules::named_mutex);
 ///  - custom (the default): no index; the table asks is_conflicting pairwise, always with the
 ///    custom rule as the receiver, because built-in rules know nothing of it.
 struct TASKLET_EXPORT RuleKey {
   enum class Kind : std::uint8_t { custom, identity, path, multi, named };
   Kind kind = Kind::custom;
-  bool shared = false;                         ///< path: a shared (read) rule
-  std::span<const std::string_view> segments;  ///< path: normalised segments, root = empty; named: the name
-  std::span<const Rule> children;              ///< multi: flattened children, never empty
+  bool shared = false;             ///< path: a shared (read) rule
+  std::string_view path;           ///< path: the normalised path
+  std::string_view name;           ///< named: the name
+  std::span<const Rule> children;  ///< multi: flattened children, never empty
+};
+
+/// The segments of a normalised path ("/" or "/seg/seg"), root first, as views of it: a forward
+/// range over a RuleKey's path (the root has none). Holds only a view; never allocates.
+class PathSegments {
+ public:
+  class iterator {
+   public:
+    using value_type = std::string_view;
+    using reference = std::string_view;
+    using pointer = void;
+    using difference_type = std::ptrdiff_t;
+    using iterator_category = std::input_iterator_tag;  // yields views by value
+    using iterator_concept = std::forward_iterator_tag;
+    iterator() = default;
+    std::string_view operator*() const noexcept { return path_.substr(at_, end_ - at_); }
+    iterator& operator++() noexcept {
+      if (end_ >= path_.size()) {
+        at_ = end_ = path_.size();
+      } else {  // a normalised path has a segment after every '/'
+        at_ = end_ + 1;
+        end_ = std::min(path_.find('/', at_), path_.size());
+      }
+      return *this;
+    }
+    iterator operator++(int) noexcept {
+      iterator before = *this;
+      ++*this;
+      return before;
+    }
+    bool operator==(const iterator& other) const noexcept { return at_ == other.at_; }
+
+   private:
+    friend class PathSegments;
+    iterator(std::string_view path, std::size_t at) noexcept : path_(path), at_(at), end_(at) {
+      if (at_ < path_.size()) end_ = std::min(path_.find('/', at_), path_.size());
+    }
+    std::string_view path_;
+    std::size_t at_ = 0;   // where the segment starts; path_.size() (or more) at the end
+    std::size_t end_ = 0;  // one past it
+  };
+
+  explicit PathSegments(std::string_view path) noexcept : path_(path) {}
+
+  iterator begin() const noexcept { return {path_, path_.size() <= 1 ? path_.size() : 1}; }
+  iterator end() const noexcept { return {path_, path_.size()}; }
+  bool empty() const noexcept { return path_.size() <= 1; }
+  /// The first segment; the path must not be the root.
+  std::string_view front() const noexcept { return *begin(); }
+  /// The number of segments (counts them).
+  std::size_t size() const noexcept {
+    std::size_t count = 0;
+    for (const char c : path_) count += c == '/' ? 1 : 0;
+    return empty() ? 0 : count;
+  }
+
+ private:
+  std::string_view path_;
 };
 
 /// The interface of every scheduling rule, built-in or user-written.

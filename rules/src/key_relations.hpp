@@ -18,7 +18,7 @@ inline bool atoms_conflict(const SchedulingRule& a, const RuleKey& key_a, const 
   }
   if (key_a.kind != key_b.kind) return false;
   if (key_a.kind == Kind::path) return PathRule::keys_conflict(key_a, key_b);
-  if (key_a.kind == Kind::named) return key_a.segments[0] == key_b.segments[0];
+  if (key_a.kind == Kind::named) return key_a.name == key_b.name;
   return &a == &b;  // identity
 }
 
@@ -31,7 +31,7 @@ inline bool atom_contains(const SchedulingRule& outer, const RuleKey& key_outer,
   if (&outer == &inner) return true;
   if (key_outer.kind != key_inner.kind) return false;
   if (key_outer.kind == Kind::path) return PathRule::key_contains(key_outer, key_inner);
-  if (key_outer.kind == Kind::named) return key_outer.segments[0] == key_inner.segments[0];
+  if (key_outer.kind == Kind::named) return key_outer.name == key_inner.name;
   return false;  // identity: only the same object
 }
 

@@ -118,6 +118,6 @@ std::string MultiRule::to_string() const {
   return text;
 }
 
-RuleKey MultiRule::key() const noexcept { return {RuleKey::Kind::multi, false, {}, children()}; }
+RuleKey MultiRule::key() const noexcept { return {RuleKey::Kind::multi, false, {}, {}, children()}; }
 
 }  // namespace tasklet

@@ -28,9 +28,9 @@ std::string MutexRule::to_string() const {
   return text.data();
 }
 
-RuleKey MutexRule::key() const noexcept { return {RuleKey::Kind::identity, false, {}, {}}; }
+RuleKey MutexRule::key() const noexcept { return {RuleKey::Kind::identity, false, {}, {}, {}}; }
 
-NamedMutexRule::NamedMutexRule(std::string name) : name_(std::move(name)), view_(name_) {
+NamedMutexRule::NamedMutexRule(std::string name) : name_(std::move(name)) {
   if (name_.empty() || name_.find('\0') != std::string::npos)
     throw InvalidRule("named_mutex: a name must be non-empty and hold no NUL byte (got \"" + name_ + "\")");
 }
@@ -38,13 +38,13 @@ NamedMutexRule::NamedMutexRule(std::string name) : name_(std::move(name)), view_
 bool NamedMutexRule::contains(const SchedulingRule& other) const {
   if (&other == this) return true;
   const RuleKey theirs = other.key();
-  return theirs.kind == RuleKey::Kind::named && theirs.segments[0] == view_;
+  return theirs.kind == RuleKey::Kind::named && theirs.name == name_;
 }
 
 bool NamedMutexRule::is_conflicting(const SchedulingRule& other) const {
   if (&other == this) return true;
   const RuleKey theirs = other.key();
-  if (theirs.kind == RuleKey::Kind::named) return theirs.segments[0] == view_;
+  if (theirs.kind == RuleKey::Kind::named) return theirs.name == name_;
   if (theirs.kind != RuleKey::Kind::multi) return false;
   const RuleKey mine = key();
   for (const Rule& child : theirs.children) {
@@ -55,6 +55,6 @@ bool NamedMutexRule::is_conflicting(const SchedulingRule& other) const {
 
 std::string NamedMutexRule::to_string() const { return "named_mutex(" + name_ + ")"; }
 
-RuleKey NamedMutexRule::key() const noexcept { return {RuleKey::Kind::named, false, {&view_, 1}, {}}; }
+RuleKey NamedMutexRule::key() const noexcept { return {RuleKey::Kind::named, false, {}, name_, {}}; }
 
 }  // namespace tasklet

@@ -4,6 +4,9 @@
 #include <array>
 #include <cstddef>
 #include <cstdio>
+#include <iterator>
+
+#include <boost/container/small_vector.hpp>
 
 #include "key_relations.hpp"
 #include "tasklet/error.hpp"
@@ -38,8 +41,11 @@ std::string quote(std::string_view input) {
   throw InvalidPath("invalid path " + quote(input) + ": " + reason);
 }
 
+// Views of the input's segments while it is parsed; up to eight levels need no allocation.
+using Segments = boost::container::small_vector<std::string_view, 8>;
+
 // Splits and resolves iteratively, so that depth is bounded only by memory.
-void parse(std::string_view input, PathRule::Segments& segments) {
+void parse(std::string_view input, Segments& segments) {
   if (input.empty()) reject(input, "a path must not be empty");
   if (input.find('\0') != std::string_view::npos) reject(input, "a path must not contain a NUL byte");
   if (input.front() != '/') reject(input, "a path must be absolute (start with '/')");
@@ -63,7 +69,7 @@ void parse(std::string_view input, PathRule::Segments& segments) {
   }
 }
 
-std::string join(const PathRule::Segments& segments) {
+std::string join(const Segments& segments) {
   if (segments.empty()) return "/";
   std::size_t size = 0;
   for (const std::string_view segment : segments) size += segment.size() + 1;
@@ -78,34 +84,7 @@ std::string join(const PathRule::Segments& segments) {
 
 }  // namespace
 
-PathRule::PathRule(std::string_view path, Mode mode) : mode_(mode) {
-  parse(path, segments_);  // views of the input, until view_path()
-  path_ = join(segments_);
-  view_path();
-}
-
-PathRule::PathRule(const PathRule& other) : SchedulingRule(other), path_(other.path_), mode_(other.mode_) {
-  view_path();
-}
-
-PathRule& PathRule::operator=(const PathRule& other) {
-  if (this == &other) return *this;
-  SchedulingRule::operator=(other);
-  path_ = other.path_;
-  mode_ = other.mode_;
-  view_path();
-  return *this;
-}
-
-void PathRule::view_path() {
-  segments_.clear();
-  const std::string_view path(path_);
-  for (std::size_t at = 1; at < path.size();) {
-    const std::size_t end = std::min(path.find('/', at), path.size());
-    segments_.push_back(path.substr(at, end - at));
-    at = end + 1;
-  }
-}
+PathRule::PathRule(std::string_view path, Mode mode) : path_(normalize(path)), mode_(mode) {}
 
 std::string PathRule::normalize(std::string_view path) {
   Segments segments;
@@ -113,24 +92,24 @@ std::string PathRule::normalize(std::string_view path) {
   return join(segments);
 }
 
-bool PathRule::is_ancestor_or_equal(std::span<const std::string_view> ancestor,
-                                    std::span<const std::string_view> descendant) noexcept {
+bool PathRule::is_ancestor_or_equal(std::string_view ancestor, std::string_view descendant) noexcept {
+  if (ancestor.size() <= 1) return true;  // the root
   if (ancestor.size() > descendant.size()) return false;
+  // A whole segment of `descendant` must end where `ancestor` does.
+  if (ancestor.size() < descendant.size() && descendant[ancestor.size()] != '/') return false;
   // Backwards: paths that share a long prefix usually differ near their ends.
-  for (std::size_t i = ancestor.size(); i-- > 0;) {
-    if (ancestor[i] != descendant[i]) return false;
-  }
-  return true;
+  return std::equal(ancestor.rbegin(), ancestor.rend(),
+                    descendant.rend() - static_cast<std::ptrdiff_t>(ancestor.size()));
 }
 
 bool PathRule::keys_conflict(const RuleKey& a, const RuleKey& b) noexcept {
   if (a.shared && b.shared) return false;
-  return a.segments.size() <= b.segments.size() ? is_ancestor_or_equal(a.segments, b.segments)
-                                                : is_ancestor_or_equal(b.segments, a.segments);
+  return a.path.size() <= b.path.size() ? is_ancestor_or_equal(a.path, b.path)
+                                        : is_ancestor_or_equal(b.path, a.path);
 }
 
 bool PathRule::key_contains(const RuleKey& outer, const RuleKey& inner) noexcept {
-  return (!outer.shared || inner.shared) && is_ancestor_or_equal(outer.segments, inner.segments);
+  return (!outer.shared || inner.shared) && is_ancestor_or_equal(outer.path, inner.path);
 }
 
 bool PathRule::contains(const SchedulingRule& other) const {
@@ -168,6 +147,6 @@ bool PathRule::is_conflicting(const SchedulingRule& other) const {
 
 std::string PathRule::to_string() const { return (is_shared() ? "read_path(" : "path(") + path_ + ")"; }
 
-RuleKey PathRule::key() const noexcept { return {RuleKey::Kind::path, is_shared(), segments(), {}}; }
+RuleKey PathRule::key() const noexcept { return {RuleKey::Kind::path, is_shared(), path_, {}, {}}; }
 
 }  // namespace tasklet

@@ -163,7 +163,7 @@ bool RuleTable::root_claimed() const noexcept {
 static bool claims_root(const RuleKey& key) noexcept {
   switch (key.kind) {
     case RuleKey::Kind::path:
-      return key.segments.empty();
+      return PathSegments(key.path).empty();
     case RuleKey::Kind::multi:
       return std::any_of(key.children.begin(), key.children.end(),
                          [](const Rule& child) { return child && claims_root(child->key()); });

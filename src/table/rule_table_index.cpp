@@ -19,7 +19,7 @@ std::size_t entry_count_hint(const SchedulingRule& rule) noexcept {
     case RuleKey::Kind::named:
       return 1;
     case RuleKey::Kind::path:
-      return key.segments.size() + 1;
+      return PathSegments(key.path).size() + 1;
     case RuleKey::Kind::multi: {
       std::size_t count = 0;
       for (const Rule& child : key.children) {
@@ -112,7 +112,7 @@ void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom, const
       add_entry(request, identity_node(atom), LockMode::x, merge);
       return;
     case RuleKey::Kind::named:
-      add_entry(request, path_node(names_, key.segments[0]), LockMode::x, merge);
+      add_entry(request, path_node(names_, key.name), LockMode::x, merge);
       return;
     case RuleKey::Kind::path:
       add_path(request, atom, key, merge, with_root);
@@ -132,7 +132,8 @@ void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom, const
 // mode on its own. A note kept on the rule object remembers the nodes while the tree is unchanged.
 void RuleTable::add_path(RuleRequest& request, const SchedulingRule& atom, const RuleKey& key, bool merge,
                          bool with_root) {
-  const std::size_t count = key.segments.size() + 1;
+  const PathSegments segments(key.path);
+  const std::size_t count = segments.size() + 1;
   if (!merge) request.reserve_entries(count);
   const LockMode intent = key.shared ? LockMode::is : LockMode::ix;
   const LockMode target = key.shared ? LockMode::s : LockMode::x;
@@ -156,7 +157,7 @@ void RuleTable::add_path(RuleRequest& request, const SchedulingRule& atom, const
   }
   RuleNode* node = &root_;
   std::size_t depth = 0;
-  for (const std::string_view segment : key.segments) {
+  for (const std::string_view segment : segments) {
     if (with_root || node != &root_) add_entry(request, *node, intent, merge);
     if (note != nullptr) note->nodes()[depth++] = node;
     node = &path_node(*node, segment);

@@ -272,7 +272,7 @@ TEST(MultiRuleTest, KeyListsTheChildren) {
   const auto children = children_of(multi);
   ASSERT_EQ(key.children.size(), children.size());
   EXPECT_EQ(key.children.data(), children.data());
-  EXPECT_TRUE(key.segments.empty());
+  EXPECT_TRUE(key.path.empty());
 }
 
 TEST(MultiRuleTest, LargeCombinationsStayReduced) {

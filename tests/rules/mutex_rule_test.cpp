@@ -58,7 +58,7 @@ TEST(MutexRuleTest, KeyIsIdentity) {
   const RuleKey key = lock->key();
   EXPECT_EQ(key.kind, RuleKey::Kind::identity);
   EXPECT_FALSE(key.shared);
-  EXPECT_TRUE(key.segments.empty());
+  EXPECT_TRUE(key.path.empty());
   EXPECT_TRUE(key.children.empty());
 }
 
@@ -112,8 +112,8 @@ TEST(NamedMutexRuleTest, KeyToStringAndBadNames) {
   const Rule lock = rules::named_mutex("db");
   const RuleKey key = lock->key();
   EXPECT_EQ(key.kind, RuleKey::Kind::named);
-  ASSERT_EQ(key.segments.size(), 1U);
-  EXPECT_EQ(key.segments[0], "db");
+  EXPECT_EQ(key.name, "db");
+  EXPECT_TRUE(key.path.empty());
   EXPECT_EQ(lock->to_string(), "named_mutex(db)");
   EXPECT_THROW((void)rules::named_mutex(""), InvalidRule);
   EXPECT_THROW((void)rules::named_mutex(std::string("a\0b", 3)), InvalidRule);

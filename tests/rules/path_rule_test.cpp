@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <iterator>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -303,12 +304,14 @@ TEST(PathRuleTest, KeyDescribesThePath) {
   const RuleKey key = read->key();
   EXPECT_EQ(key.kind, RuleKey::Kind::path);
   EXPECT_TRUE(key.shared);
-  ASSERT_EQ(key.segments.size(), 2U);
-  EXPECT_EQ(key.segments[0], "a");
-  EXPECT_EQ(key.segments[1], "b");
+  EXPECT_EQ(key.path, "/a/b");
+  EXPECT_EQ(std::vector<std::string>(PathSegments(key.path).begin(), PathSegments(key.path).end()),
+            (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(key.name.empty());
   EXPECT_TRUE(key.children.empty());
   EXPECT_FALSE(rules::path("/")->key().shared);
-  EXPECT_TRUE(rules::path("/")->key().segments.empty());
+  EXPECT_EQ(rules::path("/")->key().path, "/");
+  EXPECT_TRUE(PathSegments(rules::path("/")->key().path).empty());
 }
 
 TEST(PathRuleTest, KeyRelationsMatchTheRules) {
@@ -367,17 +370,30 @@ TEST(PathRuleTest, ToStringShowsModeAndNormalisedPath) {
   EXPECT_EQ(rules::path("/")->to_string(), "path(/)");
 }
 
-TEST(PathRuleTest, AncestorCheckOnSpans) {
-  const std::vector<std::string_view> root;
-  const std::vector<std::string_view> a = {"a"};
-  const std::vector<std::string_view> ab = {"a", "b"};
-  const std::vector<std::string_view> ac = {"a", "c"};
-  EXPECT_TRUE(PathRule::is_ancestor_or_equal(root, root));
-  EXPECT_TRUE(PathRule::is_ancestor_or_equal(root, ab));
-  EXPECT_TRUE(PathRule::is_ancestor_or_equal(a, ab));
-  EXPECT_TRUE(PathRule::is_ancestor_or_equal(ab, ab));
-  EXPECT_FALSE(PathRule::is_ancestor_or_equal(ab, a));
-  EXPECT_FALSE(PathRule::is_ancestor_or_equal(ab, ac));
+TEST(PathRuleTest, AncestorCheckOnPaths) {
+  EXPECT_TRUE(PathRule::is_ancestor_or_equal("/", "/"));
+  EXPECT_TRUE(PathRule::is_ancestor_or_equal("/", "/a/b"));
+  EXPECT_TRUE(PathRule::is_ancestor_or_equal("/a", "/a/b"));
+  EXPECT_TRUE(PathRule::is_ancestor_or_equal("/a/b", "/a/b"));
+  EXPECT_FALSE(PathRule::is_ancestor_or_equal("/a/b", "/a"));
+  EXPECT_FALSE(PathRule::is_ancestor_or_equal("/a/b", "/a/c"));
+  EXPECT_FALSE(PathRule::is_ancestor_or_equal("/a/b", "/a/bc"));  // segment-wise, not a prefix
+  EXPECT_FALSE(PathRule::is_ancestor_or_equal("/a/bc", "/a/b"));
+  EXPECT_FALSE(PathRule::is_ancestor_or_equal("/a", "/"));
+}
+
+TEST(PathRuleTest, PathSegmentsSplitANormalisedPath) {
+  const auto split = [](std::string_view path) {
+    const PathSegments segments(path);
+    return std::vector<std::string>(segments.begin(), segments.end());
+  };
+  EXPECT_TRUE(split("/").empty());
+  EXPECT_EQ(split("/a"), (std::vector<std::string>{"a"}));
+  EXPECT_EQ(split("/ab/c/def"), (std::vector<std::string>{"ab", "c", "def"}));
+  EXPECT_EQ(PathSegments("/ab/c/def").size(), 3U);
+  EXPECT_EQ(PathSegments("/ab/c/def").front(), "ab");
+  EXPECT_EQ(PathSegments("/").size(), 0U);
+  static_assert(std::forward_iterator<PathSegments::iterator>);
 }
 
 }  // namespace

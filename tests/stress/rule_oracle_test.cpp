@@ -47,7 +47,8 @@ class ColourRule final : public SchedulingRule {
   bool is_conflicting(const SchedulingRule& other) const override {
     if (const auto* same = dynamic_cast<const ColourRule*>(&other)) return same->colour_ == colour_;
     const RuleKey key = other.key();
-    return key.kind == RuleKey::Kind::path && !key.segments.empty() && key.segments.front() == top_;
+    return key.kind == RuleKey::Kind::path && !PathSegments(key.path).empty() &&
+           PathSegments(key.path).front() == top_;
   }
   std::string to_string() const override { return "colour(" + std::to_string(colour_) + ")"; }
 
@@ -129,11 +130,8 @@ class RulePool {
       // Rules made for nesting only: "/a" then "/a/n", and reads under a read.
       const RuleKey key = rules_[a]->key();
       if (key.kind == RuleKey::Kind::path) {
-        std::string path;  // empty for the root
-        for (const std::string_view segment : key.segments) {
-          path += '/';
-          path += segment;
-        }
+        const std::string path(PathSegments(key.path).empty() ? std::string_view()
+                                                              : key.path);  // "" for the root
         const std::string below = path + "/n";
         if (!key.shared) {
           nested_[a].push_back(rules::path(below));

@@ -43,8 +43,8 @@ class ColourRule final : public SchedulingRule {
   bool is_conflicting(const SchedulingRule& other) const override {
     if (const auto* same = dynamic_cast<const ColourRule*>(&other)) return same->colour_ == colour_;
     const RuleKey key = other.key();
-    return key.kind == RuleKey::Kind::path && !key.segments.empty() &&
-           key.segments.front() == "c" + std::to_string(colour_);
+    return key.kind == RuleKey::Kind::path && !PathSegments(key.path).empty() &&
+           PathSegments(key.path).front() == "c" + std::to_string(colour_);
   }
   std::string to_string() const override { return "colour(" + std::to_string(colour_) + ")"; }
 

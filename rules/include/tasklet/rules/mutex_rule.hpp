@@ -71,12 +71,11 @@ class TASKLET_EXPORT NamedMutexRule final : public SchedulingRule {
   /// `named_mutex(name)`.
   [[nodiscard]] std::string to_string() const override;
 
-  /// Kind::named with the name as the one segment.
+  /// Kind::named with the name.
   [[nodiscard]] RuleKey key() const noexcept override;
 
  private:
   std::string name_;
-  std::string_view view_;  // key()'s span points here
 };
 
 }  // namespace tasklet

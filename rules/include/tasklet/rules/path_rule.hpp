@@ -18,18 +18,17 @@
 // segments), an ancestor of every path. Segments are opaque bytes (UTF-8 is fine) compared
 // bytewise; no case folding, no Unicode normalisation, no file-system access.
 //
-// The key is RuleKey::Kind::path with the shared flag and the segments, which the rule table uses
-// to index the rule in a trie. Rules are immutable: all members are safe to call concurrently.
+// The key is RuleKey::Kind::path with the shared flag and the normalised path, which the rule table
+// splits into segments to index the rule in a trie. A rule keeps only its normalised path (inside
+// the rule up to 15 bytes) and its mode. Rules are immutable: all members are safe to call
+// concurrently.
 #pragma once
 
 #include "tasklet/export.hpp"
 
 #include <cstdint>
-#include <span>
 #include <string>
 #include <string_view>
-
-#include <boost/container/small_vector.hpp>
 
 #include "tasklet/scheduling_rule.hpp"
 
@@ -41,26 +40,20 @@ class TASKLET_EXPORT PathRule final : public SchedulingRule {
   /// Exclusive rules exclude everything related to their path; shared ones only exclusive rules.
   enum class Mode : std::uint8_t { exclusive, shared };
 
-  /// Normalised segments, viewing the rule's path(); paths up to four levels deep need no
-  /// allocation beyond the rule and its path.
-  using Segments = boost::container::small_vector<std::string_view, 4>;
-
   /// A rule on the normalised form of `path`. Throws InvalidPath (naming the input) for empty or
   /// relative input, ".." above the root, or a NUL byte.
   PathRule(std::string_view path, Mode mode);
-  /// Copies view their own path (SchedulingRule: a copy is a rule object of its own).
-  PathRule(const PathRule& other);
-  PathRule& operator=(const PathRule& other);
+  /// A copy is a rule object of its own (SchedulingRule).
+  PathRule(const PathRule& other) = default;
+  PathRule& operator=(const PathRule& other) = default;
   ~PathRule() override = default;
 
   /// The normalised path: "/" for the root, else "/seg/seg" with no trailing '/'.
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
 
-  /// The normalised segments, root first; empty for "/". Views of path(), valid for the rule's
+  /// The normalised segments, root first; none for "/". Views of path(), valid for the rule's
   /// lifetime.
-  [[nodiscard]] std::span<const std::string_view> segments() const noexcept {
-    return {segments_.data(), segments_.size()};
-  }
+  [[nodiscard]] PathSegments segments() const noexcept { return PathSegments(path_); }
 
   /// The mode given at construction.
   [[nodiscard]] Mode mode() const noexcept { return mode_; }
@@ -70,7 +63,7 @@ class TASKLET_EXPORT PathRule final : public SchedulingRule {
 
   /// True when this rule's path is `other`'s path or one of its ancestors (segment-wise).
   [[nodiscard]] bool is_ancestor_or_equal_of(const PathRule& other) const noexcept {
-    return is_ancestor_or_equal(segments(), other.segments());
+    return is_ancestor_or_equal(path_, other.path_);
   }
 
   /// See the header overview. Never throws unless a custom child of a multi rule does.
@@ -82,16 +75,16 @@ class TASKLET_EXPORT PathRule final : public SchedulingRule {
   /// `path(/a/b)` for an exclusive rule, `read_path(/a/b)` for a shared one.
   [[nodiscard]] std::string to_string() const override;
 
-  /// Kind::path, the shared flag and the segments (valid for the rule's lifetime).
+  /// Kind::path, the shared flag and path() (valid for the rule's lifetime).
   [[nodiscard]] RuleKey key() const noexcept override;
 
   /// The normalised form of `path` as described in the header overview. Throws InvalidPath.
   [[nodiscard]] static std::string normalize(std::string_view path);
 
-  /// True when `ancestor` equals `descendant` or is a proper prefix of it, compared segment by
-  /// segment without allocating. The empty sequence (the root) is an ancestor of everything.
-  [[nodiscard]] static bool is_ancestor_or_equal(std::span<const std::string_view> ancestor,
-                                                 std::span<const std::string_view> descendant) noexcept;
+  /// True when the normalised path `ancestor` equals `descendant` or is an ancestor of it, segment
+  /// by segment ("/a/b" is above "/a/b/c", not above "/a/bc"). The root "/" is above everything.
+  [[nodiscard]] static bool is_ancestor_or_equal(std::string_view ancestor,
+                                                 std::string_view descendant) noexcept;
 
   /// The conflict relation between two path keys (both Kind::path): related paths conflict
   /// unless both are shared.
@@ -102,11 +95,7 @@ class TASKLET_EXPORT PathRule final : public SchedulingRule {
   [[nodiscard]] static bool key_contains(const RuleKey& outer, const RuleKey& inner) noexcept;
 
  private:
-  // Points segments_ at the segments of path_ (normalised: "/" or "/seg/seg").
-  void view_path();
-
-  std::string path_;
-  Segments segments_;  // views of path_, made again by every copy
+  std::string path_;  // normalised: "/" or "/seg/seg"
   Mode mode_;
 };
 
