@@ -120,10 +120,8 @@ class PathSegments {
 /// Implementations must be thread-safe for concurrent const calls (rules are immutable).
 class TASKLET_EXPORT SchedulingRule {
  public:
-  virtual ~SchedulingRule() {
-    void* note = table_slot_.load(std::memory_order_acquire);
-    if (note != seen_once()) ::operator delete(note);
-  }
+  /// Frees the rule table's note on this rule, if it made one.
+  virtual ~SchedulingRule();
 
   /// True when a thread holding this rule may begin `other` inside it (nesting).
   virtual bool contains(const SchedulingRule& other) const = 0;
@@ -155,7 +153,7 @@ class TASKLET_EXPORT SchedulingRule {
   // One opaque slot for the rule table: where the first table to index this rule found its nodes,
   // so that the next request for the same rule object looks nothing up. The table marks it
   // seen_once() at a rule's first request and sets it at the second, to a block from
-  // ::operator new that the rule frees (a rule made for one job costs no note).
+  // the library's allocator that the rule frees (a rule made for one job costs no note).
   static void* seen_once() noexcept { return &seen_once_mark; }
   static inline char seen_once_mark = 0;
   mutable std::atomic<void*> table_slot_{nullptr};

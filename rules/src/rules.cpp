@@ -4,7 +4,20 @@
 #include <memory>
 #include <utility>
 
+#include <oneapi/tbb/scalable_allocator.h>
+
 #include "make_rule.hpp"
+
+namespace tasklet {
+
+// Out of line so that the note's allocator stays out of the public header: the rule table takes
+// the note from oneTBB's allocator (RuleTable::note_on), as the built-in rules are.
+SchedulingRule::~SchedulingRule() {
+  void* note = table_slot_.load(std::memory_order_acquire);
+  if (note != seen_once()) scalable_free(note);
+}
+
+}  // namespace tasklet
 
 namespace tasklet::rules {
 

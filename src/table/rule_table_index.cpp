@@ -8,6 +8,8 @@
 #include <string_view>
 #include <utility>
 
+#include <oneapi/tbb/scalable_allocator.h>
+
 #include "table/rule_table.hpp"
 
 namespace tasklet::detail {
@@ -60,10 +62,13 @@ RuleNote* RuleTable::note_on(const SchedulingRule& rule, std::size_t room) {
   if (held == Slot::seen_once()) {
     // The note's nodes follow it, a pointer each.
     // NOLINTNEXTLINE(bugprone-sizeof-expression)
-    void* block = ::operator new(sizeof(RuleNote) + room * sizeof(RuleNode*));
+    // oneTBB's allocator, as the rule's: a leak checker then sees the note go with the rule, and
+    // the worker that frees the rule's last copy does not contend for the allocating thread's arena.
+    void* block = scalable_malloc(sizeof(RuleNote) + room * sizeof(RuleNode*));
+    if (block == nullptr) throw std::bad_alloc();
     auto* made = ::new (block) RuleNote{id_, 0, 0, static_cast<std::uint32_t>(room)};
     if (Slot::replace(rule, held, made)) return made;
-    ::operator delete(block);  // another table was first: `held` is its note
+    scalable_free(block);  // another table was first: `held` is its note
   }
   auto* note = static_cast<RuleNote*>(held);
   return note->table == id_ ? note : nullptr;
