@@ -60,10 +60,10 @@ RuleNote* RuleTable::note_on(const SchedulingRule& rule, std::size_t room) {
     if (Slot::replace(rule, held, Slot::seen_once())) return nullptr;
   }
   if (held == Slot::seen_once()) {
-    // The note's nodes follow it, a pointer each.
+    // The note's nodes follow it, a pointer each. oneTBB's allocator, as the rule's: a leak checker
+    // then sees the note go with the rule, and the worker that frees the rule's last copy does not
+    // contend for the allocating thread's arena.
     // NOLINTNEXTLINE(bugprone-sizeof-expression)
-    // oneTBB's allocator, as the rule's: a leak checker then sees the note go with the rule, and
-    // the worker that frees the rule's last copy does not contend for the allocating thread's arena.
     void* block = scalable_malloc(sizeof(RuleNote) + room * sizeof(RuleNode*));
     if (block == nullptr) throw std::bad_alloc();
     auto* made = ::new (block) RuleNote{id_, 0, 0, static_cast<std::uint32_t>(room)};
