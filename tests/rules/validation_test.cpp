@@ -6,9 +6,15 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "make_rule.hpp"  // rules/src: FreeRule, least_rule_block
 #include "tasklet/error.hpp"
+#include "tasklet/rules/multi_rule.hpp"
+#include "tasklet/rules/mutex_rule.hpp"
+#include "tasklet/rules/path_rule.hpp"
 #include "tasklet/rules/rules.hpp"
 #include "tasklet/scheduling_rule.hpp"
 
@@ -73,21 +79,37 @@ TEST(ValidationTest, BuiltInRulesPass) {
   EXPECT_NO_THROW(validate_rule(nullptr));
 }
 
-// Every copy of a Rule writes its reference count while the rule table reads the rule on another
-// core: a built-in rule starts on a cache line of its own (std::make_shared puts the counts in the
-// line where the object starts; its objects are 64-byte aligned only by chance, about one in four
-// with glibc, so 32 of each kind are checked), and goes with its last reference like any other.
+// Where a rule made by make_rule keeps its reference counts: the deleter sits beside them in the
+// same 32-byte block (std::get_deleter finds it there), or null when `rule` is not an R.
+template <class R>
+std::uintptr_t counts_of(const Rule& rule) {
+  return reinterpret_cast<std::uintptr_t>(std::get_deleter<rules::detail::FreeRule<R>>(rule));
+}
+
+// Every copy of a Rule writes its reference counts while the rule table reads the rule on another
+// core: no cache line of a built-in rule holds its counts (32 of each kind, so that blocks placed
+// by chance would be caught), and the rule goes with its last reference like any other.
 TEST(ValidationTest, BuiltInRulesLiveApartFromTheirReferenceCounts) {
-  std::vector<Rule> built_in;
+  constexpr std::uintptr_t line = 64;
+  std::vector<std::pair<Rule, std::uintptr_t>> built_in;  // a rule, where its counts are
+  const auto add = [&]<class R>(const Rule& rule, std::type_identity<R>) {
+    built_in.emplace_back(rule, counts_of<R>(rule));
+    EXPECT_NE(built_in.back().second, 0u) << rule->to_string() << " was not made by make_rule";
+    const auto first = reinterpret_cast<std::uintptr_t>(rule.get());
+    const std::uintptr_t counts = built_in.back().second / line;
+    for (std::uintptr_t at = first / line; at <= (first + sizeof(R) - 1) / line; ++at) {
+      EXPECT_NE(at, counts) << rule->to_string() << ": its counts share a cache line with it";
+    }
+  };
   for (int i = 0; i < 32; ++i) {
     const std::string at = "/a" + std::to_string(i);
-    built_in.push_back(rules::mutex("m" + std::to_string(i)));
-    built_in.push_back(rules::path(at + "/b"));
-    built_in.push_back(rules::read_path(at));
-    built_in.push_back(rules::combine(rules::path(at), rules::mutex("n")));
+    add(rules::mutex("m" + std::to_string(i)), std::type_identity<MutexRule>{});
+    add(rules::named_mutex("n" + std::to_string(i)), std::type_identity<NamedMutexRule>{});
+    add(rules::path(at + "/b"), std::type_identity<PathRule>{});
+    add(rules::read_path(at), std::type_identity<PathRule>{});
+    add(rules::combine(rules::path(at), rules::mutex("n")), std::type_identity<MultiRule>{});
   }
-  for (const Rule& rule : built_in) {
-    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(rule.get()) % 64, 0u) << rule->to_string();
+  for (const auto& [rule, counts] : built_in) {
     std::weak_ptr<const SchedulingRule> watch = rule;
     Rule copy = rule;
     EXPECT_EQ(watch.use_count(), 2) << rule->to_string();
