@@ -189,12 +189,14 @@ class SchedulerImpl final {
   SchedulerOptions options_;  // resolved: manager and workers are set
   Domain& domain_;
   WorkersImpl& workers_;
-  oneapi::tbb::task_group group_;
+  // On lines of its own: every spawn and every task's end writes its counter, and every phase reads
+  // domain_ and workers_ above.
+  alignas(64) oneapi::tbb::task_group group_;
 
   // Each of the next three lines is the cache line of its own: the workers write active_ once per
   // tasklet and the holds once per tasklet with a rule, and read running_ once per async phase,
   // which nobody writes while run() is active. Left to where the members happened to fall (next to
-  // group_'s counters, and to each other), they would share lines with what others write.
+  // group_, and to each other), they would share lines with what others write.
   //
   // Tasklets scheduled and not yet done, for run() and active_count(). A background scheduler
   // (a manager's, for its serial executors and its jobs) has no run() and is not visible to users:
