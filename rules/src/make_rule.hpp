@@ -13,7 +13,8 @@
 
 namespace tasklet::rules::detail {
 
-/// The least block a rule object takes: above the 32-byte size class of its shared counts.
+/// The least block a rule object takes: above the size class of its shared counts (24 bytes with
+/// libstdc++, 32 with libc++).
 inline constexpr std::size_t least_rule_block = 48;
 
 /// Destroys a rule made by make_rule and frees its block.
@@ -31,7 +32,7 @@ struct FreeRule {
 /// reads the object (its vtable pointer, key and note) for every request on another core, so they
 /// must not share a cache line. std::make_shared puts them side by side; a block that keeps them a
 /// line apart takes two lines. oneTBB's allocator keeps each size class in slabs of its own, so a
-/// rule's block (at least 48 bytes) never holds the counts (32 bytes) of any rule. oneTBB's
+/// rule's block (at least 48 bytes) never holds the counts (at most 32 bytes) of any rule. oneTBB's
 /// allocator also because a rule made on the posting thread is mostly freed by a worker, which
 /// glibc's allocator makes contend for the arena lock of the thread that allocated it.
 template <class R, class... Args>

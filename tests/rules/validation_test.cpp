@@ -80,7 +80,7 @@ TEST(ValidationTest, BuiltInRulesPass) {
 }
 
 // Where a rule made by make_rule keeps its reference counts: the deleter sits beside them in the
-// same 32-byte block (std::get_deleter finds it there), or null when `rule` is not an R.
+// same small block (std::get_deleter finds it there), or null when `rule` is not an R.
 template <class R>
 std::uintptr_t counts_of(const Rule& rule) {
   return reinterpret_cast<std::uintptr_t>(std::get_deleter<rules::detail::FreeRule<R>>(rule));
