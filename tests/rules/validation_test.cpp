@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "make_rule.hpp"  // rules/src: FreeRule, least_rule_block
+#include "make_rule.hpp"  // rules/src: FreeRule
 #include "tasklet/error.hpp"
 #include "tasklet/rules/multi_rule.hpp"
 #include "tasklet/rules/mutex_rule.hpp"
