@@ -68,6 +68,12 @@ using Grants = boost::container::small_vector<RuleRequest*, 4>;
 /// Requests the table owns and deletes once it has let its lock go.
 using Orphans = boost::container::small_vector<RuleRequest*, 8>;
 
+/// Whether a custom part of `custom` says it conflicts with a part of `other` (a check that throws
+/// says it does). Built-in rules know nothing of custom ones: the custom rule is always asked.
+bool custom_parts_conflict(const SchedulingRule& custom, const SchedulingRule& other) noexcept;
+/// Whether `rule` is custom or a multi rule with a custom part.
+bool has_custom_part(const SchedulingRule& rule) noexcept;
+
 class RuleTable {
  public:
   RuleTable();

@@ -1,8 +1,8 @@
-// The rule table's doors: enter(), enter_all() and drain() on the way in, leave() and discard() on
-// the way out. A request goes through the lock-free stack of submitted requests to whichever
-// thread holds the table's lock, and a parked request comes back or is given up with one
-// compare-and-swap. What the table decides once a request is inside is in rule_table.cpp and
-// rule_table_release.cpp.
+// The rule table's doors: enter(), enter_all() and drain() on the way in, leave() and hand_over()
+// on the way out. A request goes through the lock-free stack of submitted requests to whichever
+// thread holds the table's lock. A parked request comes back or is given up with one
+// compare-and-swap (rule_table_parking.cpp). What the table decides once a request is inside is in
+// rule_table.cpp and rule_table_release.cpp.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -208,30 +208,6 @@ void RuleTable::settle(Grants& grants, Orphans& orphans) noexcept {
     enter_submitted(grants, orphans);
     mutex_.unlock();
   }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Parking: the lock-free side (the table's side, revocation, is in rule_table.cpp)
-
-bool RuleTable::park(RuleRequest& request) noexcept {
-  Park state = Park::active;
-  return request.park_.compare_exchange_strong(state, Park::parked, std::memory_order_acq_rel);
-}
-
-bool RuleTable::resume(RuleRequest& request) noexcept {
-  Park state = Park::parked;
-  if (request.park_.compare_exchange_strong(state, Park::active, std::memory_order_acq_rel)) return true;
-  // A newcomer may be taking it out under the table's lock (revoke_parked notifies when it is out).
-  request.park_.wait(Park::revoking, std::memory_order_acquire);
-  return false;
-}
-
-bool RuleTable::discard(RuleRequest& request) noexcept {
-  Park state = Park::parked;
-  if (request.park_.compare_exchange_strong(state, Park::orphaned, std::memory_order_acq_rel)) return true;
-  request.park_.wait(Park::revoking, std::memory_order_acquire);
-  request.park_.store(Park::none, std::memory_order_relaxed);
-  return false;
 }
 
 // ---------------------------------------------------------------------------------------------

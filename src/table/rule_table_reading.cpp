@@ -1,0 +1,294 @@
+// What the rule table tells of itself: who blocks a request, wait chains, snapshots and counts
+// (each taken under the lock, as one consistent reading), and the trace recorder's events for
+// requests entered, granted and left.
+#include "table/rule_table.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <vector>
+
+namespace tasklet::detail {
+namespace {
+
+// A rule's text for the trace recorder, made under the table's lock, where no user code runs: a
+// built-in rule's own to_string(), and for a rule with custom parts a name of the library's.
+std::string traced_text(const SchedulingRule* rule) {
+  if (rule == nullptr) return "null";
+  if (has_custom_part(*rule)) {
+    char text[48];
+    std::snprintf(text, sizeof text, "custom rule@%p", static_cast<const void*>(rule));
+    return text;
+  }
+  return rule->to_string();
+}
+
+// RuleBlocker::to_string() with traced_text().
+std::string traced_text(const RuleBlocker& blocker) {
+  return blocker.owner + (blocker.holds ? " holds " : " waits for ") + traced_text(blocker.rule.get()) +
+         (blocker.holds ? "" : " (asked earlier)");
+}
+
+}  // namespace
+
+bool RuleTable::has_conflicting_waiter(const RuleRequest& held) {
+  return read_settled([&] { return has_conflicting_waiter_locked(held); });
+}
+
+bool RuleTable::has_conflicting_waiter_locked(const RuleRequest& held) const noexcept {
+  for (const RuleEntry& entry : held.entries()) {
+    const RuleNode& node = *entry.node();
+    for (std::size_t mode = 0; mode < lock_mode_count; ++mode) {
+      if (!compatible[index_of(entry.mode())][mode] &&
+          ((node.queued & (1u << mode)) != 0 || node.clear_waiting[mode] != 0)) {
+        return true;
+      }
+    }
+  }
+  // Pairwise only where a custom rule is involved: every waiter when `held` has one, else the
+  // requests with custom parts.
+  for (const RuleRequest* waiter : held.has_custom_ ? live_ : customs_) {
+    if (!waiter->held_ && conflicts_pairwise(held, *waiter)) return true;
+  }
+  return false;
+}
+
+std::vector<RuleBlocker> RuleTable::blockers(const RuleRequest& waiting) {
+  return blockers_if([&waiting](const RuleRequest& request) { return &request == &waiting; });
+}
+
+std::vector<RuleBlocker> RuleTable::blockers_of(const void* owner) {
+  return blockers_if([owner](const RuleRequest& request) { return request.owner() == owner; });
+}
+
+template <class Which>
+std::vector<RuleBlocker> RuleTable::blockers_if(Which&& which) {
+  std::vector<RuleBlocker> found;
+  Grants grants;
+  std::exception_ptr failed;  // out of memory: the grants the lock delivered go out all the same
+  try {
+    Locked lock(*this, grants);
+    const auto waiting = std::find_if(live_.begin(), live_.end(), [&](const RuleRequest* request) {
+      return waiting_anywhere(*request) && which(*request);
+    });
+    if (waiting != live_.end()) {
+      if ((*waiting)->held_) {
+        found = backend_->blockers(**waiting);  // held here, waiting in the backend
+      } else {
+        add_blockers(**waiting, found);
+      }
+    }
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  notify(grants);
+  if (failed) std::rethrow_exception(failed);
+  return found;
+}
+
+void RuleTable::add_blockers(const RuleRequest& mine, std::vector<RuleBlocker>& found) const {
+  std::vector<const RuleRequest*> earlier;
+  for (const RuleRequest* other : live_) {
+    // A parked request is idle (a newcomer revokes it), and its rule may be gone.
+    const Park park = other->park_.load(std::memory_order_acquire);
+    if (other == &mine || (park != Park::none && park != Park::active && park != Park::wanted)) continue;
+    if (!other->held_ && other->ticket_ > mine.ticket_) continue;
+    if (!conflicting(mine, *other) && !conflicts_pairwise(mine, *other)) continue;
+    if (other->held_) {
+      found.push_back(other->describe());
+      found.back().holds = true;
+    } else {
+      earlier.push_back(other);
+    }
+  }
+  std::sort(earlier.begin(), earlier.end(),
+            [](const RuleRequest* a, const RuleRequest* b) { return a->ticket_ < b->ticket_; });
+  for (const RuleRequest* other : earlier) {
+    found.push_back(other->describe());
+    found.back().holds = false;
+  }
+}
+
+void RuleTable::trace_entered(Trace& trace, const RuleRequest& request, bool granted) noexcept {
+  // Naming the blockers walks every live request: done while there are few, so that a backlog
+  // does not make each entry cost O(backlog). The grant names what let the request through.
+  constexpr std::size_t named_up_to = 64;
+  try {
+    const RuleBlocker who = request.describe();
+    std::string blockers;
+    if (!granted && live_.size() <= named_up_to) {
+      std::vector<RuleBlocker> found;
+      add_blockers(request, found);
+      for (const RuleBlocker& blocker : found)
+        blockers += (blockers.empty() ? "" : "; ") + traced_text(blocker);
+    }
+    const bool thread = request.blocks_thread();
+    trace.entered(&request, thread, !granted, {who.owner, request.job_name()}, traced_text(who.rule.get()),
+                  std::move(blockers));
+    if (granted) trace.granted(&request, thread, {});
+  } catch (...) {
+    // Out of memory: the trace misses this request.
+  }
+}
+
+void RuleTable::trace_granted(Trace& trace, const RuleRequest& request) const noexcept {
+  try {
+    std::string by;
+    if (releasing_ != nullptr) {
+      const RuleBlocker releaser = releasing_->describe();
+      by = releaser.owner + " releasing " + traced_text(releaser.rule.get());
+    }
+    trace.granted(&request, request.blocks_thread(), std::move(by));
+  } catch (...) {
+    // Out of memory: the trace misses this grant.
+  }
+}
+
+void RuleTable::trace_left(Trace& trace, const RuleRequest& request, bool held) noexcept {
+  try {
+    trace.left(&request, held);
+  } catch (...) {
+    // Out of memory: the trace misses the end of this request.
+  }
+}
+
+std::optional<Trace::Nanos> RuleTable::since(const RuleRequest& request) const {
+  Trace* trace = trace_.load(std::memory_order_acquire);
+  return trace != nullptr ? trace->since(&request) : std::nullopt;
+}
+
+std::vector<RuleBlocker> RuleTable::wait_chain(const std::function<bool(const RuleRequest&)>& start,
+                                               std::span<const RuleRequest* const> mine, std::size_t limit) {
+  std::vector<RuleBlocker> chain;
+  Grants grants;
+  std::exception_ptr failed;  // out of memory: the grants the lock delivered go out all the same
+  try {
+    Locked lock(*this, grants);
+    std::vector<ChainStep> steps;
+    for (const RuleRequest* request : live_) {
+      if (!request->held_ && !idle_parked(*request) && steps.size() < limit && start(*request)) {
+        steps.push_back({request, steps.size()});
+      }
+    }
+    for (std::size_t at = 0; at < steps.size() && chain.empty(); ++at) {
+      chain = step_chain(steps, at, mine, limit);
+    }
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  notify(grants);
+  if (failed) std::rethrow_exception(failed);
+  return chain;
+}
+
+bool RuleTable::idle_parked(const RuleRequest& request) noexcept {
+  const Park park = request.park_.load(std::memory_order_acquire);
+  return park != Park::none && park != Park::active && park != Park::wanted;
+}
+
+// One step of wait_chain(), under the lock: what the request of steps[at] waits for. A holder in
+// `mine` ends the search (the chain from the start to it, then the caller's request); a waiter not
+// seen yet becomes a step.
+std::vector<RuleBlocker> RuleTable::step_chain(std::vector<ChainStep>& steps, std::size_t at,
+                                               std::span<const RuleRequest* const> mine,
+                                               std::size_t limit) const {
+  const RuleRequest& waiting = *steps[at].request;
+  const auto seen = [&steps](const RuleRequest* request) {
+    return std::any_of(steps.begin(), steps.end(),
+                       [request](const ChainStep& step) { return step.request == request; });
+  };
+  for (const RuleRequest* other : live_) {
+    if (other == &waiting || idle_parked(*other) || (!other->held_ && other->ticket_ > waiting.ticket_))
+      continue;
+    if (!conflicting(waiting, *other) && !conflicts_pairwise(waiting, *other)) continue;
+    if (!other->held_) {
+      if (steps.size() < limit && !seen(other)) steps.push_back({other, at});
+      continue;
+    }
+    if (std::find(mine.begin(), mine.end(), other) == mine.end()) continue;
+    std::vector<const RuleRequest*> path{other};
+    for (std::size_t step = at;; step = steps[step].from) {
+      path.push_back(steps[step].request);
+      if (steps[step].from == step) break;
+    }
+    std::vector<RuleBlocker> chain;
+    for (auto request = path.rbegin(); request != path.rend(); ++request) {
+      chain.push_back((*request)->describe());
+      chain.back().holds = (*request)->held_;
+    }
+    return chain;
+  }
+  return {};
+}
+
+std::vector<RuleTable::Seen> RuleTable::snapshot(std::size_t max_waiters, std::size_t& left_out) {
+  std::vector<Seen> seen;
+  std::vector<std::pair<std::uint64_t, const RuleRequest*>> waiting;
+  Grants grants;
+  std::exception_ptr failed;  // out of memory: the grants the lock delivered go out all the same
+  try {
+    Locked lock(*this, grants);
+    Trace* trace = trace_.load(std::memory_order_relaxed);
+    const auto see = [&seen, trace](const RuleRequest& request) {
+      Seen one;
+      if (trace != nullptr) one.since = trace->since(&request);
+      one.who = request.describe();
+      one.who.holds = request.held_;
+      one.owner = request.owner();
+      one.entries.assign(request.entries().begin(), request.entries().end());
+      one.custom = request.has_custom_;
+      one.shared =
+          !request.has_custom_ && std::all_of(one.entries.begin(), one.entries.end(), [](const RuleEntry& e) {
+            return e.mode() == LockMode::is || e.mode() == LockMode::s;
+          });
+      seen.push_back(std::move(one));
+    };
+    for (const RuleRequest* request : live_) {
+      const Park park = request->park_.load(std::memory_order_acquire);
+      if (park != Park::none && park != Park::active && park != Park::wanted) continue;  // idle, parked
+      if (request->held_) {
+        see(*request);
+      } else {
+        waiting.emplace_back(request->ticket_, request);
+      }
+    }
+    std::sort(waiting.begin(), waiting.end());
+    left_out = waiting.size() > max_waiters ? waiting.size() - max_waiters : 0;
+    waiting.resize(waiting.size() - left_out);
+    for (const auto& [ticket, request] : waiting) see(*request);
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  notify(grants);
+  if (failed) std::rethrow_exception(failed);
+  return seen;
+}
+
+bool RuleTable::conflict(const Seen& a, const Seen& b) noexcept {
+  for (const RuleEntry& mine : a.entries) {
+    for (const RuleEntry& theirs : b.entries) {
+      if (mine.node() == theirs.node() && !compatible[index_of(mine.mode())][index_of(theirs.mode())])
+        return true;
+    }
+  }
+  if (!a.custom && !b.custom) return false;
+  const auto says = [](const Seen& custom, const Seen& other) {
+    return custom.custom && custom.who.rule && other.who.rule &&
+           custom_parts_conflict(*custom.who.rule, *other.who.rule);
+  };
+  return says(a, b) || says(b, a);
+}
+
+bool RuleTable::is_idle() {
+  return read_settled([this] { return live_.size() == parked_idle(); });
+}
+
+std::size_t RuleTable::held_count() {
+  return read_settled([this] { return held_ - parked_idle(); });
+}
+
+std::size_t RuleTable::waiting_count() {
+  return read_settled([this] { return live_.size() - held_; });
+}
+
+}  // namespace tasklet::detail
