@@ -423,17 +423,16 @@ void detail::SchedulerImpl::enter_rule_batch() {
 }
 
 // A thread that makes work (the synchronous thread, or a user's thread scheduling jobs) can start
-// tasklets with rules several times faster than the workers get through them when they conflict:
-// the rest wait in the rule table, and a table with 10^5 waiting requests costs two to three times
-// as much per request as one with 10^3 (each request it takes up is a cache miss by then). So such
-// a thread, past backlog_limit of undelivered holds (`waiting`: its own, for the synchronous
-// thread; for a user's thread, those of every thread but the synchronous one), waits until the
-// workers have them down to backlog_resume (count_out wakes it): the backlog, and the cost per job,
-// stay flat (path rules: 0.67x the time per job at 10^6). It never waits for a backlog that does
-// not move: the tasklets may wait for this very thread (its begin_rule, a sync tasklet that holds a
-// rule). When backlog_patience passes without a delivery it goes on, and it does not hold back
-// again until backlog_resume more of its tasklets were delivered: a backlog that is partly stuck
-// would otherwise cost the patience at every batch.
+// tasklets with rules faster than the workers get through them when they conflict: the rest wait in
+// the rule table, and a table with a long backlog costs more per request than a short one (each
+// request it takes up is a cache miss by then; docs/performance.md, growth rows). So such a thread,
+// past backlog_limit of undelivered holds (`waiting`: its own, for the synchronous thread; for a
+// user's thread, those of every thread but the synchronous one), waits until the workers have them
+// down to backlog_resume (count_out wakes it): the backlog, and the cost per job, stay flat. It
+// never waits for a backlog that does not move: the tasklets may wait for this very thread (its
+// begin_rule, a sync tasklet that holds a rule). When backlog_patience passes without a delivery it
+// goes on, and it does not hold back again until backlog_resume more of its tasklets were
+// delivered: a backlog that is partly stuck would otherwise cost the patience at every batch.
 template <class Waiting>
 void detail::SchedulerImpl::let_rules_catch_up(CatchUp& state, Waiting&& waiting) {
   std::size_t backlog = waiting();
