@@ -153,10 +153,9 @@ class RuleRequest {
   virtual void refused() noexcept { canceled(); }
   /// A backend behind the table (rule_backend.hpp) could not grant it, for `why`: it is out of the
   /// table, never granted. By default, as canceled.
-  virtual void failed(std::exception_ptr why) noexcept {
-    static_cast<void>(why);
-    canceled();
-  }
+  // By value: an override keeps it.
+  // NOLINTNEXTLINE(performance-unnecessary-value-param)
+  virtual void failed(std::exception_ptr /*why*/) noexcept { canceled(); }
   /// The table's owner shuts down while the request waits (RuleTable::cancel_all_waiting): it is
   /// out of the table, never granted. By default, as canceled.
   virtual void closed() noexcept { canceled(); }
@@ -196,6 +195,8 @@ class RuleRequest {
   RuleEntry* entry_data() const noexcept {
     if (entry_heap_log_ == 0) return room();
     RuleEntry* heap = nullptr;
+    // The room holds the pointer itself: its size is meant.
+    // NOLINTNEXTLINE(bugprone-sizeof-expression)
     std::memcpy(&heap, static_cast<const void*>(room()), sizeof heap);
     return heap;
   }
@@ -211,6 +212,7 @@ class RuleRequest {
     RuleEntry* before = entry_data();
     std::copy_n(before, entry_count_, moved);
     if (entry_heap_log_ != 0) deallocate_bytes(before);
+    // NOLINTNEXTLINE(bugprone-sizeof-expression): the pointer itself goes into the room
     std::memcpy(static_cast<void*>(room()), &moved, sizeof moved);
     entry_heap_log_ = static_cast<std::uint8_t>(std::countr_zero(capacity));
   }
@@ -259,6 +261,8 @@ class RuleRequest {
 // A tasklet's hold (this, its entries and the tasklet, its directive in own_bits()) fills a block
 // of the scalable allocator: 80 bytes for a mutex rule, 96 for a path rule up to depth 3.
 static_assert(sizeof(RuleRequest) <= 40, "RuleRequest grew: memory per queued job (DESIGN section 5)");
+// The room of one entry can hold the pointer to entries moved to the heap.
+// NOLINTNEXTLINE(bugprone-sizeof-expression)
 static_assert(sizeof(RuleRequest) % alignof(RuleEntry) == 0 && sizeof(RuleEntry) >= sizeof(RuleEntry*));
 
 inline std::uint64_t WaitQueue::ticket_of(Slot slot) noexcept {

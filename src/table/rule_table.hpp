@@ -440,11 +440,8 @@ std::size_t RuleTable::withdraw_waiting(const SchedulingRule& rule, Predicate&& 
       // A request for exactly this rule has one entry, queued there unless it is clear, and a
       // clear one waits only when a custom rule holds it back.
       const RuleNode& node = *identity->second;
-      for (unsigned left = node.queued; left != 0; left &= left - 1) {
-        node.waiting(static_cast<std::size_t>(std::countr_zero(left))).for_each([&](RuleRequest& request) {
-          consider(request);
-        });
-      }
+      for (unsigned left = node.queued; left != 0; left &= left - 1)
+        node.waiting(static_cast<std::size_t>(std::countr_zero(left))).for_each(consider);
       for (RuleRequest* request : blocked_) {
         if (request->place_.in_table.unclear == 0) consider(*request);
       }
