@@ -29,10 +29,10 @@
 #include <thread>
 #include <vector>
 
+#include "etcd/gateway.hpp"
+#include "etcd/session_access.hpp"
 #include "etcd_server.hpp"
-#include "gateway.hpp"
 #include "harness.hpp"
-#include "session_access.hpp"
 #include "tasklet.hpp"
 #include "tasklet/etcd/etcd.hpp"
 

@@ -1,11 +1,11 @@
 // The etcd backend of a manager's rule table, the managers made with it, and fencing tokens.
-#include "backend.hpp"
+#include "etcd/backend.hpp"
 
 #include <algorithm>
 #include <cstdio>
 #include <utility>
 
-#include "session_access.hpp"
+#include "etcd/session_access.hpp"
 #include "tasklet/error.hpp"
 #include "tasklet/job.hpp"
 #include "tasklet/rules/rules.hpp"

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "api/rule_backend_door.hpp"
-#include "locks.hpp"
+#include "etcd/locks.hpp"
 #include "tasklet/etcd/etcd.hpp"
 
 namespace tasklet::etcd::detail {

@@ -1,6 +1,6 @@
 // etcd's v3 JSON gateway through libcurl: one easy handle per thread (so its connections are
 // reused), endpoints tried in turn, and etcd's gRPC errors mapped to the library's exceptions.
-#include "gateway.hpp"
+#include "etcd/gateway.hpp"
 
 #include <algorithm>
 

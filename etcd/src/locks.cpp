@@ -1,7 +1,7 @@
 // Claims granted in revision order (locks.hpp says how): the courier sends requests and
 // deletions in batches, the watcher follows every deletion under <prefix>/c and lets through the
 // requests waiting for it.
-#include "locks.hpp"
+#include "etcd/locks.hpp"
 
 #include <algorithm>
 #include <chrono>

@@ -49,7 +49,7 @@
 #include <utility>
 #include <vector>
 
-#include "gateway.hpp"
+#include "etcd/gateway.hpp"
 
 namespace tasklet::etcd::detail {
 

@@ -13,9 +13,9 @@
 #include <utility>
 #include <vector>
 
-#include "gateway.hpp"
-#include "locks.hpp"
-#include "session_access.hpp"
+#include "etcd/gateway.hpp"
+#include "etcd/locks.hpp"
+#include "etcd/session_access.hpp"
 #include "tasklet/etcd/etcd.hpp"
 
 namespace tasklet::etcd {

@@ -1,7 +1,7 @@
 // Private: what the library's other parts reach in a session.
 #pragma once
 
-#include "locks.hpp"
+#include "etcd/locks.hpp"
 #include "tasklet/etcd/etcd.hpp"
 
 namespace tasklet::etcd::detail {

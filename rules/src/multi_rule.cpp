@@ -4,8 +4,8 @@
 #include <cstddef>
 #include <memory>
 
-#include "key_relations.hpp"
-#include "make_rule.hpp"
+#include "rules/key_relations.hpp"
+#include "rules/make_rule.hpp"
 
 namespace tasklet {
 namespace {

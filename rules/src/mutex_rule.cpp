@@ -3,7 +3,7 @@
 #include <array>
 #include <cstdio>
 
-#include "key_relations.hpp"
+#include "rules/key_relations.hpp"
 #include "tasklet/error.hpp"
 
 namespace tasklet {

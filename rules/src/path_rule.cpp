@@ -8,7 +8,7 @@
 
 #include <boost/container/small_vector.hpp>
 
-#include "key_relations.hpp"
+#include "rules/key_relations.hpp"
 #include "tasklet/error.hpp"
 
 namespace tasklet {

@@ -6,7 +6,7 @@
 
 #include <oneapi/tbb/scalable_allocator.h>
 
-#include "make_rule.hpp"
+#include "rules/make_rule.hpp"
 
 namespace tasklet {
 

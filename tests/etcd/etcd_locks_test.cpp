@@ -14,8 +14,8 @@
 
 #include <gtest/gtest.h>
 
+#include "etcd/session_access.hpp"
 #include "etcd_server.hpp"
-#include "session_access.hpp"
 #include "tasklet/etcd/etcd.hpp"
 
 namespace tasklet::etcd {

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "make_rule.hpp"  // rules/src: FreeRule
+#include "rules/make_rule.hpp"  // FreeRule
 #include "tasklet/error.hpp"
 #include "tasklet/rules/multi_rule.hpp"
 #include "tasklet/rules/mutex_rule.hpp"
