@@ -64,14 +64,14 @@ void EtcdBackend::acquire(RuleTable& table, RuleRequest& request) noexcept {
   std::shared_ptr<Hold> hold;
   std::vector<Claim> claims;
   try {
-    claims = claims_of(*request.rule());
+    claims = claims_of(*requested_rule(request));
     hold = std::make_shared<Hold>(Hold{&request, &table, nullptr});
     std::lock_guard lock(mutex_);
     holds_[&request] = hold;
   } catch (...) {
     // Out of memory: the request cannot be claimed, and is not granted.
     tasklet::detail::abandon(table, request);
-    request.failed(std::current_exception());
+    tell_failed(request, std::current_exception());
     return;
   }
   std::shared_ptr<Ticket> ticket;
@@ -109,7 +109,7 @@ void EtcdBackend::granted(const std::shared_ptr<Hold>& hold, std::int64_t revisi
     hold->granted = true;
     hold->token = revision;
   }
-  hold->request->granted();
+  tell_granted(*hold->request);
 }
 
 void EtcdBackend::refused(const std::shared_ptr<Hold>& hold, std::exception_ptr why) noexcept {
@@ -123,7 +123,7 @@ void EtcdBackend::refused(const std::shared_ptr<Hold>& hold, std::exception_ptr 
   }
   // On the claims' courier: no table lock is held here.
   tasklet::detail::abandon(*hold->table, *hold->request);
-  hold->request->failed(std::move(why));
+  tell_failed(*hold->request, std::move(why));
 }
 
 void EtcdBackend::take_out(const std::shared_ptr<Hold>& hold) noexcept {
@@ -253,7 +253,7 @@ std::int64_t fencing_token(const JobManager& manager, const Rule& rule) {
   // The calling code's own requests in this manager, outermost first.
   const std::vector<const tasklet::detail::RuleRequest*> mine = tasklet::detail::requests_held_here(manager);
   for (const tasklet::detail::RuleRequest* request : mine) {
-    const SchedulingRule* held = request->rule();
+    const SchedulingRule* held = requested_rule(*request);
     if (held == nullptr || (held != rule.get() && !held->contains(*rule))) continue;
     if (const std::optional<std::int64_t> token = backend->token(*request)) return *token;
   }

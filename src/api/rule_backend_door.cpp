@@ -1,6 +1,7 @@
 // The door of rule backends outside the engine (rule_backend_door.hpp).
 #include "api/rule_backend_door.hpp"
 
+#include <exception>
 #include <utility>
 
 #include "jobs/door.hpp"
@@ -13,6 +14,12 @@ void install_rule_backend(JobManager& manager, std::shared_ptr<RuleBackend> back
 }
 
 RuleBackend* rule_backend_of(const JobManager& manager) noexcept { return domain(manager).backend(); }
+
+const SchedulingRule* requested_rule(const RuleRequest& request) noexcept { return request.rule(); }
+
+void tell_granted(RuleRequest& request) noexcept { request.granted(); }
+
+void tell_failed(RuleRequest& request, std::exception_ptr why) noexcept { request.failed(std::move(why)); }
 
 void abandon(RuleTable& table, RuleRequest& request) noexcept { table.abandon(request); }
 
