@@ -1,6 +1,5 @@
 #include "tasklet/api.hpp"
 
-#include "base/context.hpp"
 #include "scheduler/door.hpp"
 #include "tasklet/job_manager.hpp"
 #include "tasklet/workers.hpp"

@@ -1,7 +1,6 @@
 // The library's part of tasklet/coroutine.hpp: where a parked coroutine goes on.
 #include "tasklet/coroutine.hpp"
 
-#include "base/context.hpp"
 #include "scheduler/door.hpp"
 
 namespace tasklet::detail {
@@ -9,12 +8,12 @@ namespace tasklet::detail {
 // A sync phase runs on a scheduler's synchronous thread (or inline on the implicit scheduler's
 // thread), never on one of the workers; an async phase always on one of them.
 bool in_sync_phase() noexcept {
-  const TaskState& ctx = state();
+  const RunState& ctx = run_state();
   return phase_scheduler(ctx) != nullptr && ctx.worker_of == nullptr;
 }
 
 Rescheduler suspend_in_phase(Tasklet& tasklet) {
-  const TaskState& here = state();
+  const RunState& here = run_state();
   Scheduler* scheduler = phase_scheduler(here);
   if (here.tasklet != &tasklet || scheduler == nullptr) {
     throw IllegalState("a coroutine of " + tasklet.name() + " parks outside its tasklet's phase");

@@ -31,7 +31,7 @@ std::shared_ptr<Job> job_holding(const RuleRequest& request) {
 
 std::vector<const RuleRequest*> requests_held_here(const JobManager& manager) {
   const Domain& here = domain(manager);
-  const TaskState& ctx = state();
+  const RunState& ctx = run_state();
   std::vector<const RuleRequest*> held;
   for (const RuleFrame& frame : ctx.rule_stack) {
     if (frame.hold != nullptr && frame.domain == &here) held.push_back(frame.hold);

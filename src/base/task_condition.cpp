@@ -5,11 +5,11 @@
 
 namespace tasklet::detail {
 
-bool waits_suspend() noexcept { return state().worker_of != nullptr; }
+bool waits_suspend() noexcept { return runs_on_workers(); }
 
 void Wakeup::wait() noexcept {
-  TaskState* mine = context().state;
-  if (mine->worker_of == nullptr) {
+  TaskState* mine = running_state();
+  if (mine == nullptr || mine->worker_of == nullptr) {
     std::unique_lock lock(mutex_);
     woken_.wait(lock, [this] { return done_; });
     return;

@@ -99,7 +99,7 @@ std::uint32_t Trace::tid() {
   if (seen_by.serial == serial_) return seen_by.tid;
   const auto [at, added] = tids_.try_emplace(std::this_thread::get_id(), 0);
   if (added) {
-    const bool worker = state().worker_of != nullptr;
+    const bool worker = runs_on_workers();
     const std::uint32_t number =
         worker ? ++workers_seen_ : static_cast<std::uint32_t>(threads_.size()) + 1 - workers_seen_;
     threads_.push_back({(worker ? "worker " : "thread ") + std::to_string(number),

@@ -8,7 +8,6 @@
 #include <string>
 #include <utility>
 
-#include "base/context.hpp"
 #include "jobs/job_core.hpp"
 #include "jobs/jobs.hpp"
 #include "tasklet/coroutine.hpp"
@@ -107,7 +106,7 @@ class Job::Coroutine final : public Job {
   // Called in each phase of the run: the first starts the coroutine, the others resume it.
   Status run(ProgressMonitor& monitor) override {
     if (!steps_)
-      steps_ = detail::TaskSteps<Status>(maker_.make(room_, monitor), *detail::state().tasklet, {});
+      steps_ = detail::TaskSteps<Status>(maker_.make(room_, monitor), *detail::run_state().tasklet, {});
     const Directive next = steps_.step();
     if (next != Directive::done) {
       detail::JobRun::go_on_in(next);

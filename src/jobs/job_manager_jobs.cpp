@@ -34,7 +34,7 @@ class JobsExtension final : public DomainExtension {
   void finish_after_this_run(std::shared_ptr<Domain> domain) noexcept override {
     jobs_->destroy_after_this_run(std::move(domain));
   }
-  void blocked(const TaskState& ctx, const std::string* reason) noexcept override {
+  void blocked(const RunState& ctx, const std::string* reason) noexcept override {
     auto& job = *running_job(ctx);
     std::shared_ptr<ProgressMonitor> monitor;
     {

@@ -28,7 +28,7 @@ Directive JobRun::task() {
 }
 
 void JobRun::go_on_in(Directive next) noexcept {
-  auto& run = static_cast<JobRun&>(*state().tasklet);  // a job's run() runs in its JobRun's phase
+  auto& run = static_cast<JobRun&>(*run_state().tasklet);  // a job's run() runs in its JobRun's phase
   run.continuing = true;
   run.kept_steps = true;
   run.then = next;

@@ -28,7 +28,6 @@
 
 #include <oneapi/tbb/mutex.h>
 
-#include "base/context.hpp"
 #include "base/room_for.hpp"
 #include "base/task_condition.hpp"
 #include "jobs/job_core.hpp"
@@ -43,7 +42,7 @@ namespace tasklet::detail {
 class Jobs;
 
 /// The job whose run() this code is (null elsewhere).
-inline JobCore* running_job(const TaskState& task = state()) noexcept {
+inline JobCore* running_job(const RunState& task = run_state()) noexcept {
   const TaskFrame* frame = find_frame(task, extension_run);
   return frame != nullptr ? static_cast<JobCore*>(frame->owner) : nullptr;
 }
@@ -56,7 +55,7 @@ inline constexpr FrameKind completing_run{"completing run"};
 /// How many frames of `kind` owned by `owner` the running code is inside of.
 inline std::size_t frames_of(const FrameKind& kind, const void* owner) noexcept {
   std::size_t count = 0;
-  for (const TaskFrame* frame = state().frames; frame != nullptr; frame = frame->outer) {
+  for (const TaskFrame* frame = run_state().frames; frame != nullptr; frame = frame->outer) {
     if (frame->kind == &kind && frame->owner == owner) ++count;
   }
   return count;

@@ -351,7 +351,7 @@ void Jobs::wake_up(JobCore& job, std::chrono::milliseconds delay) {
 }
 
 bool Jobs::yield_rule(JobCore& job) {
-  const TaskState& here = state();
+  const RunState& here = run_state();
   if (running_job(here) != &job || here.tasklet == nullptr || phase_scheduler(here) == nullptr) {
     throw IllegalState("yield_rule: call it from the run() of job '" + job.job().name() + "'");
   }

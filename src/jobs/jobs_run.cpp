@@ -20,7 +20,7 @@ namespace {
 // In a run's phase: the run is over before the job says so, its rule is free by the time join()
 // returns.
 void release_run_rule() noexcept {
-  const TaskState& here = state();
+  const RunState& here = run_state();
   release_phase_rule(here);
 }
 
@@ -208,7 +208,7 @@ Directive Jobs::end_before_run(JobCore& job, bool canceled, bool stopping,
 // In a run's phase, about to end the job: a trace being recorded gets the phase's slice now,
 // before a join() can return and its caller stop the trace.
 void Jobs::end_traced_phase() noexcept {
-  if (TracedPhase* phase = state().traced_phase) [[unlikely]]
+  if (TracedPhase* phase = run_state().traced_phase) [[unlikely]]
     phase->end("done");
 }
 
@@ -227,7 +227,7 @@ Directive Jobs::run_step(JobCore& job, JobRun& run, ProgressMonitor& monitor) no
   } catch (...) {
     result = Status::error("unknown exception", std::current_exception());
   }
-  TaskState& after = state();  // the run may have moved to another thread (begin_rule, yield_rule)
+  RunState& after = run_state();  // the run may have moved to another thread (begin_rule, yield_rule)
   // Rules begun in run() and left open are released now, before join() can return, and fail the run.
   if (const std::string open = end_frames_above(after, after.phase_base); !open.empty()) {
     run.continuing = false;  // a run that goes on ends here instead
@@ -276,7 +276,7 @@ std::optional<Status> Jobs::finish_later(JobCore& job, JobRun& run) noexcept {
       }
     }
     // On the scheduler running this phase: the job scheduler, or the job's sync scheduler.
-    extras.finishing_suspension = detail::suspend(*phase_scheduler(state()), run);
+    extras.finishing_suspension = detail::suspend(*phase_scheduler(run_state()), run);
     extras.finishing = std::move(owned);
     run.finishing = true;
     return std::nullopt;

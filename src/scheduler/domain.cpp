@@ -8,7 +8,7 @@
 
 #include "scheduler/domain.hpp"
 
-#include "base/context.hpp"
+#include "scheduler/run_state.hpp"
 #include "scheduler/scheduler_impl.hpp"
 #include "scheduler/tasklet_state.hpp"
 #include "tasklet/error.hpp"
@@ -63,7 +63,7 @@ ThreadHold* ThreadHold::parked(const Rule& rule, const RuleTable& table) noexcep
   hold->parked_in_ = nullptr;
   hold->reset();
   // Still this thread's; the code it runs for may have changed (stores only then: a fast path).
-  const TaskState& ctx = state();
+  const RunState& ctx = run_state();
   if (hold->owner_tasklet_.load(std::memory_order_relaxed) != ctx.tasklet) {
     hold->owner_tasklet_.store(ctx.tasklet, std::memory_order_relaxed);
   }
@@ -112,7 +112,7 @@ ThreadHold* ThreadHold::take(const Rule& rule, bool parkable) {
   hold->set_rule(rule.get());
   hold->parkable_ = parkable;
   hold->reset();
-  const TaskState& ctx = state();
+  const RunState& ctx = run_state();
   hold->set_owner(ctx.tasklet, ctx.phase_of, std::this_thread::get_id());
   hold->blocks_thread_ = ctx.worker_of == nullptr;
   return hold;
@@ -163,7 +163,7 @@ void ThreadHold::wake(Answer answer) noexcept {
 }
 
 // Ends the frames a phase left open, innermost first; returns their names for the report.
-std::string end_frames_above(TaskState& ctx, std::size_t base) noexcept {
+std::string end_frames_above(RunState& ctx, std::size_t base) noexcept {
   std::string names;
   while (ctx.rule_stack.size() > base) {
     RuleFrame frame = std::move(ctx.rule_stack.back());
@@ -234,7 +234,7 @@ Scheduler& Domain::background() {
 }
 
 void Domain::begin_rule(const Rule& rule) {
-  auto& ctx = detail::state();
+  auto& ctx = detail::run_state();
   ctx.rule_stack.push_back(detail::RuleFrame{rule, this, nullptr});  // out of memory: nothing pushed
   if (handed_count_.load(std::memory_order_acquire) != 0) {
     try {
@@ -291,7 +291,7 @@ void Domain::begin_rule(const Rule& rule) {
 
 // begin_rule's checks once its frame is pushed: null when `rule` nests in the rule this thread
 // holds, else the request that takes it (not entered yet).
-detail::ThreadHold* Domain::hold_for(detail::TaskState& ctx, const Rule& rule) {
+detail::ThreadHold* Domain::hold_for(detail::RunState& ctx, const Rule& rule) {
   // The outermost rule in force: the running phase's tasklet rule, else the first non-null frame.
   const Rule* outer = nullptr;
   Domain* outer_manager = nullptr;
@@ -343,7 +343,7 @@ detail::ThreadHold* Domain::hold_for(detail::TaskState& ctx, const Rule& rule) {
 }
 
 void Domain::end_rule(const Rule& rule) {
-  auto& ctx = detail::state();
+  auto& ctx = detail::run_state();
   // A rule handed here that this thread cannot take (it holds one) is released, and the caller
   // told so once this end is done: the rule it ends is not left held.
   std::exception_ptr not_taken;
@@ -358,7 +358,7 @@ void Domain::end_rule(const Rule& rule) {
   if (not_taken) std::rethrow_exception(not_taken);
 }
 
-void Domain::end_top(detail::TaskState& ctx, const Rule& rule) {
+void Domain::end_top(detail::RunState& ctx, const Rule& rule) {
   if (ctx.rule_stack.size() <= ctx.phase_base) {
     throw RuleMismatch("end_rule(" + describe(rule) + ") without a matching begin_rule on this thread" +
                        (ctx.phase_of != nullptr ? " in this phase" : ""));
@@ -391,7 +391,7 @@ void Domain::check_shared(const Rule& held) const {
 }
 
 Rule Domain::current_rule() const {
-  const auto& ctx = detail::state();
+  const auto& ctx = detail::run_state();
   const auto innermost_from = [&](std::size_t begin, std::size_t end) -> Rule {
     for (std::size_t i = end; i > begin; --i) {
       const detail::RuleFrame& frame = ctx.rule_stack[i - 1];

@@ -13,9 +13,9 @@
 #include <thread>
 #include <unordered_map>
 
-#include "base/context.hpp"
 #include "base/task_condition.hpp"
 #include "base/trace.hpp"
+#include "scheduler/run_state.hpp"
 #include "table/rule_table.hpp"
 #include "tasklet/error.hpp"
 #include "tasklet/job_manager.hpp"
@@ -131,7 +131,7 @@ class ThreadHold final : public InlineRuleRequest<4> {
 
 /// Ends the begin_rule frames above `base` (a phase's leftovers), innermost first, releasing
 /// what they hold; returns their names for the report, empty when there were none.
-std::string end_frames_above(TaskState& ctx, std::size_t base) noexcept;
+std::string end_frames_above(RunState& ctx, std::size_t base) noexcept;
 
 /// Why a library tasklet that waited for its rule ended unrun: its manager shut down.
 class ManagerShutDown : public IllegalState {
@@ -147,7 +147,7 @@ inline constexpr FrameKind extension_run{"extension run"};
 inline constexpr FrameKind serving_wait{"serving wait"};
 
 /// Whether code of the extension runs on `task` (see extension_run).
-inline bool runs_extension(const TaskState& task) noexcept {
+inline bool runs_extension(const RunState& task) noexcept {
   return find_frame(task, extension_run) != nullptr;
 }
 
@@ -169,7 +169,7 @@ class DomainExtension {
   virtual void finish_after_this_run(std::shared_ptr<Domain> domain) noexcept = 0;
   /// The code running on `ctx` (in an extension_run frame) has to wait in begin_rule;
   /// `reason` says for what and whom, null once the wait is over. On that code's thread.
-  virtual void blocked(const TaskState& ctx, const std::string* reason) noexcept = 0;
+  virtual void blocked(const RunState& ctx, const std::string* reason) noexcept = 0;
 };
 
 /// Owned by its JobManager and by the manager's own background schedulers, so the rule table
@@ -190,7 +190,7 @@ class Domain : public std::enable_shared_from_this<Domain> {
   bool closing() const noexcept { return closing_.load(std::memory_order_seq_cst); }
 
   void begin_rule(const Rule& rule);
-  detail::ThreadHold* hold_for(detail::TaskState& ctx, const Rule& rule);
+  detail::ThreadHold* hold_for(detail::RunState& ctx, const Rule& rule);
   void end_rule(const Rule& rule);
   /// Before a wait for work of this manager (`what`, as "join(job 'B')"): throws WaitCycle when
   /// the calling code holds rules of this manager and a waiting request that `start` accepts (the
@@ -262,7 +262,7 @@ class Domain : public std::enable_shared_from_this<Domain> {
   // The scheduler room's engine and JobManager's methods reach the table; the rooms above do not.
   friend class SchedulerImpl;
   friend class tasklet::JobManager;
-  friend std::string end_frames_above(TaskState& ctx, std::size_t base) noexcept;
+  friend std::string end_frames_above(RunState& ctx, std::size_t base) noexcept;
   RuleTable table_;
   std::shared_ptr<Timer> timer_;
   // Made on first use under `making_` rather than std::call_once: making them may throw (out of
@@ -281,15 +281,15 @@ class Domain : public std::enable_shared_from_this<Domain> {
   std::unordered_map<std::thread::id, ThreadHold*> waiting_;
   std::atomic<std::size_t> handed_count_{0};
   // The rule handed to this thread, if any, becomes its outermost rule (at `ctx.phase_base`).
-  void take_handed(TaskState& ctx);
+  void take_handed(RunState& ctx);
   // As take_handed, below the frame on top (the caller's, pushed already), which stays pushed
   // whatever it throws.
-  void take_handed_below_top(TaskState& ctx);
+  void take_handed_below_top(RunState& ctx);
   // end_rule's end of the top frame, which must be `rule`'s.
-  void end_top(TaskState& ctx, const Rule& rule);
+  void end_top(RunState& ctx, const Rule& rule);
   ThreadHold* destination_waiter(const Rule& rule, std::thread::id destination, const std::string& what);
   void handed(ThreadHold* waiter);
-  void transfer_tasklet_rule(TaskState& ctx, const Rule& rule, std::thread::id destination,
+  void transfer_tasklet_rule(RunState& ctx, const Rule& rule, std::thread::id destination,
                              const std::string& what);
 
   // The lock listener, read by begin_rule only when it has to wait and `listening_` says so.
@@ -308,8 +308,8 @@ class Domain : public std::enable_shared_from_this<Domain> {
   void trace_from_environment();
   // begin_rule's request enters and waits, telling the lock listener, the job's monitor and the
   // trace recorder.
-  ThreadHold::Answer enter_and_wait(ThreadHold& hold, TaskState& ctx, const Rule& rule);
-  ThreadHold::Answer enter_and_wait_told(ThreadHold& hold, TaskState& ctx, const Rule& rule);
+  ThreadHold::Answer enter_and_wait(ThreadHold& hold, RunState& ctx, const Rule& rule);
+  ThreadHold::Answer enter_and_wait_told(ThreadHold& hold, RunState& ctx, const Rule& rule);
 };
 
 /// The concrete JobManager: a handle on its domain.

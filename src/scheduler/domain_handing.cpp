@@ -10,7 +10,7 @@
 
 #include "scheduler/domain.hpp"
 
-#include "base/context.hpp"
+#include "scheduler/run_state.hpp"
 #include "scheduler/scheduler_impl.hpp"
 #include "scheduler/tasklet_state.hpp"
 #include "tasklet/error.hpp"
@@ -19,7 +19,7 @@ namespace tasklet::detail {
 
 void Domain::transfer_rule(const Rule& rule, std::thread::id destination) {
   if (!rule || destination == std::this_thread::get_id()) return;  // nothing to hand over
-  auto& ctx = detail::state();
+  auto& ctx = detail::run_state();
   const std::string what = "transfer_rule(" + describe(rule) + "): ";
   if (ctx.phase_rule != nullptr && *ctx.phase_rule && ctx.phase_rule->get() == rule.get()) {
     transfer_tasklet_rule(ctx, rule, destination, what);
@@ -79,7 +79,7 @@ void Domain::handed(ThreadHold* waiter) {
 
 // The rule of the tasklet (or job) whose phase runs here moves to `destination` as if that thread
 // had begun it; the tasklet holds nothing from now on, and releases nothing at its end.
-void Domain::transfer_tasklet_rule(TaskState& ctx, const Rule& rule, std::thread::id destination,
+void Domain::transfer_tasklet_rule(RunState& ctx, const Rule& rule, std::thread::id destination,
                                    const std::string& what) {
   if (ctx.phase_domain != this) {
     throw RuleMismatch(what +
@@ -135,7 +135,7 @@ void Domain::note_waited() noexcept {
   waiting_.erase(std::this_thread::get_id());
 }
 
-void Domain::take_handed_below_top(detail::TaskState& ctx) {
+void Domain::take_handed_below_top(detail::RunState& ctx) {
   ctx.rule_stack.reserve(ctx.rule_stack.size() + 1);  // out of memory: nothing taken, the frame stays
   detail::RuleFrame mine = std::move(ctx.rule_stack.back());
   ctx.rule_stack.pop_back();
@@ -148,7 +148,7 @@ void Domain::take_handed_below_top(detail::TaskState& ctx) {
   ctx.rule_stack.push_back(std::move(mine));  // room: reserved above
 }
 
-void Domain::take_handed(detail::TaskState& ctx) {
+void Domain::take_handed(detail::RunState& ctx) {
   detail::RuleFrame frame;
   {
     std::lock_guard lock(handing_);

@@ -12,7 +12,7 @@
 
 #include "scheduler/domain.hpp"
 
-#include "base/context.hpp"
+#include "scheduler/run_state.hpp"
 #include "scheduler/scheduler_impl.hpp"
 #include "scheduler/tasklet_state.hpp"
 #include "tasklet/error.hpp"
@@ -48,7 +48,7 @@ void ThreadHold::await(bool serve) {
   } else {
     // The phases run meanwhile start from this thread's stack without the frame that waits (they
     // hold nothing of it), and must not wait for a rule that conflicts with it.
-    TaskState& ctx = state();
+    RunState& ctx = run_state();
     RuleFrame waiting = std::move(ctx.rule_stack.back());
     ctx.rule_stack.pop_back();
     {
@@ -59,7 +59,7 @@ void ThreadHold::await(bool serve) {
   }
 }
 
-detail::ThreadHold::Answer Domain::enter_and_wait(detail::ThreadHold& hold, detail::TaskState& ctx,
+detail::ThreadHold::Answer Domain::enter_and_wait(detail::ThreadHold& hold, detail::RunState& ctx,
                                                   const Rule& rule) {
   Trace* trace = this->trace();
   if (trace == nullptr) return enter_and_wait_told(hold, ctx, rule);
@@ -75,7 +75,7 @@ detail::ThreadHold::Answer Domain::enter_and_wait(detail::ThreadHold& hold, deta
   return answer;
 }
 
-detail::ThreadHold::Answer Domain::enter_and_wait_told(detail::ThreadHold& hold, detail::TaskState& ctx,
+detail::ThreadHold::Answer Domain::enter_and_wait_told(detail::ThreadHold& hold, detail::RunState& ctx,
                                                        const Rule& rule) {
   std::shared_ptr<LockListener> listener;
   if (listening_.load(std::memory_order_acquire)) {
@@ -101,7 +101,7 @@ detail::ThreadHold::Answer Domain::enter_and_wait_told(detail::ThreadHold& hold,
   }
   // A job's monitor is told (Eclipse's setBlocked), and told again when the wait is over.
   struct Blocked {
-    Blocked(DomainExtension* layer, const TaskState& state, const Rule& waited,
+    Blocked(DomainExtension* layer, const RunState& state, const Rule& waited,
             const std::vector<RuleBlocker>& by)
         : jobs(layer), ctx(state) {
       if (jobs == nullptr) return;
@@ -119,7 +119,7 @@ detail::ThreadHold::Answer Domain::enter_and_wait_told(detail::ThreadHold& hold,
     Blocked(const Blocked&) = delete;
     Blocked& operator=(const Blocked&) = delete;
     DomainExtension* jobs;
-    const TaskState& ctx;
+    const RunState& ctx;
   } const blocked(job_layer, ctx, rule, blockers);
   if (!listener) {
     hold.await(false);
@@ -150,7 +150,7 @@ namespace tasklet {
 
 void detail::Domain::check_wait(const std::string& what,
                                 const std::function<bool(const RuleRequest&)>& start) {
-  const TaskState& ctx = state();
+  const RunState& ctx = run_state();
   boost::container::small_vector<const RuleRequest*, 4> mine;
   for (const RuleFrame& frame : ctx.rule_stack) {
     if (frame.hold != nullptr && frame.domain == this) mine.push_back(frame.hold);

@@ -21,7 +21,7 @@ bool withdraw(Scheduler& scheduler, Tasklet& tasklet) { return impl(scheduler).w
 bool has_synchronous_thread(const Scheduler& scheduler) noexcept { return !impl(scheduler).background_; }
 
 bool is_synchronous_thread_of(const Scheduler& scheduler) noexcept {
-  return state().sync_of == &impl(scheduler);
+  return run_state().sync_of == &impl(scheduler);
 }
 
 std::uint32_t suspend(Scheduler& scheduler, Tasklet& tasklet) { return impl(scheduler).suspend(tasklet); }
@@ -31,18 +31,18 @@ void resume(Scheduler& scheduler, const std::shared_ptr<Tasklet>& tasklet, std::
   impl(scheduler).resume(tasklet, generation, directive);
 }
 
-Scheduler* phase_scheduler(const TaskState& task) noexcept {
+Scheduler* phase_scheduler(const RunState& task) noexcept {
   return task.phase_of != nullptr ? &task.phase_of->self_ : nullptr;
 }
 
-bool yield_phase_rule(const TaskState& task) { return task.phase_of->yield_rule(*task.tasklet); }
+bool yield_phase_rule(const RunState& task) { return task.phase_of->yield_rule(*task.tasklet); }
 
-void release_phase_rule(const TaskState& task) noexcept {
+void release_phase_rule(const RunState& task) noexcept {
   if (task.phase_of != nullptr && task.tasklet != nullptr) task.phase_of->release_rule(*task.tasklet);
 }
 
 Scheduler* running_scheduler() noexcept {
-  SchedulerImpl* current = state().current;
+  SchedulerImpl* current = run_state().current;
   if (current == nullptr) return nullptr;
   // A job's run: the jobs' own scheduler orders job runs only; the user's tasklets go to the
   // manager's background scheduler.

@@ -2,8 +2,8 @@
 // include from it (the build checks: see cmake/TaskletDoorCheck.cmake).
 //
 // Through it: a manager's Domain (its public members), a tasklet's engine view (TaskletAccess), the
-// frames this room reads on a task, and the calls below on a Scheduler. The scheduler's engine
-// (SchedulerImpl) and the rule table stay behind it.
+// running code's RunState and the frames the rooms above push on it, and the calls below on a
+// Scheduler. The scheduler's engine (SchedulerImpl) and the rule table stay behind it.
 #pragma once
 
 #include <cstddef>
@@ -12,8 +12,8 @@
 #include <memory>
 #include <string>
 
-#include "base/context.hpp"
 #include "scheduler/domain.hpp"
+#include "scheduler/run_state.hpp"
 #include "scheduler/tasklet_state.hpp"
 #include "tasklet/directive.hpp"
 #include "tasklet/scheduler.hpp"
@@ -58,12 +58,12 @@ void resume(Scheduler& scheduler, const std::shared_ptr<Tasklet>& tasklet, std::
             Directive directive);
 
 /// The running phase's scheduler on `task` (null outside a phase).
-Scheduler* phase_scheduler(const TaskState& task) noexcept;
+Scheduler* phase_scheduler(const RunState& task) noexcept;
 /// The phase running on `task` lets a waiting conflicting request go first and takes its rule
 /// again; false at once when nobody conflicting waits. Precondition: a phase runs on `task`.
-bool yield_phase_rule(const TaskState& task);
+bool yield_phase_rule(const RunState& task);
 /// Releases the rule of the phase running on `task` before its tasklet is done (idempotent).
-void release_phase_rule(const TaskState& task) noexcept;
+void release_phase_rule(const RunState& task) noexcept;
 
 /// The scheduler of the code running here (api::current): a phase's, a run loop's, a job run's
 /// (then its manager's background scheduler), or null.

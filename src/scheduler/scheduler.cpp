@@ -11,8 +11,8 @@
 
 #include <oneapi/tbb/task_arena.h>
 
-#include "base/context.hpp"
 #include "scheduler/domain.hpp"
+#include "scheduler/run_state.hpp"
 #include "scheduler/scheduler_impl.hpp"
 #include "scheduler/tasklet_state.hpp"
 #include "tasklet/error.hpp"
@@ -35,7 +35,7 @@ namespace {
 // The options a new scheduler inherits on this thread: inside a phase or run loop, those of the
 // scheduler running it; elsewhere the thread's configured ones.
 const SchedulerOptions& inherited_options() noexcept {
-  const auto& now = detail::state();
+  const auto& now = detail::run_state();
   if (now.phase_of) return now.phase_of->options_;
   if (now.sync_of) return now.sync_of->options_;
   return detail::thread_options().configured;
@@ -175,7 +175,7 @@ void detail::SchedulerImpl::unclaim(Tasklet& tasklet) noexcept {
 // returning, so reading running_ suffices; anyone else decides under the lock run() exits under.
 bool detail::SchedulerImpl::run_is_active_for_caller() {
   if (background_) return true;  // always running, and not counting (see active_)
-  const auto& ctx = detail::state();
+  const auto& ctx = detail::run_state();
   if (ctx.sync_of == this || ctx.phase_of == this) {
     if (!running_.load(std::memory_order_acquire)) return false;
     active_.fetch_add(1, std::memory_order_relaxed);
@@ -211,7 +211,7 @@ void detail::SchedulerImpl::schedule(TaskletPtr tasklet, Directive directive) {
   }
   claim(*tasklet, "schedule");
   bool reserved = false;  // counted from the synchronous thread's block, else (if at all) in active_
-  if (directive == Directive::async && detail::state().sync_of == this &&
+  if (directive == Directive::async && detail::run_state().sync_of == this &&
       running_.load(std::memory_order_relaxed)) {
     // The synchronous thread inside run(): the tasklet goes into the async batch, and is counted
     // when the batch is submitted (one atomic add per batch instead of one per tasklet); one with
@@ -347,7 +347,7 @@ SchedulerHandle::SchedulerHandle(SchedulerOptions options)
     : impl(std::make_unique<SchedulerImpl>(*this, std::move(options))) {}
 
 SchedulerHandle::~SchedulerHandle() {
-  if (state().task_of == impl.get()) {
+  if (run_state().task_of == impl.get()) {
     // Destroyed from inside one of its own oneTBB tasks, which the destructor would wait for:
     // let a task outside the group finish the job once this one has returned.
     auto& arena = impl->workers_.arena();
@@ -400,7 +400,7 @@ Rescheduler Scheduler::suspend(Tasklet& tasklet) {
   // Made first: out of memory, nothing is suspended.
   using Made = detail::Suspension;
   // In its own phase, the phase's owning reference: it may alias another object (a job's own run).
-  const detail::TaskState& here = detail::state();
+  const detail::RunState& here = detail::run_state();
   std::weak_ptr<Tasklet> suspended = here.tasklet == &tasklet && here.phase_owner != nullptr
                                          ? std::weak_ptr<Tasklet>(*here.phase_owner)
                                          : tasklet.weak_from_this();

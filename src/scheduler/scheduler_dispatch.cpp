@@ -9,7 +9,7 @@
 
 #include <oneapi/tbb/task_arena.h>
 
-#include "base/context.hpp"
+#include "scheduler/run_state.hpp"
 #include "scheduler/scheduler_impl.hpp"
 #include "scheduler/tasklet_state.hpp"
 #include "tasklet/error.hpp"
@@ -176,7 +176,7 @@ void detail::SchedulerImpl::dispatch(TaskletPtr tasklet, Directive directive) no
 }
 
 void detail::SchedulerImpl::enqueue_sync(TaskletPtr tasklet) noexcept {
-  const bool from_sync_thread = detail::state().sync_of == this;
+  const bool from_sync_thread = detail::run_state().sync_of == this;
   bool wake = false;
   bool tell = false;
   try {
@@ -232,7 +232,7 @@ void detail::SchedulerImpl::enqueue_async_or_throw(TaskletPtr& tasklet) {
     }
     return;
   }
-  detail::TaskState& here = detail::state();
+  detail::RunState& here = detail::run_state();
   if (here.handoff_of == this && !here.handoff) {
     // A worker finishing a phase of ours: run this one next on the same worker (a strand's
     // hand-off), instead of a round trip through the arena.

@@ -32,10 +32,10 @@
 #include <oneapi/tbb/scalable_allocator.h>
 #include <oneapi/tbb/task_group.h>
 
-#include "base/context.hpp"
 #include "base/workers_impl.hpp"
 #include "scheduler/domain.hpp"
 #include "scheduler/door.hpp"
+#include "scheduler/run_state.hpp"
 #include "table/rule_table.hpp"
 #include "tasklet/detail/hold.hpp"
 #include "tasklet/detail/library_tasklet.hpp"
@@ -96,7 +96,7 @@ class SchedulerImpl final {
   /// When this thread is a synchronous thread (in run()), the requests of the tasklets with rules
   /// it started and has not entered into the rule table yet go in now, so that a request it makes
   /// next (begin_rule, with, another scheduler's tasklet) comes after them, in program order.
-  static void enter_pending_rules(const TaskState& here = state()) {
+  static void enter_pending_rules(const RunState& here = run_state()) {
     if (SchedulerImpl* sync = here.sync_of; sync != nullptr && !sync->entering_.empty())
       sync->enter_rule_batch();
   }
@@ -401,13 +401,13 @@ class WorkerTaskScope {
   WorkerTaskScope& operator=(const WorkerTaskScope&) = delete;
 
  private:
-  TaskState mine_;
+  RunState mine_;
 };
 
 template <class Task>
 inline void SchedulerImpl::spawn(Task&& task) {
   spawned_.store(true, std::memory_order_relaxed);
-  if (state().worker_of == &workers_) {
+  if (run_state().worker_of == &workers_) {
     group_.run(std::forward<Task>(task));  // stays on this worker's deque unless stolen
   } else {
     workers_.arena().enqueue(group_.defer(std::forward<Task>(task)));

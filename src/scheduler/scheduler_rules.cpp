@@ -9,9 +9,9 @@
 #include <new>
 #include <utility>
 
-#include "base/context.hpp"
 #include "base/room_for.hpp"
 #include "scheduler/domain.hpp"
+#include "scheduler/run_state.hpp"
 #include "scheduler/scheduler_impl.hpp"
 #include "scheduler/tasklet_state.hpp"
 #include "tasklet/error.hpp"
@@ -219,7 +219,7 @@ struct detail::SchedulerImpl::PhaseHold final : detail::InlineRuleRequest<4>, de
 };
 
 detail::HoldAnswer detail::SchedulerImpl::begin_hold(Tasklet& tasklet, const Rule& rule, HoldReply& later) {
-  TaskState& here = detail::state();
+  RunState& here = detail::run_state();
   if (!rule) return HoldAnswer::nested;  // no rule: nothing to take
   if (here.rule_stack.size() > here.phase_base) {
     throw IllegalState(
@@ -272,7 +272,7 @@ detail::HoldAnswer detail::SchedulerImpl::begin_hold(Tasklet& tasklet, const Rul
 }
 
 detail::HoldAnswer detail::begin_hold(Tasklet& tasklet, const Rule& rule, HoldReply& later) {
-  const TaskState& here = detail::state();
+  const RunState& here = detail::run_state();
   if (here.tasklet != &tasklet || here.phase_of == nullptr) {
     throw IllegalState("hold(" + describe(rule) + ") outside a phase of " + tasklet.name() +
                        "; a coroutine holds rules from its own steps");
@@ -285,7 +285,7 @@ void detail::end_hold(Tasklet& tasklet) noexcept {
       scheduler != nullptr && TaskletAccess::hold(tasklet) != nullptr) {
     detail::impl(*scheduler).release_rule(tasklet);
   }
-  TaskState& here = detail::state();
+  RunState& here = detail::run_state();
   if (here.tasklet == &tasklet) here.phase_rule = nullptr;
   TaskletAccess::set_trusted_rule(tasklet, nullptr);
 }
@@ -331,7 +331,7 @@ void detail::SchedulerImpl::start(TaskletPtr& tasklet, Directive directive) {
 template <std::size_t N>
 void detail::SchedulerImpl::start_holding(TaskletPtr& tasklet, Directive directive) {
   Tasklet& raw = *tasklet;
-  const bool batched = detail::state().sync_of == this && running_.load(std::memory_order_relaxed);
+  const bool batched = detail::run_state().sync_of == this && running_.load(std::memory_order_relaxed);
   if (batched) {
     // Room first: out of memory, nothing has changed (the hold's allocation comes before the
     // tasklet moves into it).
@@ -361,7 +361,7 @@ void detail::SchedulerImpl::start_holding(TaskletPtr& tasklet, Directive directi
   // thread that holds the table's lock now (this one does not wait for it).
   holds_.fetch_add(1, std::memory_order_relaxed);
   domain_.table_.enter(*hold);
-  if (detail::state().worker_of == nullptr) {
+  if (detail::run_state().worker_of == nullptr) {
     // A thread of the user's (jobs scheduled from a plain thread): it makes work for the workers
     // as the synchronous thread does, and is held back alike.
     thread_local CatchUp plain;

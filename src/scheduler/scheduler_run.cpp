@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "base/context.hpp"
 #include "scheduler/domain.hpp"
+#include "scheduler/run_state.hpp"
 #include "scheduler/scheduler_impl.hpp"
 #include "scheduler/tasklet_state.hpp"
 #include "tasklet/error.hpp"
@@ -28,7 +28,7 @@ namespace {
 class PhaseScope {
  public:
   PhaseScope(detail::SchedulerImpl& impl, const TaskletPtr& owned) noexcept
-      : ctx_(detail::state()),
+      : ctx_(detail::run_state()),
         current_(ctx_.current),
         phase_of_(ctx_.phase_of),
         tasklet_(ctx_.tasklet),
@@ -63,7 +63,7 @@ class PhaseScope {
   std::string end_open_rules() noexcept { return detail::end_frames_above(ctx_, ctx_.phase_base); }
 
  private:
-  detail::TaskState& ctx_;
+  detail::RunState& ctx_;
   detail::SchedulerImpl* current_;
   detail::SchedulerImpl* phase_of_;
   Tasklet* tasklet_;
@@ -77,7 +77,7 @@ class PhaseScope {
 class SyncThreadScope {
  public:
   explicit SyncThreadScope(detail::SchedulerImpl& impl) noexcept
-      : ctx_(detail::state()), current_(ctx_.current), sync_of_(ctx_.sync_of) {
+      : ctx_(detail::run_state()), current_(ctx_.current), sync_of_(ctx_.sync_of) {
     ctx_.current = &impl;
     ctx_.sync_of = &impl;
   }
@@ -89,7 +89,7 @@ class SyncThreadScope {
   SyncThreadScope& operator=(const SyncThreadScope&) = delete;
 
  private:
-  detail::TaskState& ctx_;
+  detail::RunState& ctx_;
   detail::SchedulerImpl* current_;
   detail::SchedulerImpl* sync_of_;
 };
@@ -137,7 +137,7 @@ PhaseResult run_untraced_phase(detail::SchedulerImpl& impl, const TaskletPtr& ow
   } catch (...) {
     // Out of memory: the trace misses them.
   }
-  detail::TaskState& task = detail::state();  // the task's, wherever it resumes
+  detail::RunState& task = detail::run_state();  // the task's, wherever it resumes
   detail::TracedPhase* const outer = std::exchange(task.traced_phase, &phase);
   PhaseResult result = run_untraced_phase(impl, owned);
   task.traced_phase = outer;
@@ -168,7 +168,7 @@ void detail::SchedulerImpl::run_async_phase(TaskletPtr tasklet) noexcept {
   constexpr int handoff_limit = 64;
   for (int handoffs = 0;; ++handoffs) {
     const PhaseResult result = run_phase(*this, tasklet, false);
-    detail::TaskState& here = detail::state();  // the phase may have moved to another thread
+    detail::RunState& here = detail::run_state();  // the phase may have moved to another thread
     if (handoffs < handoff_limit) here.handoff_of = this;
     continue_after_phase(std::move(tasklet), result.directive, result.error);
     here.handoff_of = nullptr;
@@ -302,7 +302,7 @@ void detail::SchedulerImpl::answer_server(bool& answered) noexcept {
 // run() on a thread that holds rules of this manager: a tasklet of this scheduler waiting for one
 // of them (or behind requests that do) would keep run() from ever returning.
 void detail::SchedulerImpl::check_wait_cycle(const char* call) {
-  const detail::TaskState& ctx = detail::state();
+  const detail::RunState& ctx = detail::run_state();
   const bool holds = std::any_of(
       ctx.rule_stack.begin(), ctx.rule_stack.end(),
       [this](const RuleFrame& frame) { return frame.hold != nullptr && frame.domain == &domain_; });
@@ -344,7 +344,7 @@ class detail::SchedulerImpl::Driving {
 };
 
 void detail::SchedulerImpl::check_may_drive(const char* call) const {
-  const auto& ctx = detail::state();
+  const auto& ctx = detail::run_state();
   if (ctx.phase_of == this || ctx.sync_of == this) {
     throw IllegalState(std::string(call) +
                        " called from inside one of its own scheduler's phases would wait for itself");
@@ -422,7 +422,7 @@ void detail::SchedulerImpl::report_failures() {
 // The implicit scheduler's inline behaviour: on its own thread, while run() is not active,
 // schedule() runs the sync tasklets it queued before returning.
 void detail::SchedulerImpl::drain_inline() {
-  const auto& ctx = detail::state();
+  const auto& ctx = detail::run_state();
   if (implicit_owner_ != std::this_thread::get_id() || ctx.sync_of == this) return;
   std::unique_lock run_lock(run_mutex_, std::try_to_lock);
   if (!run_lock) return;  // run() is active on another thread; it takes the queue

@@ -54,7 +54,7 @@ std::uint32_t detail::SchedulerImpl::suspend(Tasklet& tasklet) {
         if (park_idle(tasklet, owned, word, generation)) return generation;
         continue;
       case st::active:
-        if (detail::state().tasklet != &tasklet || TaskletAccess::scheduler(tasklet) != &self_) {
+        if (detail::run_state().tasklet != &tasklet || TaskletAccess::scheduler(tasklet) != &self_) {
           throw AlreadyScheduled("suspend: " + tasklet.name() +
                                  " is queued or running elsewhere; only its own phase may suspend it");
         }

@@ -20,14 +20,20 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// A room's own per-task state, as the scheduler's RunState: this room's TaskState and more.
+struct RoomState : TaskState {
+  const int* mark = nullptr;
+};
+
 // What the scheduler layer installs for each of its oneTBB tasks: a state of the task's own that
 // names the workers running it, so that its waits suspend.
 class OurTask {
  public:
-  explicit OurTask(WorkersImpl& workers) noexcept {
+  OurTask(WorkersImpl& workers, const int* mark = nullptr) noexcept {
     ThreadContext& ctx = context();
     mine_.outer = ctx.state;
     mine_.worker_of = &workers;
+    mine_.mark = mark;
     ctx.state = &mine_;
   }
   ~OurTask() { context().state = mine_.outer; }
@@ -35,8 +41,14 @@ class OurTask {
   OurTask& operator=(const OurTask&) = delete;
 
  private:
-  TaskState mine_;
+  RoomState mine_;
 };
+
+// The mark of the room state running here, or null.
+const int* running_mark() noexcept {
+  const TaskState* state = running_state();
+  return state != nullptr ? static_cast<const RoomState*>(state)->mark : nullptr;
+}
 
 TEST(WakeupTest, OnAThreadAWakeBeforeTheWaitIsNotLostAndOneAfterItEndsIt) {
   EXPECT_FALSE(waits_suspend());
@@ -65,7 +77,7 @@ TEST(WakeupTest, AWaitInOneOfOurTasksSuspendsItAndFreesTheOnlyWorker) {
     OurTask task(workers);
     suspended_here = waits_suspend();
     wakeup.wait();  // blocking here would keep the task below from ever running
-    state_came_back = state().worker_of == &workers;
+    state_came_back = runs_on_workers(&workers);
     done.count_down();
   });
   workers.arena().enqueue([&] {
@@ -77,39 +89,29 @@ TEST(WakeupTest, AWaitInOneOfOurTasksSuspendsItAndFreesTheOnlyWorker) {
   EXPECT_TRUE(state_came_back) << "the task's state did not travel with it";
 }
 
-constexpr FrameKind test_frame{"test frame"};
-
-TEST(WakeupTest, ARoomsFrameTravelsWithTheSuspendedTaskAndNoOtherTaskSeesIt) {
+TEST(WakeupTest, ARoomsStateTravelsWithTheSuspendedTaskAndNoOtherTaskSeesIt) {
   WorkersImpl workers(1);
   Wakeup wakeup;
   std::latch done(2);
-  int owner = 0;
-  const TaskFrame unset{&test_frame, nullptr, nullptr};
-  const TaskFrame* seen_meanwhile = &unset;
-  bool seen_after = false;  // the frame, with its owner, once the task came back
-  bool popped = false;
+  const int first = 1, second = 2;
+  const int* seen_meanwhile = nullptr;
+  const int* seen_after = nullptr;
   workers.arena().enqueue([&] {
-    OurTask task(workers);
-    {
-      const FrameScope frame(test_frame, &owner);
-      wakeup.wait();  // the task below runs on the only worker meanwhile
-      const TaskFrame* after = find_frame(state(), test_frame);  // read while the frame lives
-      seen_after = after != nullptr && after->owner == &owner;
-    }
-    popped = find_frame(state(), test_frame) == nullptr;
+    OurTask task(workers, &first);
+    wakeup.wait();  // the task below runs on the only worker meanwhile
+    seen_after = running_mark();
     done.count_down();
   });
   workers.arena().enqueue([&] {
-    OurTask task(workers);
-    seen_meanwhile = find_frame(state(), test_frame);
+    OurTask task(workers, &second);
+    seen_meanwhile = running_mark();
     wakeup.wake();
     done.count_down();
   });
   done.wait();
-  EXPECT_EQ(seen_meanwhile, nullptr) << "another task saw the suspended task's frame";
-  EXPECT_TRUE(seen_after) << "the frame did not travel with the task";
-  EXPECT_TRUE(popped);
-  EXPECT_EQ(find_frame(state(), test_frame), nullptr);
+  EXPECT_EQ(seen_meanwhile, &second) << "another task saw the suspended task's state";
+  EXPECT_EQ(seen_after, &first) << "the state did not travel with the task";
+  EXPECT_EQ(running_state(), nullptr) << "this thread ran nothing of ours";
 }
 
 TEST(TaskConditionTest, OnAThreadItWaitsForThePredicateAndATimedWaitRunsOut) {
