@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <mutex>
 
-#include "base/task_condition.hpp"
+#include "base/door.hpp"
 #include "scheduler/door.hpp"
 #include "tasklet/directive.hpp"
 #include "tasklet/error.hpp"

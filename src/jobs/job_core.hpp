@@ -23,7 +23,7 @@
 
 #include <oneapi/tbb/mutex.h>
 
-#include "base/task_condition.hpp"
+#include "base/door.hpp"
 #include "scheduler/door.hpp"
 #include "tasklet/detail/allocator.hpp"
 #include "tasklet/detail/library_tasklet.hpp"

@@ -28,8 +28,7 @@
 
 #include <oneapi/tbb/mutex.h>
 
-#include "base/room_for.hpp"
-#include "base/task_condition.hpp"
+#include "base/door.hpp"
 #include "jobs/job_core.hpp"
 #include "scheduler/door.hpp"
 #include "tasklet/job.hpp"

@@ -13,10 +13,9 @@
 #include <thread>
 #include <unordered_map>
 
-#include "base/task_condition.hpp"
-#include "base/trace.hpp"
+#include "base/door.hpp"
 #include "scheduler/run_state.hpp"
-#include "table/rule_table.hpp"
+#include "table/door.hpp"
 #include "tasklet/error.hpp"
 #include "tasklet/job_manager.hpp"
 #include "tasklet/scheduler.hpp"

@@ -9,7 +9,7 @@
 
 #include <boost/container/small_vector.hpp>
 
-#include "base/context.hpp"
+#include "base/door.hpp"
 #include "tasklet/scheduling_rule.hpp"
 
 namespace tasklet {

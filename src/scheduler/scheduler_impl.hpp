@@ -32,11 +32,11 @@
 #include <oneapi/tbb/scalable_allocator.h>
 #include <oneapi/tbb/task_group.h>
 
-#include "base/workers_impl.hpp"
+#include "base/door.hpp"
 #include "scheduler/domain.hpp"
 #include "scheduler/door.hpp"
 #include "scheduler/run_state.hpp"
-#include "table/rule_table.hpp"
+#include "table/door.hpp"
 #include "tasklet/detail/hold.hpp"
 #include "tasklet/detail/library_tasklet.hpp"
 #include "tasklet/job_manager.hpp"

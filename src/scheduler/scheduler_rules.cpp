@@ -9,7 +9,7 @@
 #include <new>
 #include <utility>
 
-#include "base/room_for.hpp"
+#include "base/door.hpp"
 #include "scheduler/domain.hpp"
 #include "scheduler/run_state.hpp"
 #include "scheduler/scheduler_impl.hpp"

@@ -16,7 +16,7 @@
 #include <span>
 #include <vector>
 
-#include "base/room_for.hpp"
+#include "base/door.hpp"
 #include "table/lock_mode.hpp"
 #include "tasklet/detail/allocator.hpp"
 #include "tasklet/scheduling_rule.hpp"

@@ -54,7 +54,7 @@
 
 #include <boost/container/small_vector.hpp>
 
-#include "base/trace.hpp"
+#include "base/door.hpp"
 #include "table/rule_backend.hpp"
 #include "table/rule_node.hpp"
 #include "table/rule_request.hpp"
