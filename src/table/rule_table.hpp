@@ -7,8 +7,8 @@
 // Built-in rules are indexed, so a decision costs O(path depth), not O(requests):
 //  - a request is a set of (node, mode) entries, as in multi-granularity locking: an exclusive path
 //    rule takes X on its node and IX on every ancestor, a shared one S and IS, a mutex rule X on
-//    its identity node, a named mutex X on its name's node, a multi rule the union of its children (merged
-//    per node: IX + S = SIX);
+//    its identity node, a named mutex X on its name's node, a multi rule the union of its
+//    children (merged per node: IX + S = SIX);
 //  - two requests conflict exactly when some node holds incompatible modes of them;
 //  - a waiting entry is "clear" at its node when it is compatible with the granted modes and with
 //    every earlier waiting entry there. A request is granted when it is clear at all its nodes.
@@ -32,11 +32,11 @@
 // pairwise only against requests with custom parts. Those calls run under the table's lock.
 //
 // Parking (begin_rule's fast path, inside enter() and leave()): a thread that ends its rule leaves
-// its request in the table, granted but idle, so that its next begin_rule of the same rule takes it
-// back with one compare-and-swap instead of the table's lock (about a third of the time). A parked request
-// never makes anyone wait: a newcomer that would wait for it revokes it first (under the lock), and a
-// newcomer that conflicts with an active parkable request marks it wanted, so that its owner releases it for
-// real instead of parking it. Parked requests are not counted as held (held_count, is_idle).
+// its request in the table, granted but idle, so that its next begin_rule of the same rule takes
+// it back with one compare-and-swap instead of the table's lock. A parked request never makes
+// anyone wait: a newcomer that would wait for it revokes it first (under the lock), and a newcomer
+// that conflicts with an active parkable request marks it wanted, so that its owner releases it
+// for real instead of parking it. Parked requests are not counted as held (held_count, is_idle).
 #pragma once
 
 #include <algorithm>
