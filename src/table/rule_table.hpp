@@ -495,4 +495,18 @@ inline bool RuleTable::clear_at(const RuleNode& node, LockMode mode, std::uint64
   return true;
 }
 
+// Inline, as begin_rule's fast path takes them through enter() and leave().
+inline bool RuleTable::park(RuleRequest& request) noexcept {
+  Park state = Park::active;
+  return request.park_.compare_exchange_strong(state, Park::parked, std::memory_order_acq_rel);
+}
+
+inline bool RuleTable::resume(RuleRequest& request) noexcept {
+  Park state = Park::parked;
+  if (request.park_.compare_exchange_strong(state, Park::active, std::memory_order_acq_rel)) return true;
+  // A newcomer may be taking it out under the table's lock (revoke_parked notifies when it is out).
+  request.park_.wait(Park::revoking, std::memory_order_acquire);
+  return false;
+}
+
 }  // namespace tasklet::detail

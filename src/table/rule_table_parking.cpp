@@ -1,6 +1,7 @@
 // Parking: a request its owner leaves granted but idle in the table (leave()) until it takes it
-// again (enter()) or gives it up (discard()), each with one compare-and-swap; and the table's side,
-// under the lock: revoking the parked requests that a newcomer would wait for, and dropping orphans.
+// again (enter()) or gives it up (discard()), each with one compare-and-swap (park() and resume()
+// are inline in rule_table.hpp); and the table's side, under the lock: revoking the parked requests
+// that a newcomer would wait for, and dropping orphans.
 #include <atomic>
 #include <cstddef>
 
@@ -10,19 +11,6 @@ namespace tasklet::detail {
 
 // ---------------------------------------------------------------------------------------------
 // The owner's side, lock-free
-
-bool RuleTable::park(RuleRequest& request) noexcept {
-  Park state = Park::active;
-  return request.park_.compare_exchange_strong(state, Park::parked, std::memory_order_acq_rel);
-}
-
-bool RuleTable::resume(RuleRequest& request) noexcept {
-  Park state = Park::parked;
-  if (request.park_.compare_exchange_strong(state, Park::active, std::memory_order_acq_rel)) return true;
-  // A newcomer may be taking it out under the table's lock (revoke_parked notifies when it is out).
-  request.park_.wait(Park::revoking, std::memory_order_acquire);
-  return false;
-}
 
 bool RuleTable::discard(RuleRequest& request) noexcept {
   Park state = Park::parked;
