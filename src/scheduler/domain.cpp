@@ -344,15 +344,19 @@ detail::ThreadHold* Domain::hold_for(detail::RunState& ctx, const Rule& rule) {
 
 void Domain::end_rule(const Rule& rule) {
   auto& ctx = detail::run_state();
+  // Apart, so that begin_rule's fast path carries no exception handling.
+  if (handed_count_.load(std::memory_order_acquire) != 0) return end_rule_taking_handed(ctx, rule);
+  end_top(ctx, rule);
+}
+
+void Domain::end_rule_taking_handed(detail::RunState& ctx, const Rule& rule) {
   // A rule handed here that this thread cannot take (it holds one) is released, and the caller
   // told so once this end is done: the rule it ends is not left held.
   std::exception_ptr not_taken;
-  if (handed_count_.load(std::memory_order_acquire) != 0) {
-    try {
-      take_handed(ctx);
-    } catch (...) {
-      not_taken = std::current_exception();
-    }
+  try {
+    take_handed(ctx);
+  } catch (...) {
+    not_taken = std::current_exception();
   }
   end_top(ctx, rule);
   if (not_taken) std::rethrow_exception(not_taken);

@@ -286,6 +286,8 @@ class Domain : public std::enable_shared_from_this<Domain> {
   void take_handed_below_top(RunState& ctx);
   // end_rule's end of the top frame, which must be `rule`'s.
   void end_top(RunState& ctx, const Rule& rule);
+  // end_rule when a rule was handed to some thread: takes it first if it is this thread's.
+  void end_rule_taking_handed(RunState& ctx, const Rule& rule);
   ThreadHold* destination_waiter(const Rule& rule, std::thread::id destination, const std::string& what);
   void handed(ThreadHold* waiter);
   void transfer_tasklet_rule(RunState& ctx, const Rule& rule, std::thread::id destination,
