@@ -11,10 +11,10 @@
 namespace tasklet {
 
 // Out of line so that the note's allocator stays out of the public header: the rule table takes
-// the note from oneTBB's allocator (RuleTable::note_on), as the built-in rules are.
+// the note from oneTBB's allocator, aligned (RuleTable::note_on).
 SchedulingRule::~SchedulingRule() {
   void* note = table_slot_.load(std::memory_order_acquire);
-  if (note != seen_once()) scalable_free(note);
+  if (note != seen_once()) scalable_aligned_free(note);
 }
 
 }  // namespace tasklet

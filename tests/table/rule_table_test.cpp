@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <latch>
 #include <memory>
 #include <random>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <oneapi/tbb/scalable_allocator.h>
 
 #include "support/test_support.hpp"
 #include "tasklet/rules/rules.hpp"
@@ -195,6 +197,27 @@ TEST_F(RuleTableTest, AMultiRuleThatReadsTheRootAndWritesBelowItExcludesReadersO
   EXPECT_TRUE(acquire(other_reader));
   table_.leave(reader);
   table_.leave(other_reader);
+}
+
+// The table reads a shared rule's note for each of its requests while every copy of the rule
+// writes the rule's counts: the note's block starts a cache line and fills its lines, so no other
+// block (the counts are in the same size class) shares them. 32 rules, as a block may start a line
+// by chance.
+TEST_F(RuleTableTest, ARulesNoteIsOnCacheLinesOfItsOwn) {
+  constexpr std::size_t line = 64;
+  std::vector<Rule> shared;
+  for (int i = 0; i < 32; ++i) {
+    shared.push_back(rules::mutex("m" + std::to_string(i)));
+    for (int request = 0; request < 2; ++request) {  // the second request makes the note
+      Probe probe(shared.back());
+      ASSERT_TRUE(acquire(probe));
+      table_.leave(probe);
+    }
+    void* note = SchedulingRule::TableSlot::note(*shared.back(), std::memory_order_acquire);
+    ASSERT_NE(note, nullptr) << "the second request notes " << shared.back()->to_string();
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(note) % line, 0u) << shared.back()->to_string();
+    EXPECT_EQ(scalable_msize(note) % line, 0u) << shared.back()->to_string();
+  }
 }
 
 // A rule's second request reuses the nodes its first one found (the rule's note); found while
