@@ -344,7 +344,7 @@ detail::ThreadHold* Domain::hold_for(detail::RunState& ctx, const Rule& rule) {
 
 void Domain::end_rule(const Rule& rule) {
   auto& ctx = detail::run_state();
-  // Apart, so that begin_rule's fast path carries no exception handling.
+  // Apart, so that the common end (no rule handed to any thread) carries no exception handling.
   if (handed_count_.load(std::memory_order_acquire) != 0) return end_rule_taking_handed(ctx, rule);
   end_top(ctx, rule);
 }
