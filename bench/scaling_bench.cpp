@@ -15,8 +15,9 @@
 // Per point: jobs per second (the median of --repeats runs; runs of one worker count alternate
 // between the workloads), the speedup over one worker, and, in a build with
 // TASKLET_TABLE_OCCUPANCY (the `scaling` preset), the occupancy: the fraction of the wall time for
-// which the rule table's lock was held, and the ceiling W / occupancy: the worker count at which
-// the lock would be held all the time, were the work per job the same. Timing every hold adds two
+// which the busiest of the rule table's locks (one per shard) was held, and the ceiling
+// W / occupancy: the worker count at which that lock would be held all the time, were the work
+// per job the same and the added workers' jobs as much in its shard. Timing every hold adds two
 // reads of the time-stamp counter to it, so the occupancy is a little high and the ceiling low.
 // Without TASKLET_TABLE_OCCUPANCY both columns are empty.
 //
@@ -196,7 +197,7 @@ class Engine {
 
   struct Sample {
     double seconds;
-    std::optional<double> occupancy;  // the share of the run for which the table's lock was held
+    std::optional<double> occupancy;  // the share of the run for which the busiest table lock was held
   };
 
   Sample run(Workload& workload, Form form, std::size_t n, std::int64_t body_ns) {
@@ -228,8 +229,7 @@ class Engine {
     workload.check(n, std::string(name_of(form)) + " on " + workload.name());
     Sample sample{std::chrono::duration<double>(stop - start).count(), std::nullopt};
     if (lock_before && lock_after) {
-      sample.occupancy = static_cast<double>(lock_after->held - lock_before->held) /
-                         static_cast<double>(lock_after->now - lock_before->now);
+      sample.occupancy = tasklet::detail::busiest_lock_share(*lock_before, *lock_after);
     }
     return sample;
   }

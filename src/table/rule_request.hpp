@@ -183,6 +183,7 @@ class RuleRequest {
 
  private:
   friend class RuleTable;
+  friend class RuleShard;
   friend class WaitQueue;
 
   // The room in place (right behind the request, see InlineRuleRequest), or, once the entries
@@ -207,6 +208,7 @@ class RuleRequest {
   }
   void reserve_entries(std::size_t count) {
     if (count <= entry_capacity()) return;
+    if (count > max_entries) throw std::bad_alloc();  // refused, as out of memory
     const std::size_t capacity = std::bit_ceil(count);
     auto* moved = static_cast<RuleEntry*>(allocate_bytes(capacity * sizeof(RuleEntry)));
     RuleEntry* before = entry_data();
@@ -233,6 +235,7 @@ class RuleRequest {
     return data[at];
   }
 
+  static constexpr std::size_t max_entries = 0xffff;
   // Kept small: one of these waits in the table for every queued tasklet with a rule.
   const SchedulingRule* rule_ = nullptr;
   std::uint64_t ticket_ = 0;
@@ -245,7 +248,10 @@ class RuleRequest {
       std::uint32_t live_index;  // position in RuleTable::live_
     } in_table;
   } place_{0};
-  std::uint32_t entry_count_ = 0;
+  std::uint16_t entry_count_ = 0;
+  // The table's shard that holds the request (RuleTable::shard_of), or RuleTable::cross_shard for a
+  // request entered in several shards through parts (RulePart), or a part's flag with its shard.
+  std::uint16_t shard_ = 0;
   std::atomic<Park> park_{Park::none};
   std::uint8_t entry_room_;          // entries in place
   std::uint8_t entry_heap_log_ = 0;  // log2 of the heap block's capacity; 0: in place

@@ -47,16 +47,16 @@ bool has_custom_part(const SchedulingRule& rule) noexcept {
 }
 
 namespace {
-std::atomic<std::uint64_t> table_ids{0};
+std::atomic<std::uint64_t> shard_ids{0};
 }  // namespace
 
-RuleTable::RuleTable() : id_(table_ids.fetch_add(1, std::memory_order_relaxed) + 1) {}
+void RuleShard::attach(RuleTable& table, std::uint16_t index) {
+  table_ = &table;
+  index_ = index;
+  id_ = shard_ids.fetch_add(1, std::memory_order_relaxed) + 1;
+}
 
-RuleTable::~RuleTable() {
-  cancel_all_waiting();
-  // The backend goes first: what it tells requests from now on would find the table half gone.
-  backend_ = nullptr;
-  backend_owner_.reset();
+RuleShard::~RuleShard() {
   std::lock_guard lock(mutex_);
   // Parked requests go back to their owners (who acquire them anew elsewhere) or, orphaned, are
   // deleted. An active one belongs to a holder that outlived the table (its owner's error).
@@ -83,7 +83,7 @@ RuleTable::~RuleTable() {
   blocked_.clear();
 }
 
-void RuleTable::insert_live(RuleRequest& request, bool rootless) {
+void RuleShard::insert_live(RuleRequest& request, bool rootless) {
   live_.push_back(&request);
   request.place_.in_table.live_index = static_cast<std::uint32_t>(live_.size() - 1);
   if (rootless) return;
@@ -96,7 +96,7 @@ void RuleTable::insert_live(RuleRequest& request, bool rootless) {
 
 // Requests with custom parts are few, and each of them costs pairwise checks anyway: a search
 // keeps their index out of every request.
-void RuleTable::remove_custom(RuleRequest& request) noexcept {
+void RuleShard::remove_custom(RuleRequest& request) noexcept {
   *std::find(customs_.begin(), customs_.end(), &request) = customs_.back();
   customs_.pop_back();
 }
@@ -107,17 +107,17 @@ void RuleTable::remove_custom(RuleRequest& request) noexcept {
 // Whether a custom atom of `custom` says it conflicts with some atom of `other`. The custom rule is
 // always the one asked: built-in rules know nothing of it. A throwing check counts as a conflict:
 // waiting is safe, running together might not be.
-bool RuleTable::customs_say_conflict(const RuleRequest& custom, const RuleRequest& other) noexcept {
+bool RuleShard::customs_say_conflict(const RuleRequest& custom, const RuleRequest& other) noexcept {
   return custom_parts_conflict(*custom.rule_, *other.rule_);
 }
 
-bool RuleTable::conflicts_pairwise(const RuleRequest& a, const RuleRequest& b) noexcept {
+bool RuleShard::conflicts_pairwise(const RuleRequest& a, const RuleRequest& b) noexcept {
   return (a.has_custom_ && customs_say_conflict(a, b)) || (b.has_custom_ && customs_say_conflict(b, a));
 }
 
 // Whether a pairwise check against a custom rule holds `request` back: against every held request
 // and every request that came earlier.
-bool RuleTable::blocked_by_custom(const RuleRequest& request) const noexcept {
+bool RuleShard::blocked_by_custom(const RuleRequest& request) const noexcept {
   const auto blocks = [&](const RuleRequest& other) {
     if (&other == &request) return false;
     if (!other.held_ && other.ticket_ > request.ticket_) return false;
@@ -136,7 +136,7 @@ bool RuleTable::blocked_by_custom(const RuleRequest& request) const noexcept {
 }
 
 // Whether some request holds or waits for S, SIX or X at the root (and so can conflict there).
-bool RuleTable::root_claimed() const noexcept {
+bool RuleShard::root_claimed() const noexcept {
   constexpr auto claims = static_cast<std::uint8_t>(
       1u << index_of(LockMode::s) | 1u << index_of(LockMode::six) | 1u << index_of(LockMode::x));
   return (root_.occupied() & claims) != 0;
@@ -157,7 +157,7 @@ static bool claims_root(const RuleKey& key) noexcept {
 
 // Appends the root intent that a request's entries imply: IX when it takes IX, SIX or X on a
 // child of the root, else IS. The caller has reserved room for it, or may let it throw.
-void RuleTable::add_root_intent(RuleRequest& request) {
+void RuleShard::add_root_intent(RuleRequest& request) {
   LockMode intent = LockMode::is;
   for (const RuleEntry& entry : request.entries()) {
     const LockMode mode = entry.mode();
@@ -171,7 +171,7 @@ void RuleTable::add_root_intent(RuleRequest& request) {
 // For a newcomer that claims the root: the rootless live requests take their intents there, as if
 // they had taken them when they entered. The root holds only intents now (nobody claimed it), so
 // each is clear at once: counted as granted for a holder, as clear for a waiting request.
-void RuleTable::give_root_intents() noexcept {
+void RuleShard::give_root_intents() noexcept {
   for (std::size_t at = rootless_from_; at < live_.size(); ++at) {
     RuleRequest& request = *live_[at];
     assert(request.entry_count_ < request.entry_capacity());  // reserved when it entered
@@ -185,7 +185,7 @@ void RuleTable::give_root_intents() noexcept {
   rootless_from_ = live_.size();
 }
 
-void RuleTable::enqueue(RuleRequest& request, std::size_t index) noexcept {
+void RuleShard::enqueue(RuleRequest& request, std::size_t index) noexcept {
   RuleEntry& entry = request.entry_data()[index];
   const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
   entry.node()->make_queue(mode);
@@ -193,7 +193,7 @@ void RuleTable::enqueue(RuleRequest& request, std::size_t index) noexcept {
   entry.node()->refresh_queued(mode);
 }
 
-void RuleTable::dequeue(const RuleEntry& entry, std::uint64_t ticket) noexcept {
+void RuleShard::dequeue(const RuleEntry& entry, std::uint64_t ticket) noexcept {
   const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
   entry.node()->waiting(mode).erase(ticket);
   entry.node()->refresh_queued(mode);
@@ -201,7 +201,7 @@ void RuleTable::dequeue(const RuleEntry& entry, std::uint64_t ticket) noexcept {
 
 // Decides where each entry of a request that is entering stands (clear or not); returns how many
 // are not clear.
-std::uint32_t RuleTable::mark_clear(RuleRequest& request) noexcept {
+std::uint32_t RuleShard::mark_clear(RuleRequest& request) noexcept {
   std::uint32_t unclear = 0;
   for (RuleEntry& entry : request.entries()) {
     entry.set_clear(clear_at(*entry.node(), entry.mode(), request.ticket_));
@@ -212,7 +212,7 @@ std::uint32_t RuleTable::mark_clear(RuleRequest& request) noexcept {
 
 // enter() under the lock; revoking parked requests may let others through (`grants`) and leave
 // orphans to delete (outside the lock).
-bool RuleTable::put_in(RuleRequest& request, Grants& grants, Orphans& orphans) {
+bool RuleShard::put_in(RuleRequest& request, Grants& grants, Orphans& orphans) {
   assert(request.rule_ != nullptr && !request.in_table_);
   request.place_.in_table = {0, 0};  // its link in submitted_ was read: the union changes member
   request.ticket_ = ++next_ticket_;
@@ -225,7 +225,7 @@ bool RuleTable::put_in(RuleRequest& request, Grants& grants, Orphans& orphans) {
   if (stand.rootless)
     request.reserve_entries(request.entry_count_ + std::size_t{1});  // for give_root_intents
   // A parked request would keep the backend's hold while it looks free here.
-  const bool parkable = request.parkable() && !shared_out(request);
+  const bool parkable = request.parkable() && !table_->shared_out(request);
   // Room for all that entering adds, taken before anything of the table changes: out of memory
   // (here or above) the request is refused with the table as it was, but for empty nodes. Its
   // queues' room waits for mark_clear() when nothing changes before (most nodes never queue).
@@ -259,13 +259,16 @@ bool RuleTable::put_in(RuleRequest& request, Grants& grants, Orphans& orphans) {
   } else {
     queue_entered(request, unclear, custom_blocked);
   }
-  if (Trace* trace = trace_.load(std::memory_order_relaxed)) [[unlikely]]
+  if (RuleTable::is_part(request)) {
+    ++parts_;
+  } else if (Trace* trace = table_->trace_.load(std::memory_order_relaxed)) [[unlikely]] {
     trace_entered(*trace, request, held);
+  }
   return held;
 }
 
 // Where a request stands at the root: it claims it, takes an intent there, or is rootless.
-RuleTable::RootStand RuleTable::stand_at_root(const RuleRequest& request) const noexcept {
+RuleShard::RootStand RuleShard::stand_at_root(const RuleRequest& request) const noexcept {
   bool at_root = false, claims = false, on_path = false;
   for (const RuleEntry& entry : request.entries()) {
     if (entry.node() == &root_) {
@@ -279,7 +282,7 @@ RuleTable::RootStand RuleTable::stand_at_root(const RuleRequest& request) const 
 }
 
 // Room in the queues of the entries that are not clear, for a request that will wait there.
-void RuleTable::make_queue_room(const RuleRequest& request) {
+void RuleShard::make_queue_room(const RuleRequest& request) {
   for (const RuleEntry& entry : request.entries()) {
     if (entry.clear()) continue;
     const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
@@ -288,17 +291,18 @@ void RuleTable::make_queue_room(const RuleRequest& request) {
   }
 }
 
-void RuleTable::hold_entered(RuleRequest& request) noexcept {
+void RuleShard::hold_entered(RuleRequest& request) noexcept {
   for (RuleEntry& entry : request.entries()) {
     const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
     entry.node()->count(mode);
   }
   request.held_ = true;
   ++held_;
+  if (RuleTable::is_part(request)) ++held_parts_;
 }
 
 // A request that waits: counted where it is clear (and waiting there), queued where it is not.
-void RuleTable::queue_entered(RuleRequest& request, std::uint32_t unclear, bool custom_blocked) {
+void RuleShard::queue_entered(RuleRequest& request, std::uint32_t unclear, bool custom_blocked) {
   request.place_.in_table.unclear = unclear;
   request.custom_blocked_ = custom_blocked;
   for (std::size_t index = 0; index < request.entry_count_; ++index) {
@@ -316,7 +320,7 @@ void RuleTable::queue_entered(RuleRequest& request, std::uint32_t unclear, bool 
 
 // Room in the table's lists for `request`, in the lists of requests to tell or delete for what
 // revoking the parked ones lets go, and (`every_entry`) in the queues of every node it has an entry on.
-void RuleTable::make_room(RuleRequest& request, bool every_entry, Grants& grants, Orphans& orphans,
+void RuleShard::make_room(RuleRequest& request, bool every_entry, Grants& grants, Orphans& orphans,
                           bool parkable) {
   room_for(live_, 1);
   if (request.has_custom_) room_for(customs_, 1);

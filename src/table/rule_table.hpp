@@ -31,6 +31,19 @@
 // and earlier waiting request (the custom rule asked, as receiver); other requests are checked
 // pairwise only against requests with custom parts. Those calls run under the table's lock.
 //
+// Shards: the table is split by what a rule is on, so that work on disjoint resources takes
+// different locks (and keeps different memory in each core's cache). A path picks its shard by
+// its first segment, a mutex rule by its address, a named mutex by its name. Each shard is a
+// whole table of its own (index, queues, lock, submitted stack, tickets, root intents) for the
+// requests that lie in it. A request over several shards (a multi rule over several of them, a
+// rule on "/", any rule with a custom part: those are asked pairwise of everything) enters one
+// part in each of them, a request of the shard's own that takes the entries there, with all of
+// those shards' locks taken in index order at once: every shard sees the parts of two such
+// requests in the same order, so strict FIFO holds across shards and no wait can go round a
+// cycle (each wait is for a request that entered earlier, in one real-time order). The request is
+// granted when its last part is, in whichever shard; it leaves with all its shards' locks taken.
+// Readings that span shards (snapshots, wait chains, cancellations) take every shard's lock.
+//
 // Parking (begin_rule's fast path, inside enter() and leave()): a thread that ends its rule leaves
 // its request in the table, granted but idle, so that its next begin_rule of the same rule takes
 // it back with one compare-and-swap instead of the table's lock. A parked request never makes
@@ -40,6 +53,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <bit>
 #include <cstdint>
@@ -53,6 +67,7 @@
 #include <vector>
 
 #include <boost/container/small_vector.hpp>
+#include <oneapi/tbb/mutex.h>
 
 #include "base/door.hpp"
 #include "table/rule_backend.hpp"
@@ -74,13 +89,187 @@ bool custom_parts_conflict(const SchedulingRule& custom, const SchedulingRule& o
 /// Whether `rule` is custom or a multi rule with a custom part.
 bool has_custom_part(const SchedulingRule& rule) noexcept;
 
+class RuleTable;
+class RuleShard;
+struct CrossRequest;
+
+/// A bit per shard.
+using ShardSet = std::uint64_t;
+
+/// A request's part in one shard, for a request over several (see the top of this file). Made and
+/// owned by the table; it speaks for the whole request where the shard describes it.
+class RulePart final : public InlineRuleRequest<4> {
+ public:
+  explicit RulePart(CrossRequest& cross) noexcept : cross_(&cross) {}
+  CrossRequest& cross() const noexcept { return *cross_; }
+  // The table grants and cancels the whole request, never a part.
+  void granted() noexcept override {}
+  void canceled() noexcept override {}
+  const void* owner() const noexcept override;
+  bool blocks_thread() const noexcept override;
+  RuleBlocker describe() const override;
+  std::string job_name() const override;
+
+ private:
+  CrossRequest* cross_;
+};
+
+/// A request over several shards: its parts, one per shard in index order. Lives while the request
+/// is in the table (its address in the request's place).
+struct CrossRequest {
+  RuleRequest* whole;
+  ShardSet shards;
+  std::atomic<std::uint32_t> unclear_parts;  // parts not granted yet; the last grant grants `whole`
+  std::vector<std::unique_ptr<RulePart>> parts;
+};
+
+/// One shard: the whole table for the requests that lie in it (see the top of this file). Only
+/// RuleTable uses it.
+class alignas(64) RuleShard {
+ public:
+  RuleShard() = default;
+  ~RuleShard();
+  RuleShard(const RuleShard&) = delete;
+  RuleShard& operator=(const RuleShard&) = delete;
+
+ private:
+  friend class RuleTable;
+  friend class RulePart;
+
+  void attach(RuleTable& table, std::uint16_t index);
+  void enter(RuleRequest& request);
+  void enter_all(std::span<RuleRequest* const> requests) noexcept;
+  bool drain_into(Grants& grants, Orphans& orphans) noexcept;
+  bool leave(RuleRequest& request, Grants& grants);
+  void hand_over(RuleRequest& from, RuleRequest& to);
+  bool has_submitted() const noexcept {
+    return submitted_.load(std::memory_order_acquire) != 0 ||
+           entering_submitted_.load(std::memory_order_acquire);
+  }
+  ShardSet bit() const noexcept { return ShardSet{1} << index_; }
+
+  void enter_submitted(Grants& grants, Orphans& orphans) noexcept;
+  // put_in, or, when it ran out of memory (before it changed anything), the request's refusal.
+  void put_in_or_refuse(RuleRequest& request, Grants& grants, Orphans& orphans) noexcept;
+  void make_room(RuleRequest& request, bool every_entry, Grants& grants, Orphans& orphans, bool parkable);
+  struct SubmittedRun;
+  static constexpr std::uintptr_t run_tag = 1;
+  static std::uintptr_t& submitted_link(std::uintptr_t entry) noexcept;
+  void push_submitted(std::uintptr_t newest, std::uintptr_t& oldest_link) noexcept;
+  void enter_together(SubmittedRun& run, Grants& grants, Orphans& orphans) noexcept;
+  bool has_conflicting_waiter_locked(const RuleRequest& held) const noexcept;
+  // The requests in the way of `mine`, as the requests they are parts of: the active held ones
+  // and the earlier waiting ones (not sorted, perhaps repeated across shards).
+  struct InTheWay {
+    std::vector<const RuleRequest*> held;
+    std::vector<const RuleRequest*> earlier;
+  };
+  void add_blockers(const RuleRequest& mine, InTheWay& found) const;
+  // The recorder's side (trace set), under the lock: a request entered (granted at once or not),
+  // was granted after waiting, or left (released, withdrawn or canceled). Parts are not recorded:
+  // the table records the request they are parts of.
+  [[gnu::cold, gnu::noinline]] void trace_entered(Trace& trace, const RuleRequest& request,
+                                                  bool granted) noexcept;
+  [[gnu::cold, gnu::noinline]] void trace_granted(Trace& trace, const RuleRequest& request) const noexcept;
+  void settle(Grants& grants, Orphans& orphans) noexcept;
+
+  // live_ in two parts, each request knowing its position: O(1) insertion and removal, touching
+  // at most two other requests (those moved to keep the parts whole).
+  void insert_live(RuleRequest& request, bool rootless);
+  void erase_live(RuleRequest& request) noexcept;
+  void place_live(RuleRequest& request, std::size_t at) noexcept;
+  void remove_custom(RuleRequest& request) noexcept;
+  // Root intents (see the top of this file): whether the root is claimed, and giving every rootless
+  // live request its intent entry there, for a newcomer that claims it.
+  bool root_claimed() const noexcept;
+  void give_root_intents() noexcept;
+  void add_root_intent(RuleRequest& request);
+
+  void add_atom(RuleRequest& request, const SchedulingRule& atom, const RuleKey& key, bool merge,
+                bool with_root);
+  void add_path(RuleRequest& request, const SchedulingRule& atom, const RuleKey& key, bool merge,
+                bool with_root);
+  RuleNote* note_on(const SchedulingRule& rule, std::size_t room);
+  static void add_entry(RuleRequest& request, RuleNode& node, LockMode mode, bool merge);
+  // Out of memory while queueing terminates: a half-queued request would break the table.
+  static void enqueue(RuleRequest& request, std::size_t index) noexcept;
+  static void dequeue(const RuleEntry& entry, std::uint64_t ticket) noexcept;
+  RuleNode& path_node(RuleNode& from, std::string_view segment);
+  RuleNode& identity_node(const SchedulingRule& rule);
+  static bool conflicts_pairwise(const RuleRequest& a, const RuleRequest& b) noexcept;
+  // Parked and idle: in the table for its owner's next hold, waited for by nobody.
+  static bool idle_parked(const RuleRequest& request) noexcept;
+  static bool customs_say_conflict(const RuleRequest& custom, const RuleRequest& other) noexcept;
+  static bool clear_at(const RuleNode& node, LockMode mode, std::uint64_t ticket) noexcept;
+  bool blocked_by_custom(const RuleRequest& request) const noexcept;
+  static bool conflicting(const RuleRequest& a, const RuleRequest& b) noexcept;
+  bool put_in(RuleRequest& request, Grants& grants, Orphans& orphans);
+  struct RootStand {
+    bool claims;    // it claims the root (not only an intent there)
+    bool rootless;  // on a path, without an entry at the root
+  };
+  RootStand stand_at_root(const RuleRequest& request) const noexcept;
+  static void make_queue_room(const RuleRequest& request);
+  void hold_entered(RuleRequest& request) noexcept;
+  void queue_entered(RuleRequest& request, std::uint32_t unclear, bool custom_blocked);
+  bool revoke_parked(const RuleRequest& request, Grants& grants, Orphans& orphans);
+  void drop_orphans(Grants& grants, Orphans& orphans) noexcept;
+  static bool park(RuleRequest& request) noexcept;
+  static bool resume(RuleRequest& request) noexcept;
+  std::uint32_t mark_clear(RuleRequest& request) noexcept;
+  std::size_t parked_idle() const noexcept;
+  void grant(RuleRequest& request, Grants& grants);
+  void walk(RuleNode& node, Grants& grants);
+  void recheck_custom_blocked(Grants& grants);
+  void unlink_waiting(RuleRequest& request) noexcept;
+  void take_out(RuleRequest& request, Grants& grants);
+  // Takes a request out without letting anyone through: for cancel_all_waiting, which takes every
+  // waiting request out.
+  void drop(RuleRequest& request) noexcept;
+  void prune(RuleNode& node);
+  // Requests held or live here that are not parts of a request over several shards.
+  std::size_t own_live() const noexcept { return live_.size() - parts_; }
+  std::size_t own_held() const noexcept { return held_ - held_parts_; }
+
+  TableMutex mutex_;
+  // What was entered and not put in yet, newest first: requests linked through next_submitted and
+  // requests entered together (tagged: see enter_all), each linked to the next older one. On the
+  // lock's cache line: a submission pushes here and then tries the lock, one line for both.
+  std::atomic<std::uintptr_t> submitted_{0};
+  std::atomic<bool> entering_submitted_{false};  // a lock holder took the stack and enters it
+  std::uint16_t index_ = 0;
+  RuleTable* table_ = nullptr;
+  std::uint64_t id_ = 0;  // distinguishes shards for rule notes (unique for the process's life)
+  std::uint64_t next_ticket_ = 0;
+  const RuleRequest* releasing_ = nullptr;  // while a recorder is set: whose exit grants, in take_out
+  std::size_t held_ = 0;
+  std::size_t held_parts_ = 0;  // of held_, the parts
+  std::size_t parts_ = 0;       // of live_, the parts
+  RuleNode root_;
+  // The parent of one node per named mutex (RuleKey::Kind::named), apart from the paths: no
+  // path's entries, root intents included, ever meet a name's.
+  RuleNode names_;
+  std::size_t path_nodes_ = 0;         // trie nodes below the root
+  std::uint64_t node_generation_ = 0;  // nodes freed so far (rule notes' validity)
+  // Unused nodes kept for reuse (see prune()).
+  static constexpr std::size_t kept_identity_nodes = 1024;
+  static constexpr std::size_t kept_path_nodes = 16384;
+  std::unordered_map<const SchedulingRule*, std::unique_ptr<RuleNode>> identities_;
+  // Every held or waiting request. Those from rootless_from_ on have path entries but none at the
+  // root: they entered while nobody claimed the root, and get their intent there when someone does.
+  std::vector<RuleRequest*> live_;
+  std::size_t rootless_from_ = 0;
+  std::vector<RuleRequest*> customs_;  // the live requests with custom parts
+  std::vector<RuleRequest*> blocked_;  // waiting requests held back by a custom check, ticket order
+  std::vector<RuleRequest*> parked_;   // the parkable requests in the table (one per thread, at most)
+};
+
 class RuleTable {
  public:
   RuleTable();
   ~RuleTable();
   RuleTable(const RuleTable&) = delete;
   RuleTable& operator=(const RuleTable&) = delete;
-
   // The one way in and the one way out, for every holder: tasklets (and so jobs and serial tasks)
   // and threads in begin_rule.
 
@@ -95,14 +284,16 @@ class RuleTable {
   /// As enter() for each request in turn (in that order), with one atomic step, but entering none
   /// of them on this thread: the next thread to take the lock, or to call drain(), enters them,
   /// before anything else. The caller must see to it that drain() runs afterwards (on any thread).
-  /// For a thread that makes work for others faster than they get through it. Lock-free.
+  /// For a thread that makes work for others faster than they get through it. Lock-free, but for a
+  /// request over several shards, which this thread enters (taking their locks) in its turn.
   void enter_all(std::span<RuleRequest* const> requests) noexcept;
   /// Enters what was entered with enter_all and notifies the requests granted, unless another
   /// thread holds the lock (that thread then enters it before it lets go). Never waits for the lock.
   void drain() noexcept;
 
   /// Leaves a held request and hands the requests this lets through to the caller to notify. True
-  /// when the request was parked instead (a parkable() one that no conflicting request wants): it
+  /// when the request was parked instead (a parkable() one in one shard that no conflicting
+  /// request wants): it
   /// stays in the table, granted but idle, until its owner enters it again (taking it back) or
   /// discards it. Lock-free when it parks.
   bool leave(RuleRequest& request, Grants& grants);
@@ -143,8 +334,9 @@ class RuleTable {
   /// Whether submitted requests wait to be entered, or a lock holder is entering those it took
   /// (a parked request must not be taken back past them: they came first).
   bool has_submitted() const noexcept {
-    return submitted_.load(std::memory_order_acquire) != 0 ||
-           entering_submitted_.load(std::memory_order_acquire);
+    return deferred_.load(std::memory_order_acquire) != nullptr ||
+           entering_deferred_.load(std::memory_order_acquire) ||
+           std::any_of(shards_.begin(), shards_.end(), [](const RuleShard& shard) { return shard.has_submitted(); });
   }
 
   /// Whom `waiting` waits for: the active held requests that conflict with it, then the earlier
@@ -208,60 +400,112 @@ class RuleTable {
   /// Since when a live request is in the table, if it entered while a recorder was set.
   std::optional<Trace::Nanos> since(const RuleRequest& request) const;
 
+
+  /// How many shards a table has, and the shard a request over several is in.
+  static constexpr std::size_t shard_count = 16;
+  static constexpr std::uint16_t cross_shard = 0x7fff;
+  static constexpr std::uint16_t part_bit = 0x8000;
+  static constexpr ShardSet all_shards = (ShardSet{1} << shard_count) - 1;
+  /// The shards a rule's requests enter: one for a mutex, a named mutex or a path below the root,
+  /// every one for the root or a custom part, the union of its children's for a multi rule.
+  static ShardSet shards_of(const SchedulingRule& rule) noexcept;
+
  private:
-  // The table's lock, taken for one operation. Requests submitted meanwhile are entered first, in
-  // the order they came, so that the operation comes after them; after the lock is let go, those
-  // that came while it was held are entered by this thread, unless another holds the lock again
-  // (which then does the same). Their grants join `grants`, which the caller notifies afterwards.
+  friend class RuleShard;
+  friend class RulePart;
+  static_assert(shard_count < 64 && shard_count < cross_shard);
+
+  // The locks of a set of shards, taken in index order for one operation. Requests submitted to a
+  // shard meanwhile are entered first, in the order they came, so that the operation comes after
+  // them; after a lock is let go, those that came while it was held are entered by this thread,
+  // unless another holds the lock again (which then does the same). Their grants join `grants`,
+  // which the caller notifies afterwards.
   class Locked {
    public:
-    Locked(RuleTable& table, Grants& grants) : table_(table), grants_(grants) {
-      table_.mutex_.lock();
-      table_.enter_submitted(grants_, orphans_);
-    }
-    ~Locked() {
-      table_.mutex_.unlock();
-      table_.settle(grants_, orphans_);
-      for (RuleRequest* orphan : orphans_) delete orphan;
-    }
+    Locked(RuleTable& table, ShardSet shards, Grants& grants);
+    ~Locked();
     Locked(const Locked&) = delete;
     Locked& operator=(const Locked&) = delete;
-    // Parked requests revoked and owned by the table: deleted once the lock is let go.
+    // Parked requests revoked and owned by the table: deleted once the locks are let go.
     Orphans& orphans() noexcept { return orphans_; }
+    // Requests over several shards that left: their parts are deleted once the locks are let go.
+    std::vector<std::unique_ptr<CrossRequest>>& gone() noexcept { return gone_; }
 
    private:
     RuleTable& table_;
+    ShardSet shards_;
     Grants& grants_;
     Orphans orphans_;
+    std::vector<std::unique_ptr<CrossRequest>> gone_;
   };
-  void enter_submitted(Grants& grants, Orphans& orphans) noexcept;
-  // put_in, or, when it ran out of memory (before it changed anything), the request's refusal.
-  void put_in_or_refuse(RuleRequest& request, Grants& grants, Orphans& orphans) noexcept;
+  template <class F>
+  static void each_shard(ShardSet shards, F&& fn) {
+    for (ShardSet left = shards; left != 0; left &= left - 1) fn(static_cast<std::size_t>(std::countr_zero(left)));
+  }
+  static ShardSet atom_shards(const SchedulingRule& atom, const RuleKey& key) noexcept;
+  static bool single(ShardSet shards) noexcept { return (shards & (shards - 1)) == 0; }
+  static std::uint16_t first_shard(ShardSet shards) noexcept {
+    return shards == 0 ? 0 : static_cast<std::uint16_t>(std::countr_zero(shards));
+  }
+  static bool is_part(const RuleRequest& request) noexcept { return (request.shard_ & part_bit) != 0; }
+  static std::size_t part_shard(const RuleRequest& part) noexcept { return part.shard_ & (part_bit - 1u); }
+  static bool is_cross(const RuleRequest& request) noexcept { return request.shard_ == cross_shard; }
+  static CrossRequest& cross_of(const RuleRequest& whole) noexcept {
+    return *reinterpret_cast<CrossRequest*>(whole.place_.next_submitted);
+  }
+  // The request a request in a shard is or is part of.
+  static const RuleRequest& whole_of(const RuleRequest& request) noexcept {
+    return is_part(request) ? *static_cast<const RulePart&>(request).cross().whole : request;
+  }
+  static RuleRequest& whole_of(RuleRequest& request) noexcept {
+    return is_part(request) ? *static_cast<RulePart&>(request).cross().whole : request;
+  }
+  // Whether a request in a shard is the one place its whole request is seen from when every shard
+  // is read (a part: the part in its first shard).
+  static bool seen_here(const RuleRequest& request) noexcept {
+    return !is_part(request) ||
+           static_cast<const RulePart&>(request).cross().parts.front().get() == &request;
+  }
+  // The shards a request in the table is in (under their locks, or its owner's own).
+  static ShardSet shards_held(const RuleRequest& request) noexcept {
+    return is_cross(request) ? cross_of(request).shards : ShardSet{1} << request.shard_;
+  }
+  // A part's grant, under its shard's lock: the whole request, when this was its last part.
+  RuleRequest* part_granted(RulePart& part) noexcept;
+  void enter_across(RuleRequest& request, ShardSet shards) noexcept;
+  // enter_all's requests from its first one over several shards on, which it leaves to drain() in
+  // a block of their own (entering those takes locks): pushed here, and entered in their order.
+  struct Deferred;
+  void defer(std::span<RuleRequest* const> requests) noexcept;
+  void enter_deferred() noexcept;
+  bool put_in_across(RuleRequest& request, std::unique_ptr<CrossRequest>& cross, Grants& grants,
+                     Orphans& orphans);
+  // Takes a request out of every shard it is in, under their locks.
+  void take_out(RuleRequest& request, Locked& lock, Grants& grants);
   void push_refused(RuleRequest& request) noexcept;
-  void make_room(RuleRequest& request, bool every_entry, Grants& grants, Orphans& orphans, bool parkable);
-  struct SubmittedRun;
-  static constexpr std::uintptr_t run_tag = 1;
-  static std::uintptr_t& submitted_link(std::uintptr_t entry) noexcept;
-  void push_submitted(std::uintptr_t newest, std::uintptr_t& oldest_link) noexcept;
-  void enter_together(SubmittedRun& run, Grants& grants, Orphans& orphans) noexcept;
-  // Reads the table under the lock, after entering what was submitted.
+  // Reads the table under every shard's lock, after entering what was submitted.
   template <class Read>
   auto read_settled(Read&& read) {
     Grants grants;
     const auto value = [&] {
-      Locked lock(*this, grants);
+      Locked lock(*this, all_shards, grants);
       return read();
     }();
     notify(grants);
     return value;
   }
-  bool has_conflicting_waiter_locked(const RuleRequest& held) const noexcept;
+  template <class Each>
+  void each_live(Each&& each) const {
+    for (const RuleShard& shard : shards_) {
+      for (RuleRequest* request : shard.live_) each(shard, *request);
+    }
+  }
   // Whether the backend shares the request's rule; whether it is held here and waits in the backend.
   bool shared_out(const RuleRequest& request) const noexcept {
-    return backend_ != nullptr && backend_->shares(*request.rule_);
+    return backend_ != nullptr && !is_part(request) && backend_->shares(*request.rule_);
   }
   bool waits_outside(const RuleRequest& request) const noexcept {
-    return request.held_ && backend_ != nullptr && backend_->pending(request);
+    return request.held_ && backend_ != nullptr && !is_part(request) && backend_->pending(request);
   }
   // Whether a withdrawal may take the request out: waiting here, or held here and waiting in the
   // backend, which then gives it up.
@@ -278,44 +522,17 @@ class RuleTable {
   }
   template <class Which>
   std::vector<RuleBlocker> blockers_if(Which&& which);
-  // blockers() under the lock.
-  void add_blockers(const RuleRequest& mine, std::vector<RuleBlocker>& found) const;
-  // The recorder's side (trace_ set), under the lock: a request entered (granted at once or not),
-  // was granted after waiting, or left (released, withdrawn or canceled).
-  [[gnu::cold, gnu::noinline]] void trace_entered(Trace& trace, const RuleRequest& request,
-                                                  bool granted) noexcept;
+  static std::vector<RuleBlocker> described(const RuleShard::InTheWay& found);
+  // Who is in the way of a waiting request, in every shard it is in.
+  void add_blockers(const RuleRequest& mine, RuleShard::InTheWay& found) const;
   [[gnu::cold, gnu::noinline]] static void trace_left(Trace& trace, const RuleRequest& request,
                                                       bool held) noexcept;
-  [[gnu::cold, gnu::noinline]] void trace_granted(Trace& trace, const RuleRequest& request) const noexcept;
-  void settle(Grants& grants, Orphans& orphans) noexcept;
-
-  // live_ in two parts, each request knowing its position: O(1) insertion and removal, touching
-  // at most two other requests (those moved to keep the parts whole).
-  void insert_live(RuleRequest& request, bool rootless);
-  void erase_live(RuleRequest& request) noexcept;
-  void place_live(RuleRequest& request, std::size_t at) noexcept;
-  void remove_custom(RuleRequest& request) noexcept;
-  // Root intents (see the top of this file): whether the root is claimed, and giving every rootless
-  // live request its intent entry there, for a newcomer that claims it.
-  bool root_claimed() const noexcept;
-  void give_root_intents() noexcept;
-  void add_root_intent(RuleRequest& request);
-
-  // Withdraws the waiting requests that collect(std::vector<RuleRequest*>&) lists under the lock.
+  [[gnu::cold, gnu::noinline]] void trace_entered(Trace& trace, const RuleRequest& request,
+                                                  bool granted) noexcept;
+  // Withdraws the waiting requests that collect(std::vector<RuleRequest*>&) lists under the locks of
+  // `shards`.
   template <class Collect>
-  std::size_t withdraw_collected(Collect&& collect);
-  void add_atom(RuleRequest& request, const SchedulingRule& atom, const RuleKey& key, bool merge,
-                bool with_root);
-  void add_path(RuleRequest& request, const SchedulingRule& atom, const RuleKey& key, bool merge,
-                bool with_root);
-  RuleNote* note_on(const SchedulingRule& rule, std::size_t room);
-  static void add_entry(RuleRequest& request, RuleNode& node, LockMode mode, bool merge);
-  // Out of memory while queueing terminates: a half-queued request would break the table.
-  static void enqueue(RuleRequest& request, std::size_t index) noexcept;
-  static void dequeue(const RuleEntry& entry, std::uint64_t ticket) noexcept;
-  RuleNode& path_node(RuleNode& from, std::string_view segment);
-  RuleNode& identity_node(const SchedulingRule& rule);
-  static bool conflicts_pairwise(const RuleRequest& a, const RuleRequest& b) noexcept;
+  std::size_t withdraw_collected(ShardSet shards, Collect&& collect);
   // wait_chain()'s search: each step a request and the step it was reached from (itself for a start).
   struct ChainStep {
     const RuleRequest* request;
@@ -323,75 +540,36 @@ class RuleTable {
   };
   std::vector<RuleBlocker> step_chain(std::vector<ChainStep>& steps, std::size_t at,
                                       std::span<const RuleRequest* const> mine, std::size_t limit) const;
-  // Parked and idle: in the table for its owner's next hold, waited for by nobody.
-  static bool idle_parked(const RuleRequest& request) noexcept;
-  static bool customs_say_conflict(const RuleRequest& custom, const RuleRequest& other) noexcept;
-  static bool clear_at(const RuleNode& node, LockMode mode, std::uint64_t ticket) noexcept;
-  bool blocked_by_custom(const RuleRequest& request) const noexcept;
-  static bool conflicting(const RuleRequest& a, const RuleRequest& b) noexcept;
-  bool put_in(RuleRequest& request, Grants& grants, Orphans& orphans);
-  struct RootStand {
-    bool claims;    // it claims the root (not only an intent there)
-    bool rootless;  // on a path, without an entry at the root
-  };
-  RootStand stand_at_root(const RuleRequest& request) const noexcept;
-  static void make_queue_room(const RuleRequest& request);
-  void hold_entered(RuleRequest& request) noexcept;
-  void queue_entered(RuleRequest& request, std::uint32_t unclear, bool custom_blocked);
-  bool revoke_parked(const RuleRequest& request, Grants& grants, Orphans& orphans);
-  void drop_orphans(Grants& grants, Orphans& orphans) noexcept;
-  static bool park(RuleRequest& request) noexcept;
-  static bool resume(RuleRequest& request) noexcept;
-  std::uint32_t mark_clear(RuleRequest& request) noexcept;
-  std::size_t parked_idle() const noexcept;
-  void grant(RuleRequest& request, Grants& grants);
-  void walk(RuleNode& node, Grants& grants);
-  void recheck_custom_blocked(Grants& grants);
-  void unlink_waiting(RuleRequest& request) noexcept;
-  void take_out(RuleRequest& request, Grants& grants);
-  void prune(RuleNode& node);
+  // Whether `other` (in a shard) is in the way of `mine` (in the same shard), both as seen there.
+  static bool in_the_way(const RuleRequest& mine, const RuleRequest& other) noexcept;
 
-  TableMutex mutex_;
-  // What was entered and not put in yet, newest first: requests linked through next_submitted and
-  // requests entered together (tagged: see enter_all), each linked to the next older one. On the
-  // lock's cache line: a submission pushes here and then tries the lock, one line for both.
-  std::atomic<std::uintptr_t> submitted_{0};
-  std::atomic<bool> entering_submitted_{false};  // a lock holder took the stack and enters it
+  std::array<RuleShard, shard_count> shards_;
+  // Blocks of deferred requests, newest first; a drain() entering them holds deferred_mutex_.
+  std::atomic<Deferred*> deferred_{nullptr};
+  std::atomic<bool> entering_deferred_{false};  // set before the stack looks empty
+  oneapi::tbb::mutex deferred_mutex_;
+  // A bit per shard on whose stack enter_all left requests, and deferred_bit: enter() drains them
+  // first (they came before), as it drained the one stack of a table without shards.
+  static constexpr ShardSet deferred_bit = ShardSet{1} << 63;
+  std::atomic<ShardSet> undrained_{0};
   // Requests refused for lack of memory (put_in_or_refuse), linked like the submitted ones, until
   // the next notify() tells their owners.
   std::atomic<std::uintptr_t> refused_{0};
-  const std::uint64_t id_;  // distinguishes tables for rule notes (unique for the process's life)
-  std::uint64_t next_ticket_ = 0;
-  std::atomic<Trace*> trace_{nullptr};  // read under the lock, beside what entering writes
+  std::atomic<Trace*> trace_{nullptr};  // read under the locks, beside what entering writes
   RuleBackend* backend_ = nullptr;      // set before the first request (set_backend)
   std::shared_ptr<RuleBackend> backend_owner_;
-  const RuleRequest* releasing_ = nullptr;  // while a recorder is set: whose exit grants, in take_out
-  std::size_t held_ = 0;
-  RuleNode root_;
-  // The parent of one node per named mutex (RuleKey::Kind::named), apart from the paths: no
-  // path's entries, root intents included, ever meet a name's.
-  RuleNode names_;
-  std::size_t path_nodes_ = 0;         // trie nodes below the root
-  std::uint64_t node_generation_ = 0;  // nodes freed so far (rule notes' validity)
-  // Unused nodes kept for reuse (see prune()).
-  static constexpr std::size_t kept_identity_nodes = 1024;
-  static constexpr std::size_t kept_path_nodes = 16384;
-  std::unordered_map<const SchedulingRule*, std::unique_ptr<RuleNode>> identities_;
-  // Every held or waiting request. Those from rootless_from_ on have path entries but none at the
-  // root: they entered while nobody claimed the root, and get their intent there when someone does.
-  std::vector<RuleRequest*> live_;
-  std::size_t rootless_from_ = 0;
-  std::vector<RuleRequest*> customs_;  // the live requests with custom parts
-  std::vector<RuleRequest*> blocked_;  // waiting requests held back by a custom check, ticket order
-  std::vector<RuleRequest*> parked_;   // the parkable requests in the table (one per thread, at most)
+  // Requests over several shards in the table, and of those the granted ones (changed under
+  // their shards' locks, read under every shard's lock).
+  std::atomic<std::size_t> crosses_live_{0};
+  std::atomic<std::size_t> crosses_held_{0};
 };
 
 template <class Collect>
-std::size_t RuleTable::withdraw_collected(Collect&& collect) {
+std::size_t RuleTable::withdraw_collected(ShardSet shards, Collect&& collect) {
   std::vector<RuleRequest*> withdrawn;
   Grants grants;
   {
-    Locked lock(*this, grants);
+    Locked lock(*this, shards, grants);
     collect(withdrawn);
     // In the order they came: the owners hear of it in that order, and withdrawing one may let a
     // later one through first.
@@ -401,7 +579,7 @@ std::size_t RuleTable::withdraw_collected(Collect&& collect) {
     for (RuleRequest* request : withdrawn) {
       // Let through by an earlier withdrawal (it runs after all), unless the backend still has it.
       if (request->held_ && !(backend_ != nullptr && backend_->leave(*request, true))) continue;
-      take_out(*request, grants);
+      take_out(*request, lock, grants);
       *kept++ = request;
     }
     withdrawn.erase(kept, withdrawn.end());
@@ -414,61 +592,77 @@ std::size_t RuleTable::withdraw_collected(Collect&& collect) {
 template <class Mine, class Predicate>
 bool RuleTable::has_conflicting_waiter_if(Mine&& mine, Predicate&& matches) {
   return read_settled([&] {
-    const auto held = std::find_if(live_.begin(), live_.end(), [&mine](const RuleRequest* request) {
-      return request->held_ && mine(static_cast<const RuleRequest&>(*request));
-    });
-    if (held == live_.end()) return false;
-    return std::any_of(live_.begin(), live_.end(), [&](const RuleRequest* waiter) {
-      return !waiter->held_ && (conflicting(**held, *waiter) || conflicts_pairwise(**held, *waiter)) &&
-             matches(static_cast<const RuleRequest&>(*waiter));
-    });
+    // The held request, as seen in each shard it is in.
+    for (const RuleShard& shard : shards_) {
+      const auto held = std::find_if(shard.live_.begin(), shard.live_.end(), [&mine](const RuleRequest* request) {
+        const RuleRequest& whole = whole_of(*request);
+        return whole.held_ && mine(whole);
+      });
+      if (held == shard.live_.end()) continue;
+      const bool found = std::any_of(shard.live_.begin(), shard.live_.end(), [&](const RuleRequest* waiter) {
+        const RuleRequest& whole = whole_of(*waiter);
+        return !whole.held_ &&
+               (RuleShard::conflicting(**held, *waiter) || RuleShard::conflicts_pairwise(**held, *waiter)) &&
+               matches(whole);
+      });
+      if (found) return true;
+    }
+    return false;
   });
 }
 
 template <class Predicate>
 std::size_t RuleTable::withdraw_waiting(const SchedulingRule& rule, Predicate&& matches) {
-  return withdraw_collected([&](std::vector<RuleRequest*>& withdrawn) {
-    const auto consider = [&](RuleRequest& request) {
+  const ShardSet shards = shards_of(rule);
+  return withdraw_collected(shards, [&](std::vector<RuleRequest*>& withdrawn) {
+    const auto consider = [&](RuleRequest& in_shard) {
+      if (!seen_here(in_shard)) return;
+      RuleRequest& request = whole_of(in_shard);
       if (request.rule_ == &rule && waiting_anywhere(request) &&
           matches(static_cast<const RuleRequest&>(request))) {
         withdrawn.push_back(&request);
       }
     };
-    auto identity = identities_.end();
-    if (rule.key().kind == RuleKey::Kind::identity) identity = identities_.find(&rule);
-    if (identity != identities_.end()) {
-      // A request for exactly this rule has one entry, queued there unless it is clear, and a
-      // clear one waits only when a custom rule holds it back.
-      const RuleNode& node = *identity->second;
-      for (unsigned left = node.queued; left != 0; left &= left - 1)
-        node.waiting(static_cast<std::size_t>(std::countr_zero(left))).for_each(consider);
-      for (RuleRequest* request : blocked_) {
-        if (request->place_.in_table.unclear == 0) consider(*request);
+    each_shard(shards, [&](std::size_t index) {
+      const RuleShard& shard = shards_[index];
+      auto identity = shard.identities_.end();
+      if (rule.key().kind == RuleKey::Kind::identity) identity = shard.identities_.find(&rule);
+      if (identity != shard.identities_.end()) {
+        // A request for exactly this rule has one entry, queued there unless it is clear, and a
+        // clear one waits only when a custom rule holds it back.
+        const RuleNode& node = *identity->second;
+        for (unsigned left = node.queued; left != 0; left &= left - 1)
+          node.waiting(static_cast<std::size_t>(std::countr_zero(left))).for_each(consider);
+        for (RuleRequest* request : shard.blocked_) {
+          if (request->place_.in_table.unclear == 0) consider(*request);
+        }
+      } else {
+        for (RuleRequest* request : shard.live_) consider(*request);
       }
-    } else {
-      for (RuleRequest* request : live_) consider(*request);
-    }
+    });
   });
 }
 
 template <class Predicate>
 std::size_t RuleTable::withdraw_waiting_if(Predicate&& matches) {
-  return withdraw_collected([&](std::vector<RuleRequest*>& withdrawn) {
-    for (RuleRequest* request : live_) {
-      if (waiting_anywhere(*request) && matches(static_cast<const RuleRequest&>(*request)))
-        withdrawn.push_back(request);
-    }
+  return withdraw_collected(all_shards, [&](std::vector<RuleRequest*>& withdrawn) {
+    each_live([&](const RuleShard&, RuleRequest& in_shard) {
+      if (!seen_here(in_shard)) return;
+      RuleRequest& request = whole_of(in_shard);
+      if (waiting_anywhere(request) && matches(static_cast<const RuleRequest&>(request)))
+        withdrawn.push_back(&request);
+    });
   });
 }
 
 // Inline: on the paths of both entering and leaving, which live in files of their own.
 
-inline void RuleTable::place_live(RuleRequest& request, std::size_t at) noexcept {
+inline void RuleShard::place_live(RuleRequest& request, std::size_t at) noexcept {
   live_[at] = &request;
   request.place_.in_table.live_index = static_cast<std::uint32_t>(at);
 }
 
-inline void RuleTable::erase_live(RuleRequest& request) noexcept {
+inline void RuleShard::erase_live(RuleRequest& request) noexcept {
   const std::size_t hole = request.place_.in_table.live_index;
   if (hole < rootless_from_) {
     // The last of the first part fills the hole, and the last request its place.
@@ -484,7 +678,7 @@ inline void RuleTable::erase_live(RuleRequest& request) noexcept {
 // Whether an entry of `mode` with `ticket` (not yet granted, not yet counted as clear) is clear at
 // `node`. Node-local: a clear waiting entry of an incompatible mode is always older than an entry
 // that is not clear yet (see the top of this file), and so is older than every newcomer.
-inline bool RuleTable::clear_at(const RuleNode& node, LockMode mode, std::uint64_t ticket) noexcept {
+inline bool RuleShard::clear_at(const RuleNode& node, LockMode mode, std::uint64_t ticket) noexcept {
   const std::uint8_t incompatible = incompatible_mask[index_of(mode)];
   if ((node.occupied() & incompatible) == 0) return true;  // nothing in the way
   if ((node.counted & incompatible) != 0) return false;    // granted or clear and older
@@ -496,12 +690,12 @@ inline bool RuleTable::clear_at(const RuleNode& node, LockMode mode, std::uint64
 }
 
 // Inline, as begin_rule's fast path takes them through enter() and leave().
-inline bool RuleTable::park(RuleRequest& request) noexcept {
+inline bool RuleShard::park(RuleRequest& request) noexcept {
   Park state = Park::active;
   return request.park_.compare_exchange_strong(state, Park::parked, std::memory_order_acq_rel);
 }
 
-inline bool RuleTable::resume(RuleRequest& request) noexcept {
+inline bool RuleShard::resume(RuleRequest& request) noexcept {
   Park state = Park::parked;
   if (request.park_.compare_exchange_strong(state, Park::active, std::memory_order_acq_rel)) return true;
   // A newcomer may be taking it out under the table's lock (revoke_parked notifies when it is out).

@@ -17,7 +17,7 @@ namespace tasklet::detail {
 // that enters them starts fetching them before it enters the first, where a linked chain cost one
 // cache miss per link, one after the other, under the lock. On the submitted stack it is tagged
 // with the low bit; it links to the next older entry.
-struct RuleTable::SubmittedRun {
+struct RuleShard::SubmittedRun {
   std::uintptr_t next;
   std::size_t count;
   static std::size_t bytes(std::size_t count) noexcept {
@@ -31,7 +31,7 @@ struct RuleTable::SubmittedRun {
   }
 };
 
-std::uintptr_t& RuleTable::submitted_link(std::uintptr_t entry) noexcept {
+std::uintptr_t& RuleShard::submitted_link(std::uintptr_t entry) noexcept {
   static_assert(alignof(RuleRequest) > run_tag && alignof(SubmittedRun) > run_tag, "the tag's bit is free");
   if ((entry & run_tag) != 0) return reinterpret_cast<SubmittedRun*>(entry & ~run_tag)->next;
   return reinterpret_cast<RuleRequest*>(entry)->place_.next_submitted;
@@ -67,7 +67,7 @@ void RuleTable::notify(const Grants& grants) noexcept {
 
 // Puts `newest` on the submitted stack; `oldest_link`, the link of the oldest entry pushed with it,
 // then names what was there.
-void RuleTable::push_submitted(std::uintptr_t newest, std::uintptr_t& oldest_link) noexcept {
+void RuleShard::push_submitted(std::uintptr_t newest, std::uintptr_t& oldest_link) noexcept {
   std::uintptr_t head = submitted_.load(std::memory_order_relaxed);
   do {
     oldest_link = head;
@@ -79,7 +79,7 @@ void RuleTable::push_submitted(std::uintptr_t newest, std::uintptr_t& oldest_lin
 // thread, at once, unless another holds it. Every submission sees to the stack itself (drain): what
 // is below it may have been pushed by enter_all, which leaves its requests to a drain() that can
 // come much later.
-void RuleTable::enter(RuleRequest& request) {
+void RuleShard::enter(RuleRequest& request) {
   const Park state = request.park_.load(std::memory_order_acquire);
   if (state == Park::parked || state == Park::revoking) {
     // Its owner's idle request, left here by leave(): taken back without the lock, unless a
@@ -94,18 +94,22 @@ void RuleTable::enter(RuleRequest& request) {
     } else {
       Grants grants;
       {
-        Locked lock(*this, grants);
+        RuleTable::Locked lock(*table_, bit(), grants);
         if (request.park_.load(std::memory_order_acquire) == Park::parked) take_out(request, grants);
       }
-      notify(grants);
+      table_->notify(grants);
     }
     request.park_.store(Park::none, std::memory_order_relaxed);
   }
   push_submitted(reinterpret_cast<std::uintptr_t>(&request), request.place_.next_submitted);
-  drain();
+  Grants grants;
+  Orphans orphans;
+  if (!drain_into(grants, orphans)) return;
+  table_->notify(grants);
+  for (RuleRequest* orphan : orphans) delete orphan;
 }
 
-void RuleTable::enter_all(std::span<RuleRequest* const> requests) noexcept {
+void RuleShard::enter_all(std::span<RuleRequest* const> requests) noexcept {
   if (requests.empty()) return;
   void* block = nullptr;
   if (requests.size() > 1) {
@@ -129,20 +133,18 @@ void RuleTable::enter_all(std::span<RuleRequest* const> requests) noexcept {
   push_submitted(reinterpret_cast<std::uintptr_t>(run) | run_tag, run->next);
 }
 
-void RuleTable::drain() noexcept {
+// Enters what was submitted here, unless another thread holds the lock; false when nothing was.
+bool RuleShard::drain_into(Grants& grants, Orphans& orphans) noexcept {
   // A submission this thread made, or one made before a task that calls this was spawned, is seen
   // here unless it was entered already; one made concurrently is its submitter's to see to.
-  if (submitted_.load(std::memory_order_acquire) == 0) return;
-  Grants grants;
-  Orphans orphans;
+  if (submitted_.load(std::memory_order_acquire) == 0) return false;
   settle(grants, orphans);
-  notify(grants);
-  for (RuleRequest* orphan : orphans) delete orphan;
+  return true;
 }
 
 // Under the lock. Out of memory while entering terminates, as while queueing: the submitter has
 // gone on, and a half-entered request would break the table.
-void RuleTable::enter_submitted(Grants& grants, Orphans& orphans) noexcept {
+void RuleShard::enter_submitted(Grants& grants, Orphans& orphans) noexcept {
   if (submitted_.load(std::memory_order_relaxed) == 0) return;  // mostly: no write to share
   // Until they are in, has_submitted() must not say "nothing": set before the stack looks empty.
   entering_submitted_.store(true, std::memory_order_relaxed);
@@ -174,7 +176,7 @@ void RuleTable::enter_submitted(Grants& grants, Orphans& orphans) noexcept {
 // up under the lock. A request is fetched only where its rule differs from the one before it: a
 // run of one rule (a mutex's tasklets) costs little to enter (every request waits at the same
 // node), and fetching each of its requests costs more than it saves.
-void RuleTable::enter_together(SubmittedRun& run, Grants& grants, Orphans& orphans) noexcept {
+void RuleShard::enter_together(SubmittedRun& run, Grants& grants, Orphans& orphans) noexcept {
   RuleRequest* const* requests = run.requests();
   const SchedulingRule* const* rules = run.rules();
   for (std::size_t i = 0; i < run.count; ++i) {
@@ -188,20 +190,20 @@ void RuleTable::enter_together(SubmittedRun& run, Grants& grants, Orphans& orpha
 
 // Out of memory, put_in changed nothing but the request (and perhaps made empty nodes): the request
 // is linked on refused_ for the next notify(), which tells its owner.
-void RuleTable::put_in_or_refuse(RuleRequest& request, Grants& grants, Orphans& orphans) noexcept {
+void RuleShard::put_in_or_refuse(RuleRequest& request, Grants& grants, Orphans& orphans) noexcept {
   try {
     if (put_in(request, grants, orphans)) grants.push_back(&request);  // put_in made room
   } catch (...) {
     request.clear_entries();
     request.has_custom_ = false;
-    push_refused(request);
+    table_->push_refused(request);
   }
 }
 
 // After letting the lock go (or submitting): enters what was submitted meanwhile, unless another
 // thread holds the lock, which does it when it lets go. The fences order our read of submitted_
 // after our unlock, and a submitter's try_lock after its push: one of us sees the other.
-void RuleTable::settle(Grants& grants, Orphans& orphans) noexcept {
+void RuleShard::settle(Grants& grants, Orphans& orphans) noexcept {
   for (;;) {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (submitted_.load(std::memory_order_relaxed) == 0 || !mutex_.try_lock()) return;
@@ -213,28 +215,21 @@ void RuleTable::settle(Grants& grants, Orphans& orphans) noexcept {
 // ---------------------------------------------------------------------------------------------
 // Leaving
 
-bool RuleTable::leave(RuleRequest& request, Grants& grants) {
+bool RuleShard::leave(RuleRequest& request, Grants& grants) {
   // parkable_ was set when the request was entered, before its grant reached its owner.
   if (request.parkable_ && park(request)) return true;
-  Locked lock(*this, grants);
+  RuleTable::Locked lock(*table_, bit(), grants);
   assert(request.in_table_ && request.held_);
-  if (shared_out(request)) backend_->leave(request, false);
+  if (table_->shared_out(request)) table_->backend_->leave(request, false);
   take_out(request, grants);
   return false;
 }
 
-bool RuleTable::leave(RuleRequest& request) {
-  Grants grants;
-  const bool parked = leave(request, grants);
-  notify(grants);
-  return parked;
-}
-
-void RuleTable::hand_over(RuleRequest& from, RuleRequest& to) {
+void RuleShard::hand_over(RuleRequest& from, RuleRequest& to) {
   to.reserve_entries(from.entry_count_);  // out of memory: nothing changed
   Grants grants;  // none: nothing is released, but the lock may enter what was submitted
   {
-    Locked lock(*this, grants);
+    RuleTable::Locked lock(*table_, bit(), grants);
     assert(from.in_table_ && from.held_ && !from.parkable_ && !to.in_table_ && !to.parkable());
     std::copy_n(from.entry_data(), from.entry_count_, to.entry_data());
     to.entry_count_ = from.entry_count_;
@@ -245,19 +240,20 @@ void RuleTable::hand_over(RuleRequest& from, RuleRequest& to) {
     to.in_table_ = true;
     to.has_custom_ = from.has_custom_;
     to.custom_blocked_ = false;
+    to.shard_ = from.shard_;
     live_[from.place_.in_table.live_index] = &to;
-    if (shared_out(from)) backend_->moved(from, to);
+    if (table_->shared_out(from)) table_->backend_->moved(from, to);
     if (from.has_custom_) *std::find(customs_.begin(), customs_.end(), &from) = &to;
     from.held_ = false;
     from.in_table_ = false;
     from.has_custom_ = false;
     from.clear_entries();
-    if (Trace* trace = trace_.load(std::memory_order_relaxed)) [[unlikely]] {
-      trace_left(*trace, from, true);
+    if (Trace* trace = table_->trace_.load(std::memory_order_relaxed)) [[unlikely]] {
+      RuleTable::trace_left(*trace, from, true);
       trace_entered(*trace, to, true);
     }
   }
-  notify(grants);
+  table_->notify(grants);
 }
 
 }  // namespace tasklet::detail

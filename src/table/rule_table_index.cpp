@@ -37,7 +37,7 @@ std::size_t entry_count_hint(const SchedulingRule& rule) noexcept {
 
 bool RuleNode::is_unused() const noexcept { return occupied() == 0 && children.empty(); }
 
-RuleNode& RuleTable::path_node(RuleNode& from, std::string_view segment) {
+RuleNode& RuleShard::path_node(RuleNode& from, std::string_view segment) {
   auto found = from.children.find(segment);
   if (found != from.children.end()) return *found->second;
   auto node = std::make_unique<RuleNode>();
@@ -53,7 +53,7 @@ RuleNode& RuleTable::path_node(RuleNode& from, std::string_view segment) {
 // the rule object's first request: a rule made for one job (rules::path(file) per job) is looked up
 // once, and a note would only cost an allocation. The second request makes it, with room for
 // `room` nodes.
-RuleNote* RuleTable::note_on(const SchedulingRule& rule, std::size_t room) {
+RuleNote* RuleShard::note_on(const SchedulingRule& rule, std::size_t room) {
   using Slot = SchedulingRule::TableSlot;
   void* held = Slot::slot(rule, std::memory_order_acquire);
   if (held == nullptr) {
@@ -80,7 +80,7 @@ RuleNote* RuleTable::note_on(const SchedulingRule& rule, std::size_t room) {
 
 // A rule's node is in its note while no node was freed since it was noted (nodes move only when
 // freed, and freeing one advances node_generation_).
-RuleNode& RuleTable::identity_node(const SchedulingRule& rule) {
+RuleNode& RuleShard::identity_node(const SchedulingRule& rule) {
   RuleNote* note = note_on(rule, 1);
   if (note != nullptr && note->count == 1 && note->generation == node_generation_) return *note->nodes()[0];
   std::unique_ptr<RuleNode>& slot = identities_[&rule];
@@ -98,7 +98,7 @@ RuleNode& RuleTable::identity_node(const SchedulingRule& rule) {
 
 // `merge`: the request may already have an entry on this node (only the atoms of a multi rule
 // can meet on a node), which then takes the stronger of the two modes.
-void RuleTable::add_entry(RuleRequest& request, RuleNode& node, LockMode mode, bool merge) {
+void RuleShard::add_entry(RuleRequest& request, RuleNode& node, LockMode mode, bool merge) {
   if (merge) {
     for (RuleEntry& entry : request.entries()) {
       if (entry.node() == &node) {
@@ -114,8 +114,12 @@ void RuleTable::add_entry(RuleRequest& request, RuleNode& node, LockMode mode, b
 
 // `with_root`: whether a path atom takes its intent entry at the root (see root intents, in
 // rule_table.hpp); its own entry there, for a rule on the root, it always takes.
-void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom, const RuleKey& key, bool merge,
+void RuleShard::add_atom(RuleRequest& request, const SchedulingRule& atom, const RuleKey& key, bool merge,
                          bool with_root) {
+  // A part takes the entries of the atoms in its own shard only.
+  if (RuleTable::is_part(request) && key.kind != RuleKey::Kind::multi && key.kind != RuleKey::Kind::custom &&
+      (RuleTable::atom_shards(atom, key) & bit()) == 0)
+    return;
   switch (key.kind) {
     case RuleKey::Kind::identity:
       add_entry(request, identity_node(atom), LockMode::x, merge);
@@ -139,7 +143,7 @@ void RuleTable::add_atom(RuleRequest& request, const SchedulingRule& atom, const
 
 // A path rule's entries: an intent on each node above its own (the root's only `with_root`), its
 // mode on its own. A note kept on the rule object remembers the nodes while the tree is unchanged.
-void RuleTable::add_path(RuleRequest& request, const SchedulingRule& atom, const RuleKey& key, bool merge,
+void RuleShard::add_path(RuleRequest& request, const SchedulingRule& atom, const RuleKey& key, bool merge,
                          bool with_root) {
   const PathSegments segments(key.path);
   const std::size_t count = segments.size() + 1;
@@ -161,7 +165,7 @@ void RuleTable::add_path(RuleRequest& request, const SchedulingRule& atom, const
       entry->set_node(*note->nodes()[i]);
       entry->set_mode(i + 1 == count ? target : intent);
     }
-    request.entry_count_ += static_cast<std::uint32_t>(count - first);
+    request.entry_count_ = static_cast<std::uint16_t>(request.entry_count_ + count - first);
     return;
   }
   RuleNode* node = &root_;
@@ -183,7 +187,7 @@ void RuleTable::add_path(RuleRequest& request, const SchedulingRule& atom, const
 // over and over allocates nothing; past the limits, a node is freed when its last user leaves. A
 // kept identity node may outlive its rule: it is unused, so a new rule at the same address simply
 // takes it over.
-void RuleTable::prune(RuleNode& node) {
+void RuleShard::prune(RuleNode& node) {
   if (node.identity != nullptr) {
     if (identities_.size() <= kept_identity_nodes || !node.is_unused()) return;
     identities_.erase(node.identity);

@@ -24,7 +24,7 @@ bool RuleTable::discard(RuleRequest& request) noexcept {
 // The table's side, under the lock
 
 // Whether two requests without custom parts conflict: incompatible modes on a shared node.
-bool RuleTable::conflicting(const RuleRequest& a, const RuleRequest& b) noexcept {
+bool RuleShard::conflicting(const RuleRequest& a, const RuleRequest& b) noexcept {
   for (const RuleEntry& mine : a.entries()) {
     for (const RuleEntry& theirs : b.entries()) {
       if (mine.node() == theirs.node() && !compatible[index_of(mine.mode())][index_of(theirs.mode())])
@@ -38,7 +38,7 @@ bool RuleTable::conflicting(const RuleRequest& a, const RuleRequest& b) noexcept
 // table, and marks the active ones that conflict with it wanted; every one of them when `request`
 // has custom parts. True when some were taken out. O(parked requests), and only for a newcomer
 // that would wait otherwise (or has custom parts).
-bool RuleTable::revoke_parked(const RuleRequest& request, Grants& grants, Orphans& orphans) {
+bool RuleShard::revoke_parked(const RuleRequest& request, Grants& grants, Orphans& orphans) {
   bool revoked = false;
   for (std::size_t at = 0; at < parked_.size();) {
     RuleRequest& other = *parked_[at];
@@ -71,7 +71,7 @@ bool RuleTable::revoke_parked(const RuleRequest& request, Grants& grants, Orphan
 
 // Under the lock, before another request is parked: the orphans go (so that a thread that holds
 // one rule after another leaves at most one request parked at a time).
-void RuleTable::drop_orphans(Grants& grants, Orphans& orphans) noexcept {
+void RuleShard::drop_orphans(Grants& grants, Orphans& orphans) noexcept {
   for (std::size_t at = 0; at < parked_.size();) {
     RuleRequest& other = *parked_[at];
     Park state = Park::orphaned;
@@ -85,7 +85,7 @@ void RuleTable::drop_orphans(Grants& grants, Orphans& orphans) noexcept {
 }
 
 // Parked requests (and orphans) count as neither held nor waiting.
-std::size_t RuleTable::parked_idle() const noexcept {
+std::size_t RuleShard::parked_idle() const noexcept {
   std::size_t idle = 0;
   for (const RuleRequest* request : parked_) {
     const Park state = request->park_.load(std::memory_order_acquire);

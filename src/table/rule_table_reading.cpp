@@ -32,10 +32,22 @@ std::string traced_text(const RuleBlocker& blocker) {
 }  // namespace
 
 bool RuleTable::has_conflicting_waiter(const RuleRequest& held) {
-  return read_settled([&] { return has_conflicting_waiter_locked(held); });
+  Grants grants;
+  bool found = false;
+  {
+    Locked lock(*this, shards_held(held), grants);
+    if (is_cross(held)) {
+      for (const auto& part : cross_of(held).parts)
+        found = found || shards_[part_shard(*part)].has_conflicting_waiter_locked(*part);
+    } else {
+      found = shards_[held.shard_].has_conflicting_waiter_locked(held);
+    }
+  }
+  notify(grants);
+  return found;
 }
 
-bool RuleTable::has_conflicting_waiter_locked(const RuleRequest& held) const noexcept {
+bool RuleShard::has_conflicting_waiter_locked(const RuleRequest& held) const noexcept {
   for (const RuleEntry& entry : held.entries()) {
     const RuleNode& node = *entry.node();
     for (std::size_t mode = 0; mode < lock_mode_count; ++mode) {
@@ -67,15 +79,19 @@ std::vector<RuleBlocker> RuleTable::blockers_if(Which&& which) {
   Grants grants;
   std::exception_ptr failed;  // out of memory: the grants the lock delivered go out all the same
   try {
-    Locked lock(*this, grants);
-    const auto waiting = std::find_if(live_.begin(), live_.end(), [&](const RuleRequest* request) {
-      return waiting_anywhere(*request) && which(*request);
+    Locked lock(*this, all_shards, grants);
+    const RuleRequest* waiting = nullptr;
+    each_live([&](const RuleShard&, const RuleRequest& request) {
+      const RuleRequest& whole = whole_of(request);
+      if (waiting == nullptr && waiting_anywhere(whole) && which(whole)) waiting = &whole;
     });
-    if (waiting != live_.end()) {
-      if ((*waiting)->held_) {
-        found = backend_->blockers(**waiting);  // held here, waiting in the backend
+    if (waiting != nullptr) {
+      if (waiting->held_) {
+        found = backend_->blockers(*waiting);  // held here, waiting in the backend
       } else {
-        add_blockers(**waiting, found);
+        RuleShard::InTheWay in_the_way;
+        add_blockers(*waiting, in_the_way);
+        found = described(in_the_way);
       }
     }
   } catch (...) {
@@ -86,30 +102,50 @@ std::vector<RuleBlocker> RuleTable::blockers_if(Which&& which) {
   return found;
 }
 
-void RuleTable::add_blockers(const RuleRequest& mine, std::vector<RuleBlocker>& found) const {
-  std::vector<const RuleRequest*> earlier;
-  for (const RuleRequest* other : live_) {
-    // A parked request is idle (a newcomer revokes it), and its rule may be gone.
-    const Park park = other->park_.load(std::memory_order_acquire);
-    if (other == &mine || (park != Park::none && park != Park::active && park != Park::wanted)) continue;
-    if (!other->held_ && other->ticket_ > mine.ticket_) continue;
-    if (!conflicting(mine, *other) && !conflicts_pairwise(mine, *other)) continue;
-    if (other->held_) {
-      found.push_back(other->describe());
-      found.back().holds = true;
-    } else {
-      earlier.push_back(other);
-    }
-  }
-  std::sort(earlier.begin(), earlier.end(),
-            [](const RuleRequest* a, const RuleRequest* b) { return a->ticket_ < b->ticket_; });
-  for (const RuleRequest* other : earlier) {
-    found.push_back(other->describe());
-    found.back().holds = false;
+void RuleTable::add_blockers(const RuleRequest& mine, RuleShard::InTheWay& found) const {
+  if (is_cross(mine)) {
+    for (const auto& part : cross_of(mine).parts) shards_[part_shard(*part)].add_blockers(*part, found);
+  } else {
+    shards_[mine.shard_].add_blockers(mine, found);
   }
 }
 
-void RuleTable::trace_entered(Trace& trace, const RuleRequest& request, bool granted) noexcept {
+// Each request once: the holders in the order found, then the earlier waiting ones in ticket order.
+std::vector<RuleBlocker> RuleTable::described(const RuleShard::InTheWay& found) {
+  std::vector<RuleBlocker> described;
+  std::vector<const RuleRequest*> seen;
+  const auto add = [&](const RuleRequest* request, bool holds) {
+    if (std::find(seen.begin(), seen.end(), request) != seen.end()) return;
+    seen.push_back(request);
+    described.push_back(request->describe());
+    described.back().holds = holds;
+  };
+  for (const RuleRequest* request : found.held) add(request, true);
+  std::vector<const RuleRequest*> earlier = found.earlier;
+  std::stable_sort(earlier.begin(), earlier.end(),
+                   [](const RuleRequest* a, const RuleRequest* b) { return a->ticket_ < b->ticket_; });
+  for (const RuleRequest* request : earlier) add(request, false);
+  return described;
+}
+
+// Whether `other` is in the way of `mine`, both seen in one shard: held, or waiting since earlier,
+// and conflicting. A parked request is idle (a newcomer revokes it), and its rule may be gone.
+bool RuleTable::in_the_way(const RuleRequest& mine, const RuleRequest& other) noexcept {
+  if (&other == &mine || RuleShard::idle_parked(other)) return false;
+  if (!other.held_ && other.ticket_ > mine.ticket_) return false;
+  return RuleShard::conflicting(mine, other) || RuleShard::conflicts_pairwise(mine, other);
+}
+
+// Under this shard's lock: a part granted here counts as held, as the shard sees it; the whole
+// request's standing (held or not) is read only under every shard's lock.
+void RuleShard::add_blockers(const RuleRequest& mine, InTheWay& found) const {
+  for (const RuleRequest* other : live_) {
+    if (!RuleTable::in_the_way(mine, *other)) continue;
+    (other->held_ ? found.held : found.earlier).push_back(&RuleTable::whole_of(*other));
+  }
+}
+
+void RuleShard::trace_entered(Trace& trace, const RuleRequest& request, bool granted) noexcept {
   // Naming the blockers walks every live request: done while there are few, so that a backlog
   // does not make each entry cost O(backlog). The grant names what let the request through.
   constexpr std::size_t named_up_to = 64;
@@ -117,9 +153,9 @@ void RuleTable::trace_entered(Trace& trace, const RuleRequest& request, bool gra
     const RuleBlocker who = request.describe();
     std::string blockers;
     if (!granted && live_.size() <= named_up_to) {
-      std::vector<RuleBlocker> found;
+      InTheWay found;
       add_blockers(request, found);
-      for (const RuleBlocker& blocker : found)
+      for (const RuleBlocker& blocker : RuleTable::described(found))
         blockers += (blockers.empty() ? "" : "; ") + traced_text(blocker);
     }
     const bool thread = request.blocks_thread();
@@ -131,7 +167,27 @@ void RuleTable::trace_entered(Trace& trace, const RuleRequest& request, bool gra
   }
 }
 
-void RuleTable::trace_granted(Trace& trace, const RuleRequest& request) const noexcept {
+// The same for a request over several shards, under their locks.
+void RuleTable::trace_entered(Trace& trace, const RuleRequest& request, bool granted) noexcept {
+  try {
+    const RuleBlocker who = request.describe();
+    std::string blockers;
+    if (!granted) {
+      RuleShard::InTheWay found;
+      add_blockers(request, found);
+      for (const RuleBlocker& blocker : described(found))
+        blockers += (blockers.empty() ? "" : "; ") + traced_text(blocker);
+    }
+    const bool thread = request.blocks_thread();
+    trace.entered(&request, thread, !granted, {who.owner, request.job_name()}, traced_text(who.rule.get()),
+                  std::move(blockers));
+    if (granted) trace.granted(&request, thread, {});
+  } catch (...) {
+    // Out of memory: the trace misses this request.
+  }
+}
+
+void RuleShard::trace_granted(Trace& trace, const RuleRequest& request) const noexcept {
   try {
     std::string by;
     if (releasing_ != nullptr) {
@@ -163,13 +219,15 @@ std::vector<RuleBlocker> RuleTable::wait_chain(const std::function<bool(const Ru
   Grants grants;
   std::exception_ptr failed;  // out of memory: the grants the lock delivered go out all the same
   try {
-    Locked lock(*this, grants);
+    Locked lock(*this, all_shards, grants);
     std::vector<ChainStep> steps;
-    for (const RuleRequest* request : live_) {
-      if (!request->held_ && !idle_parked(*request) && steps.size() < limit && start(*request)) {
-        steps.push_back({request, steps.size()});
+    each_live([&](const RuleShard&, const RuleRequest& request) {
+      const RuleRequest& whole = whole_of(request);
+      if (seen_here(request) && !whole.held_ && !RuleShard::idle_parked(whole) && steps.size() < limit &&
+          start(whole)) {
+        steps.push_back({&whole, steps.size()});
       }
-    }
+    });
     for (std::size_t at = 0; at < steps.size() && chain.empty(); ++at) {
       chain = step_chain(steps, at, mine, limit);
     }
@@ -181,14 +239,14 @@ std::vector<RuleBlocker> RuleTable::wait_chain(const std::function<bool(const Ru
   return chain;
 }
 
-bool RuleTable::idle_parked(const RuleRequest& request) noexcept {
+bool RuleShard::idle_parked(const RuleRequest& request) noexcept {
   const Park park = request.park_.load(std::memory_order_acquire);
   return park != Park::none && park != Park::active && park != Park::wanted;
 }
 
-// One step of wait_chain(), under the lock: what the request of steps[at] waits for. A holder in
-// `mine` ends the search (the chain from the start to it, then the caller's request); a waiter not
-// seen yet becomes a step.
+// One step of wait_chain(), under every lock: what the request of steps[at] waits for, in each
+// shard it is in. A holder in `mine` ends the search (the chain from the start to it, then the
+// caller's request); a waiter not seen yet becomes a step.
 std::vector<RuleBlocker> RuleTable::step_chain(std::vector<ChainStep>& steps, std::size_t at,
                                                std::span<const RuleRequest* const> mine,
                                                std::size_t limit) const {
@@ -197,28 +255,36 @@ std::vector<RuleBlocker> RuleTable::step_chain(std::vector<ChainStep>& steps, st
     return std::any_of(steps.begin(), steps.end(),
                        [request](const ChainStep& step) { return step.request == request; });
   };
-  for (const RuleRequest* other : live_) {
-    if (other == &waiting || idle_parked(*other) || (!other->held_ && other->ticket_ > waiting.ticket_))
-      continue;
-    if (!conflicting(waiting, *other) && !conflicts_pairwise(waiting, *other)) continue;
-    if (!other->held_) {
-      if (steps.size() < limit && !seen(other)) steps.push_back({other, at});
-      continue;
+  const RuleRequest* reached = nullptr;  // a holder in `mine`
+  const auto follow = [&](const RuleShard& shard, const RuleRequest& here) {
+    for (const RuleRequest* other : shard.live_) {
+      if (reached != nullptr) return;
+      const RuleRequest& whole = whole_of(*other);
+      if (&whole == &waiting || !in_the_way(here, *other)) continue;
+      if (!whole.held_) {
+        if (steps.size() < limit && !seen(&whole)) steps.push_back({&whole, at});
+        continue;
+      }
+      if (std::find(mine.begin(), mine.end(), &whole) != mine.end()) reached = &whole;
     }
-    if (std::find(mine.begin(), mine.end(), other) == mine.end()) continue;
-    std::vector<const RuleRequest*> path{other};
-    for (std::size_t step = at;; step = steps[step].from) {
-      path.push_back(steps[step].request);
-      if (steps[step].from == step) break;
-    }
-    std::vector<RuleBlocker> chain;
-    for (auto request = path.rbegin(); request != path.rend(); ++request) {
-      chain.push_back((*request)->describe());
-      chain.back().holds = (*request)->held_;
-    }
-    return chain;
+  };
+  if (is_cross(waiting)) {
+    for (const auto& part : cross_of(waiting).parts) follow(shards_[part_shard(*part)], *part);
+  } else {
+    follow(shards_[waiting.shard_], waiting);
   }
-  return {};
+  if (reached == nullptr) return {};
+  std::vector<const RuleRequest*> path{reached};
+  for (std::size_t step = at;; step = steps[step].from) {
+    path.push_back(steps[step].request);
+    if (steps[step].from == step) break;
+  }
+  std::vector<RuleBlocker> chain;
+  for (auto request = path.rbegin(); request != path.rend(); ++request) {
+    chain.push_back((*request)->describe());
+    chain.back().holds = (*request)->held_;
+  }
+  return chain;
 }
 
 std::vector<RuleTable::Seen> RuleTable::snapshot(std::size_t max_waiters, std::size_t& left_out) {
@@ -227,7 +293,7 @@ std::vector<RuleTable::Seen> RuleTable::snapshot(std::size_t max_waiters, std::s
   Grants grants;
   std::exception_ptr failed;  // out of memory: the grants the lock delivered go out all the same
   try {
-    Locked lock(*this, grants);
+    Locked lock(*this, all_shards, grants);
     Trace* trace = trace_.load(std::memory_order_relaxed);
     const auto see = [&seen, trace](const RuleRequest& request) {
       Seen one;
@@ -235,7 +301,12 @@ std::vector<RuleTable::Seen> RuleTable::snapshot(std::size_t max_waiters, std::s
       one.who = request.describe();
       one.who.holds = request.held_;
       one.owner = request.owner();
-      one.entries.assign(request.entries().begin(), request.entries().end());
+      if (is_cross(request)) {
+        for (const auto& part : cross_of(request).parts)
+          one.entries.insert(one.entries.end(), part->entries().begin(), part->entries().end());
+      } else {
+        one.entries.assign(request.entries().begin(), request.entries().end());
+      }
       one.custom = request.has_custom_;
       one.shared =
           !request.has_custom_ && std::all_of(one.entries.begin(), one.entries.end(), [](const RuleEntry& e) {
@@ -243,16 +314,17 @@ std::vector<RuleTable::Seen> RuleTable::snapshot(std::size_t max_waiters, std::s
           });
       seen.push_back(std::move(one));
     };
-    for (const RuleRequest* request : live_) {
-      const Park park = request->park_.load(std::memory_order_acquire);
-      if (park != Park::none && park != Park::active && park != Park::wanted) continue;  // idle, parked
-      if (request->held_) {
-        see(*request);
+    each_live([&](const RuleShard&, const RuleRequest& in_shard) {
+      if (!seen_here(in_shard) || RuleShard::idle_parked(in_shard)) return;  // idle, parked
+      const RuleRequest& request = whole_of(in_shard);
+      if (request.held_) {
+        see(request);
       } else {
-        waiting.emplace_back(request->ticket_, request);
+        waiting.emplace_back(request.ticket_, &request);
       }
-    }
-    std::sort(waiting.begin(), waiting.end());
+    });
+    std::stable_sort(waiting.begin(), waiting.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
     left_out = waiting.size() > max_waiters ? waiting.size() - max_waiters : 0;
     waiting.resize(waiting.size() - left_out);
     for (const auto& [ticket, request] : waiting) see(*request);
@@ -280,15 +352,26 @@ bool RuleTable::conflict(const Seen& a, const Seen& b) noexcept {
 }
 
 bool RuleTable::is_idle() {
-  return read_settled([this] { return live_.size() == parked_idle(); });
+  return read_settled([this] {
+    return std::all_of(shards_.begin(), shards_.end(),
+                       [](const RuleShard& shard) { return shard.live_.size() == shard.parked_idle(); });
+  });
 }
 
 std::size_t RuleTable::held_count() {
-  return read_settled([this] { return held_ - parked_idle(); });
+  return read_settled([this] {
+    std::size_t held = crosses_held_.load(std::memory_order_relaxed);
+    for (const RuleShard& shard : shards_) held += shard.own_held() - shard.parked_idle();
+    return held;
+  });
 }
 
 std::size_t RuleTable::waiting_count() {
-  return read_settled([this] { return live_.size() - held_; });
+  return read_settled([this] {
+    std::size_t waiting = crosses_live_.load(std::memory_order_relaxed) - crosses_held_.load(std::memory_order_relaxed);
+    for (const RuleShard& shard : shards_) waiting += shard.own_live() - shard.own_held();
+    return waiting;
+  });
 }
 
 }  // namespace tasklet::detail

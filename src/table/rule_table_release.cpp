@@ -15,7 +15,7 @@ namespace tasklet::detail {
 // ---------------------------------------------------------------------------------------------
 // Granting
 
-void RuleTable::grant(RuleRequest& request, Grants& grants) {
+void RuleShard::grant(RuleRequest& request, Grants& grants) {
   for (RuleEntry& entry : request.entries()) {
     const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
     RuleNode& node = *entry.node();
@@ -24,21 +24,27 @@ void RuleTable::grant(RuleRequest& request, Grants& grants) {
   }
   request.held_ = true;
   ++held_;
-  if (Trace* trace = trace_.load(std::memory_order_relaxed)) [[unlikely]]
-    trace_granted(*trace, request);
+  RuleRequest* told = &request;
+  if (RuleTable::is_part(request)) {
+    ++held_parts_;
+    told = table_->part_granted(static_cast<RulePart&>(request));  // null while other parts wait
+    if (told == nullptr) return;
+  }
+  if (Trace* trace = table_->trace_.load(std::memory_order_relaxed)) [[unlikely]]
+    trace_granted(*trace, *told);
   try {
-    grants.push_back(&request);
+    grants.push_back(told);
   } catch (...) {
     // Out of memory for the list (a release can let any number through): told at once, under
     // the lock, rather than never. A grant only queues its owner's next step (no user code), and
     // whatever that enters in the table meanwhile waits for the lock holder.
-    deliver(request);
+    table_->deliver(*told);
   }
 }
 
 // Takes the entries that have become clear off the fronts of the queues at `node`, granting the
 // requests that are now clear everywhere. Amortised O(1) per entry: an entry is dequeued once.
-void RuleTable::walk(RuleNode& node, Grants& grants) {
+void RuleShard::walk(RuleNode& node, Grants& grants) {
   for (unsigned left = node.queued; left != 0; left &= left - 1) {
     const auto mode = static_cast<std::size_t>(std::countr_zero(left));
     WaitQueue& queue = node.waiting(mode);
@@ -58,7 +64,7 @@ void RuleTable::walk(RuleNode& node, Grants& grants) {
   }
 }
 
-void RuleTable::recheck_custom_blocked(Grants& grants) {
+void RuleShard::recheck_custom_blocked(Grants& grants) {
   auto kept = blocked_.begin();
   for (RuleRequest* request : blocked_) {
     if (blocked_by_custom(*request)) {
@@ -74,7 +80,7 @@ void RuleTable::recheck_custom_blocked(Grants& grants) {
 // ---------------------------------------------------------------------------------------------
 // Leaving
 
-void RuleTable::unlink_waiting(RuleRequest& request) noexcept {
+void RuleShard::unlink_waiting(RuleRequest& request) noexcept {
   for (RuleEntry& entry : request.entries()) {
     if (entry.clear()) {
       const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
@@ -87,9 +93,10 @@ void RuleTable::unlink_waiting(RuleRequest& request) noexcept {
   if (request.custom_blocked_) std::erase(blocked_, &request);
 }
 
-void RuleTable::take_out(RuleRequest& request, Grants& grants) {
+void RuleShard::take_out(RuleRequest& request, Grants& grants) {
   const bool was_held = request.held_;
-  Trace* const trace = trace_.load(std::memory_order_relaxed);
+  const bool part = RuleTable::is_part(request);
+  Trace* const trace = part ? nullptr : table_->trace_.load(std::memory_order_relaxed);
   if (trace != nullptr) [[unlikely]]
     releasing_ = &request;
   if (request.held_) {
@@ -98,9 +105,11 @@ void RuleTable::take_out(RuleRequest& request, Grants& grants) {
       entry.node()->uncount(mode);
     }
     --held_;
+    if (part) --held_parts_;
   } else {
     unlink_waiting(request);
   }
+  if (part) --parts_;
   erase_live(request);
   if (request.has_custom_) remove_custom(request);
   if (request.parkable_) {
@@ -127,80 +136,35 @@ void RuleTable::take_out(RuleRequest& request, Grants& grants) {
   // After the grants it caused, whose flows start inside the holder's slice that ends here.
   if (trace != nullptr) [[unlikely]] {
     releasing_ = nullptr;
-    trace_left(*trace, request, was_held);
+    RuleTable::trace_left(*trace, request, was_held);
   }
 }
 
-bool RuleTable::withdraw(RuleRequest& request) {
-  Grants grants;
-  bool withdrawn = false;
-  {
-    Locked lock(*this, grants);
-    if (request.in_table_ && (!request.held_ || (backend_ != nullptr && backend_->leave(request, true)))) {
-      take_out(request, grants);
-      withdrawn = true;
+// Takes a request out without walking its nodes: nobody is left waiting to be let through.
+void RuleShard::drop(RuleRequest& request) noexcept {
+  if (request.held_) {
+    for (RuleEntry& entry : request.entries()) {
+      const auto mode = static_cast<std::size_t>(index_of(entry.mode()));
+      entry.node()->uncount(mode);
     }
+    --held_;
+    if (RuleTable::is_part(request)) --held_parts_;
+  } else {
+    unlink_waiting(request);
   }
-  notify(grants);
-  return withdrawn;
-}
-
-void RuleTable::abandon(RuleRequest& request) {
-  Grants grants;
-  {
-    Locked lock(*this, grants);
-    if (request.in_table_ && request.held_) take_out(request, grants);
+  if (RuleTable::is_part(request)) --parts_;
+  erase_live(request);
+  if (request.has_custom_) remove_custom(request);
+  if (request.parkable_) {
+    std::erase(parked_, &request);
+    request.parkable_ = false;
+    request.park_.store(Park::none, std::memory_order_relaxed);
   }
-  notify(grants);
-}
-
-void RuleTable::cancel_all_waiting() {
-  std::vector<RuleRequest*> canceled;
-  Grants grants;  // submitted requests granted at once
-  {
-    Locked lock(*this, grants);
-    for (RuleRequest* request : live_) {
-      if (!request->held_) canceled.push_back(request);
-    }
-    const std::size_t waiting_here = canceled.size();
-    for (RuleRequest* request : live_) {
-      if (waits_outside(*request)) canceled.push_back(request);
-    }
-    // In the order they came, so that their owners hear of it in that order.
-    const auto by_ticket = [](const RuleRequest* a, const RuleRequest* b) { return a->ticket_ < b->ticket_; };
-    std::sort(canceled.begin(), canceled.begin() + static_cast<std::ptrdiff_t>(waiting_here), by_ticket);
-    // Every waiter goes, so nobody is left to be let through: unlink without walking.
-    Trace* trace = trace_.load(std::memory_order_relaxed);
-    for (std::size_t at = 0; at < waiting_here; ++at) {
-      RuleRequest* request = canceled[at];
-      if (trace != nullptr) trace_left(*trace, *request, false);
-      unlink_waiting(*request);
-      erase_live(*request);
-      if (request->has_custom_) remove_custom(*request);
-      if (request->parkable_) {
-        std::erase(parked_, request);
-        request->parkable_ = false;
-        request->park_.store(Park::none, std::memory_order_relaxed);
-      }
-      request->in_table_ = false;
-      request->custom_blocked_ = false;
-      for (auto entry = request->entries().rbegin(); entry != request->entries().rend(); ++entry) {
-        prune(*entry->node());
-      }
-      request->clear_entries();
-    }
-    // Then those held here and still waiting in the backend, withdrawn there: nobody waits here to
-    // be let through any more.
-    auto kept = canceled.begin() + static_cast<std::ptrdiff_t>(waiting_here);
-    for (auto outside = kept; outside != canceled.end(); ++outside) {
-      if (!backend_->leave(**outside, true)) continue;
-      take_out(**outside, grants);
-      *kept++ = *outside;
-    }
-    canceled.erase(kept, canceled.end());
-  }
-  notify(grants);
-  for (RuleRequest* request : canceled) request->closed();
+  request.in_table_ = false;
+  request.held_ = false;
+  request.custom_blocked_ = false;
+  for (auto entry = request.entries().rbegin(); entry != request.entries().rend(); ++entry) prune(*entry->node());
+  request.clear_entries();
 }
 
 }  // namespace tasklet::detail

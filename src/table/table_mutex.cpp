@@ -37,12 +37,32 @@ TableMutex::~TableMutex() {
 std::optional<TableLockReading> read_table_lock() noexcept {
   Registry& all = registry();
   std::lock_guard lock(all.mutex);
-  std::uint64_t held = all.gone;
-  for (const TableMutex* table : all.live) held += table->held_.load(std::memory_order_relaxed);
-  return TableLockReading{table_clock(), held};
+  TableLockReading reading{table_clock(), all.gone, {}};
+  try {
+    reading.locks.reserve(all.live.size());
+  } catch (...) {
+    return std::nullopt;
+  }
+  for (const TableMutex* table : all.live) {
+    const std::uint64_t held = table->held_.load(std::memory_order_relaxed);
+    reading.held += held;
+    reading.locks.emplace_back(table, held);
+  }
+  return reading;
 }
 #else
 std::optional<TableLockReading> read_table_lock() noexcept { return std::nullopt; }
 #endif
+
+double busiest_lock_share(const TableLockReading& before, const TableLockReading& after) noexcept {
+  if (after.now <= before.now) return 0.0;
+  std::uint64_t busiest = 0;
+  for (const auto& [lock, held] : after.locks) {
+    const auto was = std::find_if(before.locks.begin(), before.locks.end(),
+                                  [lock](const auto& seen) { return seen.first == lock; });
+    if (was != before.locks.end()) busiest = std::max(busiest, held - was->second);
+  }
+  return static_cast<double>(busiest) / static_cast<double>(after.now - before.now);
+}
 
 }  // namespace tasklet::detail

@@ -11,6 +11,8 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include <oneapi/tbb/mutex.h>
 
@@ -39,11 +41,16 @@ inline std::uint64_t table_clock() noexcept {
 /// long their locks have been held, in the clock's ticks (held / (now - then) is the share of the
 /// time between two readings). nullopt when the library was built without
 /// TASKLET_TABLE_OCCUPANCY. Thread-safe.
+/// A table has a lock per shard: `locks` has each live lock's own sum, by the lock's address.
 struct TableLockReading {
   std::uint64_t now;
   std::uint64_t held;
+  std::vector<std::pair<const void*, std::uint64_t>> locks;
 };
 std::optional<TableLockReading> read_table_lock() noexcept;
+/// The largest share of the time between two readings for which any one lock was held (the lock
+/// that saturates first). 0 when no lock lived through both.
+double busiest_lock_share(const TableLockReading& before, const TableLockReading& after) noexcept;
 
 // Held for a few hundred nanoseconds at a time by the posting thread and the releasing workers:
 // oneTBB's mutex spins briefly before it sleeps, where a plain futex mutex would turn every
