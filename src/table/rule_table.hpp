@@ -478,6 +478,12 @@ class RuleTable {
   struct Deferred;
   void defer(std::span<RuleRequest* const> requests) noexcept;
   void enter_deferred() noexcept;
+  bool deferring() const noexcept {
+    return deferred_.load(std::memory_order_acquire) != nullptr ||
+           entering_deferred_.load(std::memory_order_acquire);
+  }
+  // enter() once nothing deferred is in its way.
+  void enter_now(RuleRequest& request);
   bool put_in_across(RuleRequest& request, std::unique_ptr<CrossRequest>& cross, Grants& grants,
                      Orphans& orphans);
   // Takes a request out of every shard it is in, under their locks.

@@ -103,6 +103,17 @@ RuleTable::Locked::~Locked() {
 
 void RuleTable::enter(RuleRequest& request) {
   if (undrained_.load(std::memory_order_acquire) != 0) drain();  // enter_all's requests came first
+  if (deferring()) {
+    // Behind what waits for drain(), which may be this thread's: it came first.
+    RuleRequest* const alone[] = {&request};
+    defer(alone);
+    enter_deferred();
+    return;
+  }
+  enter_now(request);
+}
+
+void RuleTable::enter_now(RuleRequest& request) {
   const ShardSet shards = shards_of(*request.rule_);
   if (!single(shards)) {
     enter_across(request, shards);
@@ -116,7 +127,12 @@ void RuleTable::enter(RuleRequest& request) {
 
 void RuleTable::enter_all(std::span<RuleRequest* const> requests) noexcept {
   // The requests before the first one over several shards go to their shards' stacks, each
-  // shard's in their order; the rest, from that one on, to drain() in a block of their own.
+  // shard's in their order; the rest, from that one on, to drain() in a block of their own, and
+  // all of them while such blocks wait (they came first).
+  if (deferring()) {
+    defer(requests);
+    return;
+  }
   ShardSet seen = 0;
   std::size_t to = 0;
   for (; to < requests.size(); ++to) {
@@ -165,7 +181,7 @@ void RuleTable::defer(std::span<RuleRequest* const> requests) noexcept {
     block = allocate_bytes(sizeof(Deferred) + requests.size() * sizeof(RuleRequest*));
   } catch (...) {
     // Out of memory: entered here, in their order, rather than lost.
-    for (RuleRequest* request : requests) enter(*request);
+    for (RuleRequest* request : requests) enter_now(*request);
     return;
   }
   auto* deferred = ::new (block) Deferred{nullptr, requests.size()};
@@ -190,17 +206,7 @@ void RuleTable::enter_deferred() noexcept {
     while (newest != nullptr) oldest = std::exchange(newest, std::exchange(newest->next, oldest));
     while (oldest != nullptr) {
       Deferred* block = std::exchange(oldest, oldest->next);
-      for (std::size_t at = 0; at < block->count; ++at) {
-        RuleRequest& request = *block->requests()[at];
-        const ShardSet shards = shards_of(*request.rule_);
-        if (!single(shards)) {
-          enter_across(request, shards);
-          continue;
-        }
-        const std::uint16_t index = first_shard(shards);
-        if (request.shard_ != index) request.shard_ = index;
-        shards_[index].enter(request);
-      }
+      for (std::size_t at = 0; at < block->count; ++at) enter_now(*block->requests()[at]);
       deallocate_bytes(block);
     }
     entering_deferred_.store(false, std::memory_order_release);
