@@ -550,20 +550,23 @@ class RuleTable {
   static bool in_the_way(const RuleRequest& mine, const RuleRequest& other) noexcept;
 
   std::array<RuleShard, shard_count> shards_;
-  // Blocks of deferred requests, newest first; a drain() entering them holds deferred_mutex_.
-  std::atomic<Deferred*> deferred_{nullptr};
-  std::atomic<bool> entering_deferred_{false};  // set before the stack looks empty
-  oneapi::tbb::mutex deferred_mutex_;
-  // A bit per shard on whose stack enter_all left requests, and deferred_bit: enter() drains them
-  // first (they came before), as it drained the one stack of a table without shards.
-  static constexpr ShardSet deferred_bit = ShardSet{1} << 63;
-  std::atomic<ShardSet> undrained_{0};
+  // Read by every operation of every shard, written rarely.
   // Requests refused for lack of memory (put_in_or_refuse), linked like the submitted ones, until
   // the next notify() tells their owners.
   std::atomic<std::uintptr_t> refused_{0};
   std::atomic<Trace*> trace_{nullptr};  // read under the locks, beside what entering writes
   RuleBackend* backend_ = nullptr;      // set before the first request (set_backend)
   std::shared_ptr<RuleBackend> backend_owner_;
+  // Written by enter_all, drain() and requests over several shards: on lines of their own, so that
+  // the synchronous thread's batches do not take the line above away from the workers.
+  // A bit per shard on whose stack enter_all left requests, and deferred_bit: enter() drains them
+  // first (they came before), as it drained the one stack of a table without shards.
+  static constexpr ShardSet deferred_bit = ShardSet{1} << 63;
+  alignas(64) std::atomic<ShardSet> undrained_{0};
+  // Blocks of deferred requests, newest first; a drain() entering them holds deferred_mutex_.
+  std::atomic<Deferred*> deferred_{nullptr};
+  std::atomic<bool> entering_deferred_{false};  // set before the stack looks empty
+  oneapi::tbb::mutex deferred_mutex_;
   // Requests over several shards in the table, and of those the granted ones (changed under
   // their shards' locks, read under every shard's lock).
   std::atomic<std::size_t> crosses_live_{0};

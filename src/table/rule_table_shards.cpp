@@ -110,6 +110,11 @@ void RuleTable::enter(RuleRequest& request) {
     enter_deferred();
     return;
   }
+  if (request.park_.load(std::memory_order_relaxed) == Park::parked) {
+    // begin_rule's parked request (always in one shard) goes back to its shard: the same rule.
+    shards_[request.shard_].enter(request);
+    return;
+  }
   enter_now(request);
 }
 
@@ -163,7 +168,8 @@ void RuleTable::enter_all(std::span<RuleRequest* const> requests) noexcept {
       shards_[index].enter_all(std::span<RuleRequest* const>(mine.data(), mine.size()));
     });
   }
-  if (seen != 0) undrained_.fetch_or(seen, std::memory_order_release);
+  if (seen != 0 && (undrained_.load(std::memory_order_relaxed) & seen) != seen)
+    undrained_.fetch_or(seen, std::memory_order_release);
   if (to < requests.size()) defer(requests.subspan(to));
 }
 
@@ -197,6 +203,8 @@ void RuleTable::defer(std::span<RuleRequest* const> requests) noexcept {
 // leaves its block to that one, which looks again after it let go (the fences: one of the two
 // sees the other, as in RuleShard::settle).
 void RuleTable::enter_deferred() noexcept {
+  // Whoever pushes a block drains afterwards and sees its own push: nothing here, nothing to do.
+  if (!deferring()) return;
   for (;;) {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (deferred_.load(std::memory_order_relaxed) == nullptr || !deferred_mutex_.try_lock()) return;
