@@ -147,6 +147,10 @@ class alignas(64) RuleShard {
            entering_submitted_.load(std::memory_order_acquire);
   }
   ShardSet bit() const noexcept { return ShardSet{1} << index_; }
+  // Calls consider(RuleRequest&) on every request here that may be one for exactly `rule` and
+  // waiting (and on others: the caller checks); for an identity rule, only on those at its node.
+  template <class Consider>
+  void each_waiting_for(const SchedulingRule& rule, Consider&& consider) const;
 
   void enter_submitted(Grants& grants, Orphans& orphans) noexcept;
   // put_in, or, when it ran out of memory (before it changed anything), the request's refusal.
@@ -473,6 +477,8 @@ class RuleTable {
   // A part's grant, under its shard's lock: the whole request, when this was its last part.
   RuleRequest* part_granted(RulePart& part) noexcept;
   void enter_across(RuleRequest& request, ShardSet shards) noexcept;
+  // Puts the requests of `run` in shard `index` on its stack, in their order.
+  void submit_to(std::size_t index, std::span<RuleRequest* const> run) noexcept;
   // enter_all's requests from its first one over several shards on, which it leaves to drain() in
   // a block of their own (entering those takes locks): pushed here, and entered in their order.
   struct Deferred;
@@ -632,23 +638,7 @@ std::size_t RuleTable::withdraw_waiting(const SchedulingRule& rule, Predicate&& 
         withdrawn.push_back(&request);
       }
     };
-    each_shard(shards, [&](std::size_t index) {
-      const RuleShard& shard = shards_[index];
-      auto identity = shard.identities_.end();
-      if (rule.key().kind == RuleKey::Kind::identity) identity = shard.identities_.find(&rule);
-      if (identity != shard.identities_.end()) {
-        // A request for exactly this rule has one entry, queued there unless it is clear, and a
-        // clear one waits only when a custom rule holds it back.
-        const RuleNode& node = *identity->second;
-        for (unsigned left = node.queued; left != 0; left &= left - 1)
-          node.waiting(static_cast<std::size_t>(std::countr_zero(left))).for_each(consider);
-        for (RuleRequest* request : shard.blocked_) {
-          if (request->place_.in_table.unclear == 0) consider(*request);
-        }
-      } else {
-        for (RuleRequest* request : shard.live_) consider(*request);
-      }
-    });
+    each_shard(shards, [&](std::size_t index) { shards_[index].each_waiting_for(rule, consider); });
   });
 }
 
@@ -662,6 +652,24 @@ std::size_t RuleTable::withdraw_waiting_if(Predicate&& matches) {
         withdrawn.push_back(&request);
     });
   });
+}
+
+template <class Consider>
+void RuleShard::each_waiting_for(const SchedulingRule& rule, Consider&& consider) const {
+  auto identity = identities_.end();
+  if (rule.key().kind == RuleKey::Kind::identity) identity = identities_.find(&rule);
+  if (identity == identities_.end()) {
+    for (RuleRequest* request : live_) consider(*request);
+    return;
+  }
+  // A request for exactly this rule has one entry, queued there unless it is clear, and a clear
+  // one waits only when a custom rule holds it back.
+  const RuleNode& node = *identity->second;
+  for (unsigned left = node.queued; left != 0; left &= left - 1)
+    node.waiting(static_cast<std::size_t>(std::countr_zero(left))).for_each(consider);
+  for (RuleRequest* request : blocked_) {
+    if (request->place_.in_table.unclear == 0) consider(*request);
+  }
 }
 
 // Inline: on the paths of both entering and leaving, which live in files of their own.

@@ -152,25 +152,27 @@ void RuleTable::enter_all(std::span<RuleRequest* const> requests) noexcept {
   if (single(seen)) {
     if (!run.empty()) shards_[first_shard(seen)].enter_all(run);
   } else {
-    each_shard(seen, [&](std::size_t index) {
-      boost::container::small_vector<RuleRequest*, 16> mine;
-      try {
-        for (RuleRequest* request : run) {
-          if (request->shard_ == index) mine.push_back(request);
-        }
-      } catch (...) {
-        // Out of memory for the list: one by one instead, which allocates nothing.
-        for (RuleRequest* const& request : run) {
-          if (request->shard_ == index) shards_[index].enter_all(std::span<RuleRequest* const>(&request, 1));
-        }
-        return;
-      }
-      shards_[index].enter_all(std::span<RuleRequest* const>(mine.data(), mine.size()));
-    });
+    each_shard(seen, [&](std::size_t index) { submit_to(index, run); });
   }
   if (seen != 0 && (undrained_.load(std::memory_order_relaxed) & seen) != seen)
     undrained_.fetch_or(seen, std::memory_order_release);
   if (to < requests.size()) defer(requests.subspan(to));
+}
+
+void RuleTable::submit_to(std::size_t index, std::span<RuleRequest* const> run) noexcept {
+  boost::container::small_vector<RuleRequest*, 16> mine;
+  try {
+    for (RuleRequest* request : run) {
+      if (request->shard_ == index) mine.push_back(request);
+    }
+  } catch (...) {
+    // Out of memory for the list: one by one instead, which allocates nothing.
+    for (RuleRequest* const& request : run) {
+      if (request->shard_ == index) shards_[index].enter_all(std::span<RuleRequest* const>(&request, 1));
+    }
+    return;
+  }
+  shards_[index].enter_all(std::span<RuleRequest* const>(mine.data(), mine.size()));
 }
 
 struct RuleTable::Deferred {

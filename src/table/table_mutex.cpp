@@ -57,10 +57,10 @@ std::optional<TableLockReading> read_table_lock() noexcept { return std::nullopt
 double busiest_lock_share(const TableLockReading& before, const TableLockReading& after) noexcept {
   if (after.now <= before.now) return 0.0;
   std::uint64_t busiest = 0;
-  for (const auto& [lock, held] : after.locks) {
+  for (const auto& now : after.locks) {
     const auto was = std::find_if(before.locks.begin(), before.locks.end(),
-                                  [lock](const auto& seen) { return seen.first == lock; });
-    if (was != before.locks.end()) busiest = std::max(busiest, held - was->second);
+                                  [&now](const auto& seen) { return seen.first == now.first; });
+    if (was != before.locks.end()) busiest = std::max(busiest, now.second - was->second);
   }
   return static_cast<double>(busiest) / static_cast<double>(after.now - before.now);
 }
