@@ -696,6 +696,7 @@ TEST_F(RuleTableShardsTest, ThreadsNeverHoldConflictingRulesAtOnce) {
   checker.take(root_rule);
   std::atomic<int> granted{0}, waited{0}, refused{0};
   std::latch go(threads + 1);
+  std::latch queued(threads);  // each thread's first request waits behind the root
   std::vector<std::thread> workers;
   for (int t = 0; t < threads; ++t) {
     workers.emplace_back([&, t] {
@@ -706,6 +707,7 @@ TEST_F(RuleTableShardsTest, ThreadsNeverHoldConflictingRulesAtOnce) {
         ThreadHold* hold = ThreadHold::take(rule, false);
         const bool at_once = hold->try_enter(table_);
         if (!at_once) waited.fetch_add(1, std::memory_order_relaxed);
+        if (i == 0) queued.count_down();
         const ThreadHold::Answer answer = at_once ? hold->answer() : hold->wait(nullptr, false);
         if (answer != ThreadHold::Answer::granted) {
           refused.fetch_add(1, std::memory_order_relaxed);
@@ -722,7 +724,8 @@ TEST_F(RuleTableShardsTest, ThreadsNeverHoldConflictingRulesAtOnce) {
   }
   go.arrive_and_wait();
   // Every pool rule is below the root: each thread's first request waits for it.
-  while (table_.waiting_count() < static_cast<std::size_t>(threads)) std::this_thread::yield();
+  queued.wait();
+  EXPECT_EQ(table_.waiting_count(), static_cast<std::size_t>(threads));
   checker.drop(root_rule);
   table_.leave(root);
   for (std::thread& worker : workers) worker.join();
