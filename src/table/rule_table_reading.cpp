@@ -136,12 +136,17 @@ bool RuleTable::in_the_way(const RuleRequest& mine, const RuleRequest& other) no
   return RuleShard::conflicting(mine, other) || RuleShard::conflicts_pairwise(mine, other);
 }
 
-// Under this shard's lock: a part granted here counts as held, as the shard sees it; the whole
-// request's standing (held or not) is read only under every shard's lock.
+// Under this shard's lock. A part granted here holds only once its whole request holds (its last
+// part granted, in whichever shard: the count says so without that shard's lock); before, its
+// request waits, asked earlier.
 void RuleShard::add_blockers(const RuleRequest& mine, InTheWay& found) const {
   for (const RuleRequest* other : live_) {
     if (!RuleTable::in_the_way(mine, *other)) continue;
-    (other->held_ ? found.held : found.earlier).push_back(&RuleTable::whole_of(*other));
+    const bool holds =
+        RuleTable::is_part(*other)
+            ? static_cast<const RulePart&>(*other).cross().unclear_parts.load(std::memory_order_acquire) == 0
+            : other->held_;
+    (holds ? found.held : found.earlier).push_back(&RuleTable::whole_of(*other));
   }
 }
 
