@@ -477,8 +477,10 @@ class RuleTable {
   // A part's grant, under its shard's lock: the whole request, when this was its last part.
   RuleRequest* part_granted(RulePart& part) noexcept;
   void enter_across(RuleRequest& request, ShardSet shards) noexcept;
-  // Puts the requests of `run` in shard `index` on its stack, in their order.
-  void submit_to(std::size_t index, std::span<RuleRequest* const> run) noexcept;
+  // Puts the requests of `run` that `where` (their shards, in order) puts in shard `index` on its
+  // stack, in their order.
+  using Shards = boost::container::small_vector<std::uint16_t, 16>;
+  void submit_to(std::size_t index, std::span<RuleRequest* const> run, const Shards& where) noexcept;
   // enter_all's requests from its first one over several shards on, which it leaves to drain() in
   // a block of their own (entering those takes locks): pushed here, and entered in their order.
   struct Deferred;

@@ -138,6 +138,9 @@ void RuleTable::enter_all(std::span<RuleRequest* const> requests) noexcept {
     defer(requests);
     return;
   }
+  // Each request's shard, noted before any is submitted: once one is, a worker may enter, grant,
+  // run and delete it.
+  Shards where;
   ShardSet seen = 0;
   std::size_t to = 0;
   for (; to < requests.size(); ++to) {
@@ -147,28 +150,36 @@ void RuleTable::enter_all(std::span<RuleRequest* const> requests) noexcept {
     const std::uint16_t index = first_shard(shards);
     if (request.shard_ != index) request.shard_ = index;
     seen |= shards;
+    try {
+      where.push_back(index);
+    } catch (...) {
+      where.clear();  // out of memory: one by one below
+      seen = all_shards;
+    }
   }
   const std::span<RuleRequest* const> run = requests.first(to);
   if (single(seen)) {
     if (!run.empty()) shards_[first_shard(seen)].enter_all(run);
+  } else if (where.size() != run.size()) {
+    for (RuleRequest* const& request : run) shards_[request->shard_].enter_all(std::span<RuleRequest* const>(&request, 1));
   } else {
-    each_shard(seen, [&](std::size_t index) { submit_to(index, run); });
+    each_shard(seen, [&](std::size_t index) { submit_to(index, run, where); });
   }
   if (seen != 0 && (undrained_.load(std::memory_order_relaxed) & seen) != seen)
-    undrained_.fetch_or(seen, std::memory_order_release);
+    undrained_.fetch_or(seen & all_shards, std::memory_order_release);
   if (to < requests.size()) defer(requests.subspan(to));
 }
 
-void RuleTable::submit_to(std::size_t index, std::span<RuleRequest* const> run) noexcept {
+void RuleTable::submit_to(std::size_t index, std::span<RuleRequest* const> run, const Shards& where) noexcept {
   boost::container::small_vector<RuleRequest*, 16> mine;
   try {
-    for (RuleRequest* request : run) {
-      if (request->shard_ == index) mine.push_back(request);
+    for (std::size_t at = 0; at < run.size(); ++at) {
+      if (where[at] == index) mine.push_back(run[at]);
     }
   } catch (...) {
     // Out of memory for the list: one by one instead, which allocates nothing.
-    for (RuleRequest* const& request : run) {
-      if (request->shard_ == index) shards_[index].enter_all(std::span<RuleRequest* const>(&request, 1));
+    for (std::size_t at = 0; at < run.size(); ++at) {
+      if (where[at] == index) shards_[index].enter_all(run.subspan(at, 1));
     }
     return;
   }
