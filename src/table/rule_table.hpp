@@ -66,8 +66,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include <boost/container/small_vector.hpp>
 #include <oneapi/tbb/mutex.h>
+#include <boost/container/small_vector.hpp>
 
 #include "base/door.hpp"
 #include "table/rule_backend.hpp"
@@ -340,7 +340,8 @@ class RuleTable {
   bool has_submitted() const noexcept {
     return deferred_.load(std::memory_order_acquire) != nullptr ||
            entering_deferred_.load(std::memory_order_acquire) ||
-           std::any_of(shards_.begin(), shards_.end(), [](const RuleShard& shard) { return shard.has_submitted(); });
+           std::any_of(shards_.begin(), shards_.end(),
+                       [](const RuleShard& shard) { return shard.has_submitted(); });
   }
 
   /// Whom `waiting` waits for: the active held requests that conflict with it, then the earlier
@@ -404,7 +405,6 @@ class RuleTable {
   /// Since when a live request is in the table, if it entered while a recorder was set.
   std::optional<Trace::Nanos> since(const RuleRequest& request) const;
 
-
   /// How many shards a table has, and the shard a request over several is in.
   static constexpr std::size_t shard_count = 16;
   static constexpr std::uint16_t cross_shard = 0x7fff;
@@ -444,7 +444,8 @@ class RuleTable {
   };
   template <class F>
   static void each_shard(ShardSet shards, F&& fn) {
-    for (ShardSet left = shards; left != 0; left &= left - 1) fn(static_cast<std::size_t>(std::countr_zero(left)));
+    for (ShardSet left = shards; left != 0; left &= left - 1)
+      fn(static_cast<std::size_t>(std::countr_zero(left)));
   }
   static ShardSet atom_shards(const SchedulingRule& atom, const RuleKey& key) noexcept;
   static bool single(ShardSet shards) noexcept { return (shards & (shards - 1)) == 0; }
@@ -467,8 +468,7 @@ class RuleTable {
   // Whether a request in a shard is the one place its whole request is seen from when every shard
   // is read (a part: the part in its first shard).
   static bool seen_here(const RuleRequest& request) noexcept {
-    return !is_part(request) ||
-           static_cast<const RulePart&>(request).cross().parts.front().get() == &request;
+    return !is_part(request) || static_cast<const RulePart&>(request).cross().parts.front().get() == &request;
   }
   // The shards a request in the table is in (under their locks, or its owner's own).
   static ShardSet shards_held(const RuleRequest& request) noexcept {
@@ -611,10 +611,11 @@ bool RuleTable::has_conflicting_waiter_if(Mine&& mine, Predicate&& matches) {
   return read_settled([&] {
     // The held request, as seen in each shard it is in.
     for (const RuleShard& shard : shards_) {
-      const auto held = std::find_if(shard.live_.begin(), shard.live_.end(), [&mine](const RuleRequest* request) {
-        const RuleRequest& whole = whole_of(*request);
-        return whole.held_ && mine(whole);
-      });
+      const auto held =
+          std::find_if(shard.live_.begin(), shard.live_.end(), [&mine](const RuleRequest* request) {
+            const RuleRequest& whole = whole_of(*request);
+            return whole.held_ && mine(whole);
+          });
       if (held == shard.live_.end()) continue;
       const bool found = std::any_of(shard.live_.begin(), shard.live_.end(), [&](const RuleRequest* waiter) {
         const RuleRequest& whole = whole_of(*waiter);

@@ -373,7 +373,8 @@ std::size_t RuleTable::held_count() {
 
 std::size_t RuleTable::waiting_count() {
   return read_settled([this] {
-    std::size_t waiting = crosses_live_.load(std::memory_order_relaxed) - crosses_held_.load(std::memory_order_relaxed);
+    std::size_t waiting =
+        crosses_live_.load(std::memory_order_relaxed) - crosses_held_.load(std::memory_order_relaxed);
     for (const RuleShard& shard : shards_) waiting += shard.own_live() - shard.own_held();
     return waiting;
   });

@@ -163,7 +163,8 @@ void RuleShard::drop(RuleRequest& request) noexcept {
   request.in_table_ = false;
   request.held_ = false;
   request.custom_blocked_ = false;
-  for (auto entry = request.entries().rbegin(); entry != request.entries().rend(); ++entry) prune(*entry->node());
+  for (auto entry = request.entries().rbegin(); entry != request.entries().rend(); ++entry)
+    prune(*entry->node());
   request.clear_entries();
 }
 

@@ -18,7 +18,9 @@ namespace {
 
 ShardSet shard_bit(std::size_t hash) noexcept { return ShardSet{1} << (hash % RuleTable::shard_count); }
 
-ShardSet shard_of_text(std::string_view text) noexcept { return shard_bit(std::hash<std::string_view>{}(text)); }
+ShardSet shard_of_text(std::string_view text) noexcept {
+  return shard_bit(std::hash<std::string_view>{}(text));
+}
 
 ShardSet shard_of_address(const void* address) noexcept {
   // Rules are allocated blocks: the low bits say little, the multiplication spreads the rest.
@@ -161,7 +163,8 @@ void RuleTable::enter_all(std::span<RuleRequest* const> requests) noexcept {
   if (single(seen)) {
     if (!run.empty()) shards_[first_shard(seen)].enter_all(run);
   } else if (where.size() != run.size()) {
-    for (RuleRequest* const& request : run) shards_[request->shard_].enter_all(std::span<RuleRequest* const>(&request, 1));
+    for (RuleRequest* const& request : run)
+      shards_[request->shard_].enter_all(std::span<RuleRequest* const>(&request, 1));
   } else {
     each_shard(seen, [&](std::size_t index) { submit_to(index, run, where); });
   }
@@ -170,7 +173,8 @@ void RuleTable::enter_all(std::span<RuleRequest* const> requests) noexcept {
   if (to < requests.size()) defer(requests.subspan(to));
 }
 
-void RuleTable::submit_to(std::size_t index, std::span<RuleRequest* const> run, const Shards& where) noexcept {
+void RuleTable::submit_to(std::size_t index, std::span<RuleRequest* const> run,
+                          const Shards& where) noexcept {
   boost::container::small_vector<RuleRequest*, 16> mine;
   try {
     for (std::size_t at = 0; at < run.size(); ++at) {
@@ -208,7 +212,8 @@ void RuleTable::defer(std::span<RuleRequest* const> requests) noexcept {
   Deferred* head = deferred_.load(std::memory_order_relaxed);
   do {
     deferred->next = head;
-  } while (!deferred_.compare_exchange_weak(head, deferred, std::memory_order_release, std::memory_order_relaxed));
+  } while (
+      !deferred_.compare_exchange_weak(head, deferred, std::memory_order_release, std::memory_order_relaxed));
   undrained_.fetch_or(deferred_bit, std::memory_order_release);
 }
 
@@ -335,7 +340,8 @@ void RuleTable::cancel_all_waiting() {
     });
     // In the order they came, so that their owners hear of it in that order.
     const auto by_ticket = [](const RuleRequest* a, const RuleRequest* b) { return a->ticket_ < b->ticket_; };
-    std::stable_sort(canceled.begin(), canceled.begin() + static_cast<std::ptrdiff_t>(waiting_here), by_ticket);
+    std::stable_sort(canceled.begin(), canceled.begin() + static_cast<std::ptrdiff_t>(waiting_here),
+                     by_ticket);
     // Every waiter goes, so nobody is left to be let through: out without walking.
     Trace* trace = trace_.load(std::memory_order_relaxed);
     for (std::size_t at = 0; at < waiting_here; ++at) {
@@ -407,7 +413,8 @@ bool RuleTable::put_in_across(RuleRequest& request, std::unique_ptr<CrossRequest
                               Orphans& orphans) {
   room_for(grants, 1);  // for the whole request, granted at once
   std::uint64_t ticket = 0;
-  each_shard(cross->shards, [&](std::size_t index) { ticket = std::max(ticket, shards_[index].next_ticket_); });
+  each_shard(cross->shards,
+             [&](std::size_t index) { ticket = std::max(ticket, shards_[index].next_ticket_); });
   std::uint32_t unclear = 0;
   std::size_t entered = 0;
   try {
@@ -419,7 +426,8 @@ bool RuleTable::put_in_across(RuleRequest& request, std::unique_ptr<CrossRequest
     }
   } catch (...) {
     // Nothing entered after them: taking them out lets nobody through that was not free before.
-    for (std::size_t at = 0; at < entered; ++at) shards_[part_shard(*cross->parts[at])].take_out(*cross->parts[at], grants);
+    for (std::size_t at = 0; at < entered; ++at)
+      shards_[part_shard(*cross->parts[at])].take_out(*cross->parts[at], grants);
     throw;
   }
   cross->unclear_parts.store(unclear, std::memory_order_relaxed);

@@ -66,8 +66,10 @@ std::vector<std::string> named(const std::vector<RuleBlocker>& found) {
   EXPECT_TRUE(std::is_partitioned(found.begin(), found.end(), [](const RuleBlocker& b) { return b.holds; }))
       << "holders come before earlier waiters";
   std::vector<std::string> names;
-  for (const RuleBlocker& blocker : found) names.push_back(blocker.owner + (blocker.holds ? " holds" : " waits"));
-  const auto holders = std::count_if(found.begin(), found.end(), [](const RuleBlocker& b) { return b.holds; });
+  for (const RuleBlocker& blocker : found)
+    names.push_back(blocker.owner + (blocker.holds ? " holds" : " waits"));
+  const auto holders =
+      std::count_if(found.begin(), found.end(), [](const RuleBlocker& b) { return b.holds; });
   std::sort(names.begin(), names.begin() + holders);
   return names;
 }
@@ -349,7 +351,8 @@ TEST_F(RuleTableShardsTest, ACustomRuleWaitsAndQueuesOnlyWhereItConflicts) {
   EXPECT_EQ(under_held.grants, 0) << "behind `same colour`";
   table_.leave(same_colour);
   EXPECT_EQ(under_held.grants, 1);
-  for (Probe* probe : {&under_held, &elsewhere, &other_colour, &lock, &unrelated_custom}) table_.leave(*probe);
+  for (Probe* probe : {&under_held, &elsewhere, &other_colour, &lock, &unrelated_custom})
+    table_.leave(*probe);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -407,13 +410,16 @@ TEST_F(RuleTableShardsTest, ReadingsSeeAMultiRuleOnceAndEachOfItsHolders) {
   EXPECT_TRUE(seen[0].who.holds && seen[1].who.holds);
   EXPECT_FALSE(seen[2].who.holds || seen[3].who.holds);
   const auto find = [&seen](const Probe& probe) {
-    EXPECT_EQ(std::count_if(seen.begin(), seen.end(), [&](const RuleTable::Seen& s) { return s.owner == &probe; }),
-              1)
+    EXPECT_EQ(
+        std::count_if(seen.begin(), seen.end(), [&](const RuleTable::Seen& s) { return s.owner == &probe; }),
+        1)
         << probe.name;
-    return std::find_if(seen.begin(), seen.end(), [&](const RuleTable::Seen& s) { return s.owner == &probe; });
+    return std::find_if(seen.begin(), seen.end(),
+                        [&](const RuleTable::Seen& s) { return s.owner == &probe; });
   };
   const auto seen_h1 = find(h1), seen_h2 = find(h2), seen_multi = find(multi), seen_later = find(later);
-  ASSERT_TRUE(seen_h1 != seen.end() && seen_h2 != seen.end() && seen_multi != seen.end() && seen_later != seen.end());
+  ASSERT_TRUE(seen_h1 != seen.end() && seen_h2 != seen.end() && seen_multi != seen.end() &&
+              seen_later != seen.end());
   EXPECT_EQ(seen_multi - seen.begin(), 2) << "the waiters in ticket order";
   EXPECT_EQ(seen_later - seen.begin(), 3);
   EXPECT_TRUE(RuleTable::conflict(*seen_multi, *seen_h1));
@@ -529,7 +535,8 @@ TEST_F(RuleTableShardsTest, WithdrawingWaitingMultiRulesCountsEachRequestOnce) {
   EXPECT_FALSE(acquire(second));
   EXPECT_FALSE(acquire(third));
   EXPECT_FALSE(acquire(later));
-  EXPECT_EQ(table_.withdraw_waiting(*multi, [](const RuleRequest&) { return true; }), 2u) << "the same object only";
+  EXPECT_EQ(table_.withdraw_waiting(*multi, [](const RuleRequest&) { return true; }), 2u)
+      << "the same object only";
   EXPECT_EQ(first.cancels, 1);
   EXPECT_EQ(second.cancels, 1);
   EXPECT_EQ(third.cancels, 0);
@@ -565,7 +572,8 @@ TEST_F(RuleTableShardsTest, WithdrawingWaitingRequestsThatSpanSubtreesAndMutexes
   EXPECT_FALSE(acquire(locks));
   EXPECT_FALSE(acquire(root));
   EXPECT_FALSE(acquire(mixed)) << "waits for m3, and behind `locks` at m2";
-  Probe after_b(rules::path("/b/y"), "after b"), after_m2(m2, "after m2"), after_c(rules::path("/c"), "after c");
+  Probe after_b(rules::path("/b/y"), "after b"), after_m2(m2, "after m2"),
+      after_c(rules::path("/c"), "after c");
   EXPECT_FALSE(acquire(after_b));
   EXPECT_FALSE(acquire(after_m2));
   EXPECT_FALSE(acquire(after_c));
@@ -679,7 +687,8 @@ TEST_F(RuleTableShardsTest, ThreadsNeverHoldConflictingRulesAtOnce) {
     void take(const Rule& rule) {
       const std::lock_guard lock(mutex);
       for (const Rule* other : held) {
-        if (conflict(rule, *other) && violations++ == 0) first = rule->to_string() + " and " + (*other)->to_string();
+        if (conflict(rule, *other) && violations++ == 0)
+          first = rule->to_string() + " and " + (*other)->to_string();
       }
       held.push_back(&rule);
     }

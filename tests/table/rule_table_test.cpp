@@ -5,8 +5,8 @@
 #include "scheduler/domain.hpp"
 
 #include <algorithm>
-#include <bit>
 #include <atomic>
+#include <bit>
 #include <cstdint>
 #include <latch>
 #include <memory>
@@ -919,7 +919,8 @@ TEST_F(RuleTableTest, ParkingMatchesTheReferenceModelOnRandomOperations) {
       Entry entry{std::make_unique<Probe>(factory.any())};
       const Rule& rule = entry.probe->rule();
       // A request over several shards never parks (see RuleTable::leave).
-      entry.parkable = !has_custom(rule) && choice % 2 == 0 && std::has_single_bit(RuleTable::shards_of(*rule));
+      entry.parkable =
+          !has_custom(rule) && choice % 2 == 0 && std::has_single_bit(RuleTable::shards_of(*rule));
       for (Entry& other : live) {
         if (other.parkable && (has_custom(rule) || conflict(rule, other.probe->rule()))) other.marked = true;
       }
