@@ -543,6 +543,14 @@ class RuleTable {
                                                       bool held) noexcept;
   [[gnu::cold, gnu::noinline]] void trace_entered(Trace& trace, const RuleRequest& request,
                                                   bool granted) noexcept;
+  // What both trace_entered record; add_blockers(RuleShard::InTheWay&) finds who is in the way of
+  // a request that waits.
+  template <class AddBlockers>
+  static void trace_entry(Trace& trace, const RuleRequest& request, bool granted,
+                          AddBlockers&& add_blockers) noexcept;
+  // `to` takes the place of `from`, a holder, in the table (hand_over): its ticket, its place among
+  // the live requests, its shard and what it holds besides its entries.
+  static void take_place(const RuleRequest& from, RuleRequest& to) noexcept;
   // Withdraws the waiting requests that collect(std::vector<RuleRequest*>&) lists under the locks of
   // `shards`.
   template <class Collect>

@@ -233,14 +233,7 @@ void RuleShard::hand_over(RuleRequest& from, RuleRequest& to) {
     assert(from.in_table_ && from.held_ && !from.parkable_ && !to.in_table_ && !to.parkable());
     std::copy_n(from.entry_data(), from.entry_count_, to.entry_data());
     to.entry_count_ = from.entry_count_;
-    to.rule_ = from.rule_;
-    to.ticket_ = from.ticket_;
-    to.place_ = from.place_;
-    to.held_ = true;
-    to.in_table_ = true;
-    to.has_custom_ = from.has_custom_;
-    to.custom_blocked_ = false;
-    to.shard_ = from.shard_;
+    RuleTable::take_place(from, to);
     live_[from.place_.in_table.live_index] = &to;
     if (table_->shared_out(from)) table_->backend_->moved(from, to);
     if (from.has_custom_) *std::find(customs_.begin(), customs_.end(), &from) = &to;

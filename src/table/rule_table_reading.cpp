@@ -150,17 +150,16 @@ void RuleShard::add_blockers(const RuleRequest& mine, InTheWay& found) const {
   }
 }
 
-void RuleShard::trace_entered(Trace& trace, const RuleRequest& request, bool granted) noexcept {
-  // Naming the blockers walks every live request: done while there are few, so that a backlog
-  // does not make each entry cost O(backlog). The grant names what let the request through.
-  constexpr std::size_t named_up_to = 64;
+template <class AddBlockers>
+void RuleTable::trace_entry(Trace& trace, const RuleRequest& request, bool granted,
+                            AddBlockers&& add_blockers) noexcept {
   try {
     const RuleBlocker who = request.describe();
     std::string blockers;
-    if (!granted && live_.size() <= named_up_to) {
-      InTheWay found;
-      add_blockers(request, found);
-      for (const RuleBlocker& blocker : RuleTable::described(found))
+    if (!granted) {
+      RuleShard::InTheWay found;
+      add_blockers(found);
+      for (const RuleBlocker& blocker : described(found))
         blockers += (blockers.empty() ? "" : "; ") + traced_text(blocker);
     }
     const bool thread = request.blocks_thread();
@@ -172,24 +171,18 @@ void RuleShard::trace_entered(Trace& trace, const RuleRequest& request, bool gra
   }
 }
 
+void RuleShard::trace_entered(Trace& trace, const RuleRequest& request, bool granted) noexcept {
+  // Naming the blockers walks every live request: done while there are few, so that a backlog
+  // does not make each entry cost O(backlog). The grant names what let the request through.
+  constexpr std::size_t named_up_to = 64;
+  RuleTable::trace_entry(trace, request, granted, [&](InTheWay& found) {
+    if (live_.size() <= named_up_to) add_blockers(request, found);
+  });
+}
+
 // The same for a request over several shards, under their locks.
 void RuleTable::trace_entered(Trace& trace, const RuleRequest& request, bool granted) noexcept {
-  try {
-    const RuleBlocker who = request.describe();
-    std::string blockers;
-    if (!granted) {
-      RuleShard::InTheWay found;
-      add_blockers(request, found);
-      for (const RuleBlocker& blocker : described(found))
-        blockers += (blockers.empty() ? "" : "; ") + traced_text(blocker);
-    }
-    const bool thread = request.blocks_thread();
-    trace.entered(&request, thread, !granted, {who.owner, request.job_name()}, traced_text(who.rule.get()),
-                  std::move(blockers));
-    if (granted) trace.granted(&request, thread, {});
-  } catch (...) {
-    // Out of memory: the trace misses this request.
-  }
+  trace_entry(trace, request, granted, [&](RuleShard::InTheWay& found) { add_blockers(request, found); });
 }
 
 void RuleShard::trace_granted(Trace& trace, const RuleRequest& request) const noexcept {

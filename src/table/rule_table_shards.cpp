@@ -269,6 +269,17 @@ bool RuleTable::leave(RuleRequest& request) {
   return parked;
 }
 
+void RuleTable::take_place(const RuleRequest& from, RuleRequest& to) noexcept {
+  to.rule_ = from.rule_;
+  to.ticket_ = from.ticket_;
+  to.place_ = from.place_;
+  to.held_ = true;
+  to.in_table_ = true;
+  to.has_custom_ = from.has_custom_;
+  to.custom_blocked_ = false;
+  to.shard_ = from.shard_;
+}
+
 void RuleTable::hand_over(RuleRequest& from, RuleRequest& to) {
   if (!is_cross(from)) {
     shards_[from.shard_].hand_over(from, to);
@@ -279,14 +290,7 @@ void RuleTable::hand_over(RuleRequest& from, RuleRequest& to) {
     Locked lock(*this, cross_of(from).shards, grants);
     assert(from.in_table_ && from.held_ && !to.in_table_ && !to.parkable());
     to.clear_entries();
-    to.rule_ = from.rule_;
-    to.ticket_ = from.ticket_;
-    to.place_ = from.place_;
-    to.held_ = true;
-    to.in_table_ = true;
-    to.has_custom_ = from.has_custom_;
-    to.custom_blocked_ = false;
-    to.shard_ = cross_shard;
+    take_place(from, to);
     cross_of(to).whole = &to;
     if (shared_out(from)) backend_->moved(from, to);
     from.held_ = false;

@@ -19,44 +19,14 @@
 
 #include <gtest/gtest.h>
 
+#include "support/table_probe.hpp"
 #include "tasklet/rules/rules.hpp"
 
 namespace tasklet::detail {
 namespace {
 
-// A request that counts its answers and names itself in the table's readings (owner() is itself,
-// for blockers_of).
-struct Probe final : InlineRuleRequest<4> {
-  explicit Probe(Rule rule, std::string label = "probe") : kept(std::move(rule)), name(std::move(label)) {
-    set_rule(kept.get());
-  }
-  Rule kept;
-  std::string name;
-  void granted() noexcept override { ++grants; }
-  void canceled() noexcept override { ++cancels; }
-  const void* owner() const noexcept override { return this; }
-  RuleBlocker describe() const override { return {name, kept, false}; }
-  int grants = 0;
-  int cancels = 0;
-};
-
-// A user-written rule without an index: conflicts with the same colour and with every path under
-// "/c<colour>", as a custom rule that knows path rules may.
-class ColourRule final : public SchedulingRule {
- public:
-  explicit ColourRule(int colour) : colour_(colour) {}
-  bool contains(const SchedulingRule& other) const override { return &other == this; }
-  bool is_conflicting(const SchedulingRule& other) const override {
-    if (const auto* same = dynamic_cast<const ColourRule*>(&other)) return same->colour_ == colour_;
-    const RuleKey key = other.key();
-    return key.kind == RuleKey::Kind::path && !PathSegments(key.path).empty() &&
-           PathSegments(key.path).front() == "c" + std::to_string(colour_);
-  }
-  std::string to_string() const override { return "colour(" + std::to_string(colour_) + ")"; }
-
- private:
-  int colour_;
-};
+using test::ColourRule;
+using test::Probe;
 
 bool conflict(const Rule& a, const Rule& b) { return a->is_conflicting(*b) || b->is_conflicting(*a); }
 

@@ -19,41 +19,15 @@
 #include <gtest/gtest.h>
 #include <oneapi/tbb/scalable_allocator.h>
 
+#include "support/table_probe.hpp"
 #include "support/test_support.hpp"
 #include "tasklet/rules/rules.hpp"
 
 namespace tasklet::detail {
 namespace {
 
-struct Probe final : InlineRuleRequest<2> {
-  explicit Probe(Rule rule) : kept(std::move(rule)) { set_rule(kept.get()); }
-  const Rule& rule() const noexcept { return kept; }
-  Rule kept;
-  void granted() noexcept override { ++grants; }
-  void canceled() noexcept override { ++cancels; }
-  bool parkable() const noexcept override { return may_park; }
-  int grants = 0;
-  int cancels = 0;
-  bool may_park = false;
-};
-
-// A user-written rule without an index: conflicts with the same colour and with every path under
-// "/c<colour>", as a custom rule that knows path rules may.
-class ColourRule final : public SchedulingRule {
- public:
-  explicit ColourRule(int colour) : colour_(colour) {}
-  bool contains(const SchedulingRule& other) const override { return &other == this; }
-  bool is_conflicting(const SchedulingRule& other) const override {
-    if (const auto* same = dynamic_cast<const ColourRule*>(&other)) return same->colour_ == colour_;
-    const RuleKey key = other.key();
-    return key.kind == RuleKey::Kind::path && !PathSegments(key.path).empty() &&
-           PathSegments(key.path).front() == "c" + std::to_string(colour_);
-  }
-  std::string to_string() const override { return "colour(" + std::to_string(colour_) + ")"; }
-
- private:
-  int colour_;
-};
+using test::ColourRule;
+using test::Probe;
 
 // Enters `probe` in `table`; true when enter() granted it there and then (on this thread, with
 // nobody else in the table's lock), a grant its count then leaves out: `grants` counts the grants
