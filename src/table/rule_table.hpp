@@ -114,14 +114,24 @@ class RulePart final : public InlineRuleRequest<4> {
   CrossRequest* cross_;
 };
 
-/// A request over several shards: its parts, one per shard in index order. Lives while the request
-/// is in the table (its address in the request's place).
+/// A request over several shards: its parts, one per shard in index order, in one block with it
+/// (one allocation of the library's allocator per request, made and freed on different threads).
+/// Lives while the request is in the table (its address in the request's place).
 struct CrossRequest {
+  /// Made for `whole` over `shards` (two or more); throws std::bad_alloc.
+  static CrossRequest* make(RuleRequest& whole, ShardSet shards);
+  struct Free {
+    void operator()(CrossRequest* cross) const noexcept;
+  };
+  std::span<RulePart> parts() noexcept { return {reinterpret_cast<RulePart*>(this + 1), count}; }
+  RulePart& first() noexcept { return *reinterpret_cast<RulePart*>(this + 1); }
+
   RuleRequest* whole;
   ShardSet shards;
   std::atomic<std::uint32_t> unclear_parts;  // parts not granted yet; the last grant grants `whole`
-  std::vector<std::unique_ptr<RulePart>> parts;
+  std::uint32_t count;                       // of parts
 };
+using CrossPtr = std::unique_ptr<CrossRequest, CrossRequest::Free>;
 
 /// One shard: the whole table for the requests that lie in it (see the top of this file). Only
 /// RuleTable uses it.
@@ -433,14 +443,14 @@ class RuleTable {
     // Parked requests revoked and owned by the table: deleted once the locks are let go.
     Orphans& orphans() noexcept { return orphans_; }
     // Requests over several shards that left: their parts are deleted once the locks are let go.
-    std::vector<std::unique_ptr<CrossRequest>>& gone() noexcept { return gone_; }
+    boost::container::small_vector<CrossPtr, 1>& gone() noexcept { return gone_; }
 
    private:
     RuleTable& table_;
     ShardSet shards_;
     Grants& grants_;
     Orphans orphans_;
-    std::vector<std::unique_ptr<CrossRequest>> gone_;
+    boost::container::small_vector<CrossPtr, 1> gone_;
   };
   template <class F>
   static void each_shard(ShardSet shards, F&& fn) {
@@ -468,7 +478,7 @@ class RuleTable {
   // Whether a request in a shard is the one place its whole request is seen from when every shard
   // is read (a part: the part in its first shard).
   static bool seen_here(const RuleRequest& request) noexcept {
-    return !is_part(request) || static_cast<const RulePart&>(request).cross().parts.front().get() == &request;
+    return !is_part(request) || &static_cast<const RulePart&>(request).cross().first() == &request;
   }
   // The shards a request in the table is in (under their locks, or its owner's own).
   static ShardSet shards_held(const RuleRequest& request) noexcept {
@@ -492,8 +502,7 @@ class RuleTable {
   }
   // enter() once nothing deferred is in its way.
   void enter_now(RuleRequest& request);
-  bool put_in_across(RuleRequest& request, std::unique_ptr<CrossRequest>& cross, Grants& grants,
-                     Orphans& orphans);
+  bool put_in_across(RuleRequest& request, CrossPtr& cross, Grants& grants, Orphans& orphans);
   // Takes a request out of every shard it is in, under their locks.
   void take_out(RuleRequest& request, Locked& lock, Grants& grants);
   void push_refused(RuleRequest& request) noexcept;

@@ -37,8 +37,8 @@ bool RuleTable::has_conflicting_waiter(const RuleRequest& held) {
   {
     Locked lock(*this, shards_held(held), grants);
     if (is_cross(held)) {
-      for (const auto& part : cross_of(held).parts)
-        found = found || shards_[part_shard(*part)].has_conflicting_waiter_locked(*part);
+      for (RulePart& part : cross_of(held).parts())
+        found = found || shards_[part_shard(part)].has_conflicting_waiter_locked(part);
     } else {
       found = shards_[held.shard_].has_conflicting_waiter_locked(held);
     }
@@ -104,7 +104,7 @@ std::vector<RuleBlocker> RuleTable::blockers_if(Which&& which) {
 
 void RuleTable::add_blockers(const RuleRequest& mine, RuleShard::InTheWay& found) const {
   if (is_cross(mine)) {
-    for (const auto& part : cross_of(mine).parts) shards_[part_shard(*part)].add_blockers(*part, found);
+    for (RulePart& part : cross_of(mine).parts()) shards_[part_shard(part)].add_blockers(part, found);
   } else {
     shards_[mine.shard_].add_blockers(mine, found);
   }
@@ -267,7 +267,7 @@ std::vector<RuleBlocker> RuleTable::step_chain(std::vector<ChainStep>& steps, st
     }
   };
   if (is_cross(waiting)) {
-    for (const auto& part : cross_of(waiting).parts) follow(shards_[part_shard(*part)], *part);
+    for (RulePart& part : cross_of(waiting).parts()) follow(shards_[part_shard(part)], part);
   } else {
     follow(shards_[waiting.shard_], waiting);
   }
@@ -300,8 +300,8 @@ std::vector<RuleTable::Seen> RuleTable::snapshot(std::size_t max_waiters, std::s
       one.who.holds = request.held_;
       one.owner = request.owner();
       if (is_cross(request)) {
-        for (const auto& part : cross_of(request).parts)
-          one.entries.insert(one.entries.end(), part->entries().begin(), part->entries().end());
+        for (RulePart& part : cross_of(request).parts())
+          one.entries.insert(one.entries.end(), part.entries().begin(), part.entries().end());
       } else {
         one.entries.assign(request.entries().begin(), request.entries().end());
       }

@@ -356,7 +356,7 @@ void RuleTable::cancel_all_waiting() {
         continue;
       }
       CrossRequest& cross = cross_of(request);
-      for (const auto& part : cross.parts) shards_[part_shard(*part)].drop(*part);
+      for (RulePart& part : cross.parts()) shards_[part_shard(part)].drop(part);
       crosses_live_.fetch_sub(1, std::memory_order_relaxed);
       request.in_table_ = false;
       lock.gone().emplace_back(&cross);
@@ -378,20 +378,34 @@ void RuleTable::cancel_all_waiting() {
 // ---------------------------------------------------------------------------------------------
 // Requests over several shards
 
+CrossRequest* CrossRequest::make(RuleRequest& whole, ShardSet shards) {
+  static_assert(
+      sizeof(CrossRequest) % alignof(RulePart) == 0 && alignof(RulePart) <= alignof(std::max_align_t),
+      "the parts follow the header in its block");
+  const auto count = static_cast<std::uint32_t>(std::popcount(shards));
+  void* block = allocate_bytes(sizeof(CrossRequest) + count * sizeof(RulePart));
+  auto* cross = ::new (block) CrossRequest{&whole, shards, {0}, count};
+  for (RulePart& part : cross->parts()) ::new (static_cast<void*>(&part)) RulePart(*cross);
+  return cross;
+}
+
+void CrossRequest::Free::operator()(CrossRequest* cross) const noexcept {
+  for (RulePart& part : cross->parts()) part.~RulePart();
+  cross->~CrossRequest();
+  deallocate_bytes(cross);
+}
+
 void RuleTable::enter_across(RuleRequest& request, ShardSet shards) noexcept {
   Grants grants;
   {
-    std::unique_ptr<CrossRequest> cross;
+    CrossPtr cross;
     try {
-      cross = std::make_unique<CrossRequest>();
-      cross->whole = &request;
-      cross->shards = shards;
-      cross->parts.reserve(static_cast<std::size_t>(std::popcount(shards)));
+      cross.reset(CrossRequest::make(request, shards));
+      RulePart* part = cross->parts().data();
       each_shard(shards, [&](std::size_t index) {
-        auto part = std::make_unique<RulePart>(*cross);
         part->rule_ = request.rule_;
         part->shard_ = static_cast<std::uint16_t>(part_bit | index);
-        cross->parts.push_back(std::move(part));
+        ++part;
       });
     } catch (...) {
       cross.reset();
@@ -413,8 +427,7 @@ void RuleTable::enter_across(RuleRequest& request, ShardSet shards) noexcept {
 
 // Under the locks of the request's shards: a part in each, with one ticket that comes after every
 // earlier one in each of them. Out of memory, the parts entered go out again and it throws.
-bool RuleTable::put_in_across(RuleRequest& request, std::unique_ptr<CrossRequest>& cross, Grants& grants,
-                              Orphans& orphans) {
+bool RuleTable::put_in_across(RuleRequest& request, CrossPtr& cross, Grants& grants, Orphans& orphans) {
   room_for(grants, 1);  // for the whole request, granted at once
   std::uint64_t ticket = 0;
   each_shard(cross->shards,
@@ -422,16 +435,15 @@ bool RuleTable::put_in_across(RuleRequest& request, std::unique_ptr<CrossRequest
   std::uint32_t unclear = 0;
   std::size_t entered = 0;
   try {
-    for (const auto& part : cross->parts) {
-      RuleShard& shard = shards_[part_shard(*part)];
+    for (RulePart& part : cross->parts()) {
+      RuleShard& shard = shards_[part_shard(part)];
       shard.next_ticket_ = ticket;
-      if (!shard.put_in(*part, grants, orphans)) ++unclear;
+      if (!shard.put_in(part, grants, orphans)) ++unclear;
       ++entered;
     }
   } catch (...) {
     // Nothing entered after them: taking them out lets nobody through that was not free before.
-    for (std::size_t at = 0; at < entered; ++at)
-      shards_[part_shard(*cross->parts[at])].take_out(*cross->parts[at], grants);
+    for (RulePart& part : cross->parts().first(entered)) shards_[part_shard(part)].take_out(part, grants);
     throw;
   }
   cross->unclear_parts.store(unclear, std::memory_order_relaxed);
@@ -439,7 +451,7 @@ bool RuleTable::put_in_across(RuleRequest& request, std::unique_ptr<CrossRequest
   request.ticket_ = ticket + 1;
   request.held_ = unclear == 0;
   request.in_table_ = true;
-  request.has_custom_ = cross->parts.front()->has_custom_;
+  request.has_custom_ = cross->first().has_custom_;
   request.custom_blocked_ = false;
   request.shard_ = cross_shard;
   request.place_.next_submitted = reinterpret_cast<std::uintptr_t>(cross.release());
@@ -469,11 +481,11 @@ void RuleTable::take_out(RuleRequest& request, Locked& lock, Grants& grants) {
   CrossRequest& cross = cross_of(request);
   Trace* const trace = trace_.load(std::memory_order_relaxed);
   const bool was_held = request.held_;
-  for (const auto& part : cross.parts) {
-    RuleShard& shard = shards_[part_shard(*part)];
+  for (RulePart& part : cross.parts()) {
+    RuleShard& shard = shards_[part_shard(part)];
     if (trace != nullptr) [[unlikely]]
       shard.releasing_ = &request;
-    shard.take_out(*part, grants);
+    shard.take_out(part, grants);
     shard.releasing_ = nullptr;
   }
   if (was_held) crosses_held_.fetch_sub(1, std::memory_order_relaxed);
