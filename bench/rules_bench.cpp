@@ -21,7 +21,10 @@
 //                  rules::path(file) per job (the path strings are made up front: user data)
 //                                                  (<= 4x no-rule; 10^6 within 1.5x of 10^3)
 //                  Both again with all n tasklets (and their fresh rules) made on this thread
-//                  before run() starts, the no-rule tasklets likewise ("made up front")
+//                  before run() starts, the no-rule tasklets likewise ("made up front"). And moves:
+//                  each tasklet holds combine(path(p), path(q)), fresh, q a random node of another
+//                  top-level subtree (a file moved from one directory tree to another; the
+//                  file server's MOVE), against the same no-rule tasklets     (information)
 //   jobs           the same workloads through the Job API against the same workloads as async
 //                  tasklets (a seed phase schedules N tasklets, run() awaits them): make_job,
 //                  set_rule, schedule() from this (plain) thread, then join() every job; on the
@@ -488,6 +491,12 @@ class PathTree {
   std::size_t parent(std::size_t node) const noexcept { return parent_[node]; }
   static constexpr std::size_t no_parent = static_cast<std::size_t>(-1);
 
+  /// The top-level subtree (0 ... 7) a node is in.
+  std::size_t top(std::size_t node) const noexcept {
+    while (parent_[node] != no_parent) node = parent_[node];
+    return node;
+  }
+
   /// A random node: depth uniform in 1..4, then a uniform node of that depth.
   template <class Random>
   std::size_t pick(Random& random) const {
@@ -505,11 +514,12 @@ class PathTree {
   std::size_t first_of_depth_[max_depth + 2] = {};
 };
 
-// Which rule a path job holds: none, the tree's shared rule for its node, or a fresh
-// rules::path(its node's path) made when the job is made.
-enum class PathRules { none, shared, fresh };
+// Which rule a path job holds: none, the tree's shared rule for its node, a fresh
+// rules::path(its node's path) made when the job is made, or (a move) a fresh multi rule over its
+// node and its other node, in another top-level subtree.
+enum class PathRules { none, shared, fresh, moves };
 
-Rule path_rule(const PathTree& tree, std::size_t node, PathRules rules) {
+Rule path_rule(const PathTree& tree, std::size_t node, PathRules rules, std::size_t other = 0) {
   switch (rules) {
     case PathRules::none:
       return nullptr;
@@ -517,25 +527,42 @@ Rule path_rule(const PathTree& tree, std::size_t node, PathRules rules) {
       return tree.rule(node);
     case PathRules::fresh:
       return tasklet::rules::path(tree.path(node));
+    case PathRules::moves:
+      return tasklet::rules::combine(tasklet::rules::path(tree.path(node)),
+                                     tasklet::rules::path(tree.path(other)));
   }
   return nullptr;
 }
 
 // The jobs of one size: which node each job locks, and its ordinal among the jobs on that node
-// (jobs on the same path conflict, so they must run in that order).
+// (jobs on the same path conflict, so they must run in that order). A move also locks its other
+// node; its ordinals count the moves on each of its nodes.
 struct PathJobs {
   std::vector<std::uint32_t> node;
   std::vector<std::uint32_t> ordinal;
   std::vector<std::uint32_t> per_node;  // how many jobs each node has
+  std::vector<std::uint32_t> other;
+  std::vector<std::uint32_t> move_ordinal, other_ordinal;
+  std::vector<std::uint32_t> moves_per_node;
 
-  PathJobs(const PathTree& tree, std::size_t n, std::uint64_t seed) : per_node(tree.size(), 0) {
+  PathJobs(const PathTree& tree, std::size_t n, std::uint64_t seed)
+      : per_node(tree.size(), 0), moves_per_node(tree.size(), 0) {
     std::mt19937_64 random(seed);
+    std::mt19937_64 other_random(seed + 1);
     node.reserve(n);
     ordinal.reserve(n);
+    other.reserve(n);
+    move_ordinal.reserve(n);
+    other_ordinal.reserve(n);
     for (std::size_t i = 0; i < n; ++i) {
       const std::size_t picked = tree.pick(random);
       node.push_back(static_cast<std::uint32_t>(picked));
       ordinal.push_back(per_node[picked]++);
+      std::size_t second = tree.pick(other_random);
+      while (tree.top(second) == tree.top(picked)) second = tree.pick(other_random);
+      other.push_back(static_cast<std::uint32_t>(second));
+      move_ordinal.push_back(moves_per_node[picked]++);
+      other_ordinal.push_back(moves_per_node[second]++);
     }
   }
 };
@@ -557,11 +584,12 @@ struct PathProbe {
       out_of_order.store(true, std::memory_order_relaxed);
     }
   }
-  void check(const std::string& who, const PathJobs& jobs, bool ordered) const {
+  void check(const std::string& who, const PathJobs& jobs, bool ordered, bool moves = false) const {
+    const std::vector<std::uint32_t>& expected = moves ? jobs.moves_per_node : jobs.per_node;
     for (std::size_t node = 0; node < visits.size(); ++node) {
-      if (visits[node].load() != jobs.per_node[node])
+      if (visits[node].load() != expected[node])
         fail(who + ": node " + std::to_string(node) + " saw " + std::to_string(visits[node].load()) +
-             " of its " + std::to_string(jobs.per_node[node]) + " jobs");
+             " of its " + std::to_string(expected[node]) + " jobs");
     }
     if (ordered && out_of_order.load()) fail(who + ": jobs on one path ran out of order");
   }
@@ -578,12 +606,19 @@ struct PathWorkload {
   PathProbe* probe;
   PathRules rules;
 
-  Rule rule(std::size_t i) const { return path_rule(*tree, jobs->node[i], rules); }
-  void visit(std::size_t i) const noexcept { probe->visit(jobs->node[i], jobs->ordinal[i]); }
+  Rule rule(std::size_t i) const { return path_rule(*tree, jobs->node[i], rules, jobs->other[i]); }
+  void visit(std::size_t i) const noexcept {
+    if (rules != PathRules::moves) {
+      probe->visit(jobs->node[i], jobs->ordinal[i]);
+      return;
+    }
+    probe->visit(jobs->node[i], jobs->move_ordinal[i]);
+    probe->visit(jobs->other[i], jobs->other_ordinal[i]);
+  }
   void reset() const { probe->reset(); }
   void check(const std::string& who) const {
     const char* with = rules == PathRules::none ? " without rules" : " on path rules";
-    probe->check(who + with, *jobs, rules != PathRules::none);
+    probe->check(who + with, *jobs, rules != PathRules::none, rules == PathRules::moves);
   }
 };
 
@@ -684,6 +719,11 @@ void bench_path_rules(Report& report, const Options& options, const std::shared_
     report.add(comparison_row("path rules, made up front: shared rule objects vs no rule", n, made[0], 3.0));
     report.add(
         comparison_row("path rules, made up front: fresh rule per tasklet vs no rule", n, made[1], 4.0));
+    const Comparison moves =
+        tasklet::bench::compare(options.repeats, sample_ops(n, options), sample_at(PathRules::none)(n),
+                                sample_at(PathRules::moves)(n));
+    report.add(comparison_row("path rules: moves (a fresh multi rule over two subtrees) vs no rule", n, moves,
+                              std::nullopt));
   }
   add_growth_row(report, options, "path rules: growth, no rule (baseline)", sample_at(PathRules::none),
                  std::nullopt);
