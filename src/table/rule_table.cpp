@@ -115,9 +115,9 @@ bool RuleShard::conflicts_pairwise(const RuleRequest& a, const RuleRequest& b) n
   return (a.has_custom_ && customs_say_conflict(a, b)) || (b.has_custom_ && customs_say_conflict(b, a));
 }
 
-// Whether a pairwise check against a custom rule holds `request` back: against every held request
-// and every request that came earlier.
-bool RuleShard::blocked_by_custom(const RuleRequest& request) const noexcept {
+// Which request, if any, a pairwise check against a custom rule holds `request` back for: among
+// every held request and every request that came earlier.
+const RuleRequest* RuleShard::custom_blocker(const RuleRequest& request) const noexcept {
   const auto blocks = [&](const RuleRequest& other) {
     if (&other == &request) return false;
     if (!other.held_ && other.ticket_ > request.ticket_) return false;
@@ -130,9 +130,9 @@ bool RuleShard::blocked_by_custom(const RuleRequest& request) const noexcept {
     return conflicts_pairwise(request, other);
   };
   for (const RuleRequest* other : request.has_custom_ ? live_ : customs_) {
-    if (blocks(*other)) return true;
+    if (blocks(*other)) return other;
   }
-  return false;
+  return nullptr;
 }
 
 // Whether some request holds or waits for S, SIX or X at the root (and so can conflict there).
@@ -235,13 +235,16 @@ bool RuleShard::put_in(RuleRequest& request, Grants& grants, Orphans& orphans) {
   // A parked request's rule may be gone (its owner's frame kept it alive), so a custom rule cannot
   // be asked about it: a request with custom parts takes every parked request out first.
   if (request.has_custom_ && !parked_.empty()) revoke_parked(request, grants, orphans);
-  bool custom_blocked = (request.has_custom_ || !customs_.empty()) && blocked_by_custom(request);
+  const auto blocker = [&]() -> const RuleRequest* {
+    return request.has_custom_ || !customs_.empty() ? custom_blocker(request) : nullptr;
+  };
+  const RuleRequest* custom_blocked = blocker();
   std::uint32_t unclear = mark_clear(request);
   if (unclear != 0 && !stand.claims && !request.has_custom_) make_queue_room(request);
   // Whoever would wait for a parked request takes it out of the table first.
   if ((unclear != 0 || custom_blocked) && !request.has_custom_ && !parked_.empty() &&
       revoke_parked(request, grants, orphans)) {
-    custom_blocked = (request.has_custom_ || !customs_.empty()) && blocked_by_custom(request);
+    custom_blocked = blocker();
     unclear = mark_clear(request);
   }
   request.in_table_ = true;
@@ -253,7 +256,7 @@ bool RuleShard::put_in(RuleRequest& request, Grants& grants, Orphans& orphans) {
     drop_orphans(grants, orphans);
     parked_.push_back(&request);
   }
-  const bool held = unclear == 0 && !custom_blocked;
+  const bool held = unclear == 0 && custom_blocked == nullptr;
   if (held) {
     hold_entered(request);
   } else {
@@ -302,9 +305,9 @@ void RuleShard::hold_entered(RuleRequest& request) noexcept {
 }
 
 // A request that waits: counted where it is clear (and waiting there), queued where it is not.
-void RuleShard::queue_entered(RuleRequest& request, std::uint32_t unclear, bool custom_blocked) {
+void RuleShard::queue_entered(RuleRequest& request, std::uint32_t unclear, const RuleRequest* blocker) {
   request.place_.in_table.unclear = unclear;
-  request.custom_blocked_ = custom_blocked;
+  request.custom_blocked_ = blocker != nullptr;
   for (std::size_t index = 0; index < request.entry_count_; ++index) {
     RuleEntry& entry = request.entry_data()[index];
     if (entry.clear()) {
@@ -315,7 +318,7 @@ void RuleShard::queue_entered(RuleRequest& request, std::uint32_t unclear, bool 
       enqueue(request, index);
     }
   }
-  if (custom_blocked) blocked_.push_back(&request);
+  if (blocker != nullptr) blocked_.push_back({&request, blocker});
 }
 
 // Room in the table's lists for `request`, in the lists of requests to tell or delete for what

@@ -215,7 +215,8 @@ class alignas(64) RuleShard {
   static bool idle_parked(const RuleRequest& request) noexcept;
   static bool customs_say_conflict(const RuleRequest& custom, const RuleRequest& other) noexcept;
   static bool clear_at(const RuleNode& node, LockMode mode, std::uint64_t ticket) noexcept;
-  bool blocked_by_custom(const RuleRequest& request) const noexcept;
+  // The request that a pairwise check against a custom rule holds `request` back for, or null.
+  const RuleRequest* custom_blocker(const RuleRequest& request) const noexcept;
   static bool conflicting(const RuleRequest& a, const RuleRequest& b) noexcept;
   bool put_in(RuleRequest& request, Grants& grants, Orphans& orphans);
   struct RootStand {
@@ -225,7 +226,7 @@ class alignas(64) RuleShard {
   RootStand stand_at_root(const RuleRequest& request) const noexcept;
   static void make_queue_room(const RuleRequest& request);
   void hold_entered(RuleRequest& request) noexcept;
-  void queue_entered(RuleRequest& request, std::uint32_t unclear, bool custom_blocked);
+  void queue_entered(RuleRequest& request, std::uint32_t unclear, const RuleRequest* blocker);
   bool revoke_parked(const RuleRequest& request, Grants& grants, Orphans& orphans);
   void drop_orphans(Grants& grants, Orphans& orphans) noexcept;
   static bool park(RuleRequest& request) noexcept;
@@ -234,7 +235,7 @@ class alignas(64) RuleShard {
   std::size_t parked_idle() const noexcept;
   void grant(RuleRequest& request, Grants& grants);
   void walk(RuleNode& node, Grants& grants);
-  void recheck_custom_blocked(Grants& grants);
+  void recheck_custom_blocked(const RuleRequest& leaving, Grants& grants);
   void unlink_waiting(RuleRequest& request) noexcept;
   void take_out(RuleRequest& request, Grants& grants);
   // Takes a request out without letting anyone through: for cancel_all_waiting, which takes every
@@ -274,8 +275,15 @@ class alignas(64) RuleShard {
   std::vector<RuleRequest*> live_;
   std::size_t rootless_from_ = 0;
   std::vector<RuleRequest*> customs_;  // the live requests with custom parts
-  std::vector<RuleRequest*> blocked_;  // waiting requests held back by a custom check, ticket order
-  std::vector<RuleRequest*> parked_;   // the parkable requests in the table (one per thread, at most)
+  // A waiting request held back by a custom check, with one request it waits for: until that one
+  // leaves, the request stays held back (what holds it back only goes), so a release rechecks
+  // only those it held back rather than every pair.
+  struct Blocked {
+    RuleRequest* request;
+    const RuleRequest* by;
+  };
+  std::vector<Blocked> blocked_;      // ticket order
+  std::vector<RuleRequest*> parked_;  // the parkable requests in the table (one per thread, at most)
 };
 
 class RuleTable {
@@ -687,8 +695,8 @@ void RuleShard::each_waiting_for(const SchedulingRule& rule, Consider&& consider
   const RuleNode& node = *identity->second;
   for (unsigned left = node.queued; left != 0; left &= left - 1)
     node.waiting(static_cast<std::size_t>(std::countr_zero(left))).for_each(consider);
-  for (RuleRequest* request : blocked_) {
-    if (request->place_.in_table.unclear == 0) consider(*request);
+  for (const Blocked& blocked : blocked_) {
+    if (blocked.request->place_.in_table.unclear == 0) consider(*blocked.request);
   }
 }
 

@@ -237,6 +237,9 @@ void RuleShard::hand_over(RuleRequest& from, RuleRequest& to) {
     live_[from.place_.in_table.live_index] = &to;
     if (table_->shared_out(from)) table_->backend_->moved(from, to);
     if (from.has_custom_) *std::find(customs_.begin(), customs_.end(), &from) = &to;
+    for (Blocked& blocked : blocked_) {
+      if (blocked.by == &from) blocked.by = &to;
+    }
     from.held_ = false;
     from.in_table_ = false;
     from.has_custom_ = false;

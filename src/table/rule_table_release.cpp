@@ -64,15 +64,17 @@ void RuleShard::walk(RuleNode& node, Grants& grants) {
   }
 }
 
-void RuleShard::recheck_custom_blocked(Grants& grants) {
+// Those that `leaving` held back: each waits for another, or no longer (in ticket order).
+void RuleShard::recheck_custom_blocked(const RuleRequest& leaving, Grants& grants) {
   auto kept = blocked_.begin();
-  for (RuleRequest* request : blocked_) {
-    if (blocked_by_custom(*request)) {
-      *kept++ = request;
+  for (Blocked& blocked : blocked_) {
+    if (blocked.by == &leaving) blocked.by = custom_blocker(*blocked.request);
+    if (blocked.by != nullptr) {
+      *kept++ = blocked;
       continue;
     }
-    request->custom_blocked_ = false;
-    if (request->place_.in_table.unclear == 0) grant(*request, grants);
+    blocked.request->custom_blocked_ = false;
+    if (blocked.request->place_.in_table.unclear == 0) grant(*blocked.request, grants);
   }
   blocked_.erase(kept, blocked_.end());
 }
@@ -90,7 +92,8 @@ void RuleShard::unlink_waiting(RuleRequest& request) noexcept {
       dequeue(entry, request.ticket_);
     }
   }
-  if (request.custom_blocked_) std::erase(blocked_, &request);
+  if (request.custom_blocked_)
+    std::erase_if(blocked_, [&request](const Blocked& blocked) { return blocked.request == &request; });
 }
 
 void RuleShard::take_out(RuleRequest& request, Grants& grants) {
@@ -126,7 +129,7 @@ void RuleShard::take_out(RuleRequest& request, Grants& grants) {
   request.custom_blocked_ = false;
 
   for (RuleEntry& entry : request.entries()) walk(*entry.node(), grants);
-  if (!blocked_.empty()) recheck_custom_blocked(grants);
+  if (!blocked_.empty()) recheck_custom_blocked(request, grants);
   // Children come after their parents in the entries (a root intent added late comes last, but the
   // root is never freed), so pruning backwards frees leaves first.
   if (path_nodes_ > kept_path_nodes || identities_.size() > kept_identity_nodes) {

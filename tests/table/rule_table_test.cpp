@@ -312,6 +312,47 @@ TEST_F(RuleTableTest, CustomRulesAreCheckedPairwiseInBothDirections) {
   table_.leave(free_path);
 }
 
+// A release rechecks only the requests that the leaving one held back: one held back by two
+// holders waits until the last of them has left, whichever leaves first.
+TEST_F(RuleTableTest, ACustomRequestHeldBackByTwoWaitsForBoth) {
+  const auto red = std::make_shared<ColourRule>(1);
+  for (const bool first_leaves_first : {true, false}) {
+    Probe first(rules::path("/c1/a")), second(rules::path("/c1/b")), custom(red);
+    EXPECT_TRUE(acquire(first));
+    EXPECT_TRUE(acquire(second));
+    EXPECT_FALSE(acquire(custom));
+    table_.leave(first_leaves_first ? first : second);
+    EXPECT_EQ(custom.grants, 0) << "one of the two still holds a path it conflicts with";
+    table_.leave(first_leaves_first ? second : first);
+    EXPECT_EQ(custom.grants, 1);
+    table_.leave(custom);
+  }
+}
+
+// A held rule handed over (transfer_rule) holds back the custom request it held back, in its
+// shard and over every shard, and lets it through when the new holder leaves.
+TEST_F(RuleTableTest, AHandedOverRuleLetsTheCustomRequestsItHeldBackThrough) {
+  const auto red = std::make_shared<ColourRule>(1);
+  {
+    Probe from(rules::path("/c1/file")), to(rules::path("/c1/file")), custom(red);
+    EXPECT_TRUE(acquire(from));
+    EXPECT_FALSE(acquire(custom));
+    table_.hand_over(from, to);
+    EXPECT_EQ(custom.grants, 0);
+    table_.leave(to);
+    EXPECT_EQ(custom.grants, 1);
+    table_.leave(custom);
+  }
+  Probe from(red), to(red), path(rules::path("/c1/file"));
+  EXPECT_TRUE(acquire(from));
+  EXPECT_FALSE(acquire(path));
+  table_.hand_over(from, to);
+  EXPECT_EQ(path.grants, 0);
+  table_.leave(to);
+  EXPECT_EQ(path.grants, 1);
+  table_.leave(path);
+}
+
 // A user's rule whose check throws when asked about a path rule: the table counts a throwing check
 // as a conflict (waiting is safe, running together might not be), in either direction, and stays
 // consistent: what waited is granted in order once the holder leaves.
