@@ -332,25 +332,18 @@ TEST_F(RuleTableTest, ACustomRequestHeldBackByTwoWaitsForBoth) {
 // A held rule handed over (transfer_rule) holds back the custom request it held back, in its
 // shard and over every shard, and lets it through when the new holder leaves.
 TEST_F(RuleTableTest, AHandedOverRuleLetsTheCustomRequestsItHeldBackThrough) {
-  const auto red = std::make_shared<ColourRule>(1);
-  {
-    Probe from(rules::path("/c1/file")), to(rules::path("/c1/file")), custom(red);
+  const Rule red = std::make_shared<ColourRule>(1);
+  const Rule path = rules::path("/c1/file");
+  for (const auto& [held, waiting] : {std::pair{path, red}, std::pair{red, path}}) {
+    Probe from(held), to(held), waiter(waiting);
     EXPECT_TRUE(acquire(from));
-    EXPECT_FALSE(acquire(custom));
+    EXPECT_FALSE(acquire(waiter));
     table_.hand_over(from, to);
-    EXPECT_EQ(custom.grants, 0);
+    EXPECT_EQ(waiter.grants, 0) << held->to_string();
     table_.leave(to);
-    EXPECT_EQ(custom.grants, 1);
-    table_.leave(custom);
+    EXPECT_EQ(waiter.grants, 1) << held->to_string();
+    table_.leave(waiter);
   }
-  Probe from(red), to(red), path(rules::path("/c1/file"));
-  EXPECT_TRUE(acquire(from));
-  EXPECT_FALSE(acquire(path));
-  table_.hand_over(from, to);
-  EXPECT_EQ(path.grants, 0);
-  table_.leave(to);
-  EXPECT_EQ(path.grants, 1);
-  table_.leave(path);
 }
 
 // A user's rule whose check throws when asked about a path rule: the table counts a throwing check
