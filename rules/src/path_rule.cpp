@@ -6,8 +6,6 @@
 #include <cstdio>
 #include <iterator>
 
-#include <boost/container/small_vector.hpp>
-
 #include "rules/key_relations.hpp"
 #include "tasklet/error.hpp"
 
@@ -41,44 +39,40 @@ std::string quote(std::string_view input) {
   throw InvalidPath("invalid path " + quote(input) + ": " + reason);
 }
 
-// Views of the input's segments while it is parsed; up to eight levels need no allocation.
-using Segments = boost::container::small_vector<std::string_view, 8>;
-
-// Splits and resolves iteratively, so that depth is bounded only by memory.
-void parse(std::string_view input, Segments& segments) {
+// One pass over the input, writing the normal form as it goes: a ".." drops what the output has
+// after its last '/'. Iterative, so that depth is bounded only by memory. The output is never longer
+// than the input (every kept segment brings its own '/'), so a string of the input's size holds it.
+std::string normal_form(std::string_view input) {
   if (input.empty()) reject(input, "a path must not be empty");
   if (input.find('\0') != std::string_view::npos) reject(input, "a path must not contain a NUL byte");
   if (input.front() != '/') reject(input, "a path must be absolute (start with '/')");
+  // Written through a pointer and a length: appending to the string would store and reload its
+  // size for every piece.
+  std::string path(input.size(), '/');
+  char* const out = path.data();
+  std::size_t length = 0;
+  const std::size_t size = input.size();
   std::size_t pos = 0;
-  while (pos < input.size()) {
+  while (pos < size) {
     if (input[pos] == '/') {
       ++pos;
       continue;
     }
-    std::size_t end = input.find('/', pos);
-    if (end == std::string_view::npos) end = input.size();
+    std::size_t end = pos + 1;
+    while (end < size && input[end] != '/') ++end;
     const std::string_view segment = input.substr(pos, end - pos);
     pos = end;
     if (segment == ".") continue;
     if (segment == "..") {
-      if (segments.empty()) reject(input, "\"..\" goes above the root");
-      segments.pop_back();
+      if (length == 0) reject(input, "\"..\" goes above the root");
+      length = std::string_view(out, length).rfind('/');
       continue;
     }
-    segments.emplace_back(segment);
+    out[length++] = '/';
+    std::copy(segment.begin(), segment.end(), out + length);
+    length += segment.size();
   }
-}
-
-std::string join(const Segments& segments) {
-  if (segments.empty()) return "/";
-  std::size_t size = 0;
-  for (const std::string_view segment : segments) size += segment.size() + 1;
-  std::string path;
-  path.reserve(size);
-  for (const std::string_view segment : segments) {
-    path += '/';
-    path += segment;
-  }
+  path.resize(std::max<std::size_t>(length, 1));  // nothing left is the root, "/"
   return path;
 }
 
@@ -86,11 +80,7 @@ std::string join(const Segments& segments) {
 
 PathRule::PathRule(std::string_view path, Mode mode) : path_(normalize(path)), mode_(mode) {}
 
-std::string PathRule::normalize(std::string_view path) {
-  Segments segments;
-  parse(path, segments);
-  return join(segments);
-}
+std::string PathRule::normalize(std::string_view path) { return normal_form(path); }
 
 bool PathRule::is_ancestor_or_equal(std::string_view ancestor, std::string_view descendant) noexcept {
   if (ancestor.size() <= 1) return true;  // the root
