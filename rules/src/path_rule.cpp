@@ -39,32 +39,36 @@ std::string quote(std::string_view input) {
   throw InvalidPath("invalid path " + quote(input) + ": " + reason);
 }
 
+}  // namespace
+
+PathRule::PathRule(std::string_view path, Mode mode) : path_(normalize(path)), mode_(mode) {}
+
 // One pass over the input, writing the normal form as it goes: a ".." drops what the output has
 // after its last '/'. Iterative, so that depth is bounded only by memory. The output is never longer
 // than the input (every kept segment brings its own '/'), so a string of the input's size holds it.
-std::string normal_form(std::string_view input) {
-  if (input.empty()) reject(input, "a path must not be empty");
-  if (input.find('\0') != std::string_view::npos) reject(input, "a path must not contain a NUL byte");
-  if (input.front() != '/') reject(input, "a path must be absolute (start with '/')");
+std::string PathRule::normalize(std::string_view path) {
+  if (path.empty()) reject(path, "a path must not be empty");
+  if (path.find('\0') != std::string_view::npos) reject(path, "a path must not contain a NUL byte");
+  if (path.front() != '/') reject(path, "a path must be absolute (start with '/')");
   // Written through a pointer and a length: appending to the string would store and reload its
   // size for every piece.
-  std::string path(input.size(), '/');
-  char* const out = path.data();
+  std::string normal(path.size(), '/');
+  char* const out = normal.data();
   std::size_t length = 0;
-  const std::size_t size = input.size();
+  const std::size_t size = path.size();
   std::size_t pos = 0;
   while (pos < size) {
-    if (input[pos] == '/') {
+    if (path[pos] == '/') {
       ++pos;
       continue;
     }
     std::size_t end = pos + 1;
-    while (end < size && input[end] != '/') ++end;
-    const std::string_view segment = input.substr(pos, end - pos);
+    while (end < size && path[end] != '/') ++end;
+    const std::string_view segment = path.substr(pos, end - pos);
     pos = end;
     if (segment == ".") continue;
     if (segment == "..") {
-      if (length == 0) reject(input, "\"..\" goes above the root");
+      if (length == 0) reject(path, "\"..\" goes above the root");
       length = std::string_view(out, length).rfind('/');
       continue;
     }
@@ -72,15 +76,9 @@ std::string normal_form(std::string_view input) {
     std::copy(segment.begin(), segment.end(), out + length);
     length += segment.size();
   }
-  path.resize(std::max<std::size_t>(length, 1));  // nothing left is the root, "/"
-  return path;
+  normal.resize(std::max<std::size_t>(length, 1));  // nothing left is the root, "/"
+  return normal;
 }
-
-}  // namespace
-
-PathRule::PathRule(std::string_view path, Mode mode) : path_(normalize(path)), mode_(mode) {}
-
-std::string PathRule::normalize(std::string_view path) { return normal_form(path); }
 
 bool PathRule::is_ancestor_or_equal(std::string_view ancestor, std::string_view descendant) noexcept {
   if (ancestor.size() <= 1) return true;  // the root
