@@ -77,6 +77,9 @@ std::string PathRule::normalize(std::string_view path) {
     length += segment.size();
   }
   normal.resize(std::max<std::size_t>(length, 1));  // nothing left is the root, "/"
+  // A shorter normal form (the input had ".", ".." or repeated '/') gives back the room it left:
+  // the rule keeps its path, and one of up to 15 bytes then fits inside the string.
+  if (normal.size() < path.size()) normal.shrink_to_fit();
   return normal;
 }
 
