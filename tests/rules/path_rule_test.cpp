@@ -59,6 +59,16 @@ TEST(PathRuleTest, NormalisesAsDocumented) {
   }
 }
 
+// A rule keeps only its path: a long input that normalises to a short path does not leave the
+// rule holding room for the input (a short path then lives inside the string itself).
+TEST(PathRuleTest, AShortNormalFormKeepsNoRoomForALongInput) {
+  const std::string input = "/x" + std::string(60, '/') + "./y/z/..";
+  const PathRule rule(input, PathRule::Mode::exclusive);
+  EXPECT_EQ(rule.path(), "/x/y");
+  EXPECT_LT(rule.path().capacity(), input.size());
+  EXPECT_LT(PathRule::normalize(input).capacity(), input.size());
+}
+
 TEST(PathRuleTest, SegmentsAreSplitAndTheRootHasNone) {
   EXPECT_EQ(segments_of(rules::path("//a//b/./c/")), (std::vector<std::string>{"a", "b", "c"}));
   EXPECT_TRUE(segments_of(rules::path("/")).empty());
