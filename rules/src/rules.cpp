@@ -25,11 +25,15 @@ Rule mutex(std::string name) { return detail::make_rule<MutexRule>(std::move(nam
 
 Rule named_mutex(std::string name) { return detail::make_rule<NamedMutexRule>(std::move(name)); }
 
-Rule path(std::string_view path) { return detail::make_rule<PathRule>(path, PathRule::Mode::exclusive); }
+Rule path(std::string_view path) {
+  return detail::make_rule_with_counts<PathRule>(path, PathRule::Mode::exclusive);
+}
 
 Rule write_path(std::string_view path) { return rules::path(path); }
 
-Rule read_path(std::string_view path) { return detail::make_rule<PathRule>(path, PathRule::Mode::shared); }
+Rule read_path(std::string_view path) {
+  return detail::make_rule_with_counts<PathRule>(path, PathRule::Mode::shared);
+}
 
 Rule combine(Rule a, Rule b) {
   if (!a) return b;
