@@ -90,7 +90,7 @@ std::uintptr_t counts_of(const Rule& rule) {
 // core: no cache line of a mutex or multi rule holds its counts (32 of each kind, so that blocks
 // placed by chance would be caught). A path rule, mostly made for one job, lives in one block with
 // its counts (make_rule_with_counts). Every rule goes with its last reference like any other.
-TEST(ValidationTest, BuiltInRulesLiveApartFromTheirReferenceCounts) {
+TEST(ValidationTest, SharedRulesKeepTheirCountsApartAndPathRulesBesideThem) {
   constexpr std::uintptr_t line = 64;
   std::vector<Rule> built_in;
   const auto add = [&]<class R>(const Rule& rule, std::type_identity<R>) {
